@@ -1,0 +1,299 @@
+/**
+ * The wire codec: msgpack with typed arrays as extension types.
+ *
+ * A typed array travels as the raw little-endian bytes of its view inside an
+ * ext of the type number below; `Uint8Array` stays msgpack `bin`. Decoding
+ * returns a *view* on the input bytes when the payload is aligned for its
+ * element size (no copy) and a fresh array otherwise, so decoded arrays and
+ * `bin` values may alias the input: a caller must not reuse the input buffer
+ * while the decoded value is alive.
+ *
+ * Also carried: nil/bool/number/string, plain objects, arrays, `Date` (the
+ * standard msgpack timestamp, ext -1). `undefined` is written as nil and reads
+ * back as `null` (wire types use `T | null`). Refused on encode with a
+ * `TypeError` rather than silently written as `{}`: `Map`, `Set`,
+ * `ArrayBuffer`, class instances, functions, symbols and plain `bigint`
+ * (decoding int64 as bigint would also turn every integer ≥ 2^32 such as a
+ * millisecond timestamp into a bigint; send 64-bit ids in a `BigInt64Array`).
+ */
+import {
+  Decoder, Encoder, ExtData, EXT_TIMESTAMP, encodeTimestampExtension, decodeTimestampExtension,
+  type ExtensionCodecType,
+} from '@msgpack/msgpack';
+import { DecodeError } from './errors.ts';
+
+if (new Uint8Array(new Uint16Array([1]).buffer)[0] !== 1) {
+  // Payloads are the raw bytes of the view; a big-endian host would need a byte swap on both sides.
+  throw new Error('hetps codec: big-endian platforms are not supported (typed arrays travel as little-endian bytes)');
+}
+
+type TypedArrayCtor =
+  | Float32ArrayConstructor | Float64ArrayConstructor | Int32ArrayConstructor | Uint32ArrayConstructor
+  | BigInt64ArrayConstructor | Uint16ArrayConstructor | Int8ArrayConstructor | Int16ArrayConstructor
+  | BigUint64ArrayConstructor;
+
+/** The typed arrays that travel as msgpack extensions. */
+export type WireTypedArray =
+  | Float32Array | Float64Array | Int32Array | Uint32Array | BigInt64Array | Uint16Array
+  | Int8Array | Int16Array | BigUint64Array;
+
+/**
+ * Extension type numbers. Stable: part of the wire protocol, never renumber;
+ * add new kinds at 10 and up.
+ */
+export const EXT_TYPES = {
+  Float32Array: 1,
+  Float64Array: 2,
+  Int32Array: 3,
+  Uint32Array: 4,
+  BigInt64Array: 5,
+  /** fp16 values travel as their raw bits in a Uint16Array. */
+  Uint16Array: 6,
+  Int8Array: 7,
+  Int16Array: 8,
+  BigUint64Array: 9,
+} as const;
+
+const CTOR_BY_EXT: (TypedArrayCtor | undefined)[] = [];
+CTOR_BY_EXT[EXT_TYPES.Float32Array] = Float32Array;
+CTOR_BY_EXT[EXT_TYPES.Float64Array] = Float64Array;
+CTOR_BY_EXT[EXT_TYPES.Int32Array] = Int32Array;
+CTOR_BY_EXT[EXT_TYPES.Uint32Array] = Uint32Array;
+CTOR_BY_EXT[EXT_TYPES.BigInt64Array] = BigInt64Array;
+CTOR_BY_EXT[EXT_TYPES.Uint16Array] = Uint16Array;
+CTOR_BY_EXT[EXT_TYPES.Int8Array] = Int8Array;
+CTOR_BY_EXT[EXT_TYPES.Int16Array] = Int16Array;
+CTOR_BY_EXT[EXT_TYPES.BigUint64Array] = BigUint64Array;
+
+const EXT_BY_CTOR = new Map<unknown, number>();
+CTOR_BY_EXT.forEach((ctor, ext) => { if (ctor) EXT_BY_CTOR.set(ctor, ext); });
+
+/** Nesting limit for decoded containers, the same as the encoder's default (100). */
+const MAX_DEPTH = 100;
+
+let zeroCopyViews = 0;
+let alignedCopies = 0;
+
+/** How many typed arrays `decode` returned as views on the input vs. copied because their payload was misaligned. */
+export function codecStats(): { zeroCopyViews: number; alignedCopies: number } {
+  return { zeroCopyViews, alignedCopies };
+}
+
+function extTypeOf(view: ArrayBufferView): number | undefined {
+  const ext = EXT_BY_CTOR.get(view.constructor);
+  if (ext !== undefined || view instanceof Uint8Array || view instanceof DataView) return ext;
+  // A subclass of a supported array: rare, so the slow lookup is fine.
+  for (const [ctor, n] of EXT_BY_CTOR) if (view instanceof (ctor as TypedArrayCtor)) return n;
+  return undefined;
+}
+
+function describe(value: unknown): string {
+  if (typeof value !== 'object' || value === null) return typeof value;
+  return Object.prototype.toString.call(value).slice(8, -1);
+}
+
+// A hand-written codec instead of msgpack's ExtensionCodec: that one calls
+// every registered encoder for every object; this does one check per object.
+const extensionCodec: ExtensionCodecType<undefined> = {
+  tryToEncode(object: unknown): ExtData | null {
+    if (ArrayBuffer.isView(object)) {
+      const ext = extTypeOf(object);
+      if (ext === undefined) return null; // Uint8Array, Buffer, DataView, Uint8ClampedArray → bin
+      // A view on the array's own bytes: the encoder copies it once into its buffer.
+      return new ExtData(ext, new Uint8Array(object.buffer, object.byteOffset, object.byteLength));
+    }
+    const proto: unknown = Object.getPrototypeOf(object);
+    if (proto === Object.prototype || proto === Array.prototype || proto === null) return null;
+    if (object instanceof Date) return new ExtData(EXT_TIMESTAMP, encodeTimestampExtension(object)!);
+    const hint = typeof object === 'bigint' ? ' (send 64-bit integers in a BigInt64Array)' : '';
+    throw new TypeError(`codec: cannot encode a value of type ${describe(object)}${hint}; the wire carries plain objects, arrays, typed arrays, strings, numbers, booleans, null`);
+  },
+  decode(data: Uint8Array, extType: number): unknown {
+    const ctor = CTOR_BY_EXT[extType];
+    if (ctor === undefined) {
+      if (extType === EXT_TIMESTAMP) return decodeTimestampExtension(data);
+      throw new DecodeError(`unknown msgpack extension type ${extType}`);
+    }
+    const size = ctor.BYTES_PER_ELEMENT;
+    if (data.byteLength % size !== 0) {
+      throw new DecodeError(`${ctor.name} payload of ${data.byteLength} bytes is not a multiple of ${size}`);
+    }
+    if (data.byteOffset % size === 0) {
+      zeroCopyViews++;
+      // The cast only narrows the buffer's TS type: a SharedArrayBuffer works the same way.
+      return new ctor(data.buffer as ArrayBuffer, data.byteOffset, data.byteLength / size);
+    }
+    alignedCopies++;
+    // Copy by hand: `data` may be a Node Buffer, whose slice() is a view, not a copy.
+    const out = new ctor(data.byteLength / size);
+    new Uint8Array(out.buffer).set(data);
+    return out;
+  },
+};
+
+// 64 KiB start: most messages fit without a resize; the buffer grows to twice
+// the largest message encoded through it and is reused afterwards.
+const encoder = new Encoder({ extensionCodec, initialBufferSize: 64 * 1024 });
+const decoder = new Decoder({ extensionCodec });
+
+/** At or above this many typed-array bytes, a message gets its own right-sized encoder buffer. */
+const BIG_MESSAGE_BYTES = 256 * 1024;
+/** Encoded messages up to this size are carved out of a shared slab (see `encode`). */
+const SLAB_MAX_MESSAGE = 1024;
+const SLAB_SIZE = 8 * 1024;
+let slab = new ArrayBuffer(SLAB_SIZE);
+let slabUsed = 0;
+
+/**
+ * Encodes a value to msgpack. Throws `TypeError` for values the wire does not
+ * carry (see the module comment).
+ *
+ * Small results (≤ 1 KiB) are views into a shared 8 KiB slab, as Node's
+ * `Buffer` pool does: allocating an ArrayBuffer per message costs more than
+ * encoding it. So never transfer or detach `.buffer` of a result, and copy a
+ * small result (`.slice()`) before keeping it for long. Results start at an
+ * 8-byte aligned offset.
+ */
+export function encode(value: unknown): Uint8Array {
+  const tensorBytes = topLevelTypedArrayBytes(value);
+  if (tensorBytes >= BIG_MESSAGE_BYTES) {
+    // A throwaway encoder sized for the message: its buffer becomes the
+    // result, which saves the second copy of the tensors that `encode()` makes.
+    const own = new Encoder({ extensionCodec, initialBufferSize: tensorBytes + 64 * 1024 });
+    const out = own.encodeSharedRef(value);
+    return out.byteLength * 1.25 < out.buffer.byteLength ? out.slice() : out;
+  }
+  const ref = encoder.encodeSharedRef(value);
+  const n = ref.byteLength;
+  if (n > SLAB_MAX_MESSAGE) return ref.slice();
+  if (slabUsed + n > SLAB_SIZE) {
+    slab = new ArrayBuffer(SLAB_SIZE);
+    slabUsed = 0;
+  }
+  const out = new Uint8Array(slab, slabUsed, n);
+  out.set(ref);
+  slabUsed = (slabUsed + n + 7) & ~7;
+  return out;
+}
+
+/** Bytes of the typed arrays directly inside `value` (the envelope is a flat map, so this finds the tensors). */
+function topLevelTypedArrayBytes(value: unknown): number {
+  if (typeof value !== 'object' || value === null) return 0;
+  if (ArrayBuffer.isView(value)) return value.byteLength;
+  let n = 0;
+  if (Array.isArray(value)) {
+    for (const x of value) if (ArrayBuffer.isView(x)) n += x.byteLength;
+  } else {
+    for (const k in value) {
+      const x = (value as Record<string, unknown>)[k];
+      if (ArrayBuffer.isView(x)) n += x.byteLength;
+    }
+  }
+  return n;
+}
+
+/**
+ * Decodes exactly one msgpack value. Every failure (bad bytes, truncation,
+ * extra bytes, a bad extension payload, nesting deeper than 100) is a `DecodeError`
+ * with the underlying error as `cause`.
+ */
+export function decode(bytes: Uint8Array): unknown {
+  if (!(bytes instanceof Uint8Array)) {
+    throw new DecodeError(`codec: expected a Uint8Array, got ${describe(bytes)}`);
+  }
+  try {
+    checkStructure(bytes);
+    return decoder.decode(bytes);
+  } catch (err) {
+    if (err instanceof DecodeError) throw err;
+    throw new DecodeError(`codec: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+  }
+}
+
+const depthStack = new Float64Array(MAX_DEPTH + 1);
+
+/**
+ * Walks the msgpack headers before decoding. msgpack's decoder preallocates
+ * `new Array(n)` for an array header, so five bytes claiming ten million
+ * elements cost 80 MB and ~30 ms; here every declared item must have at least
+ * one byte left behind it, which bounds what the decoder allocates by the
+ * input's length. Also refuses truncation, trailing bytes and deep nesting,
+ * all without allocating.
+ */
+function checkStructure(b: Uint8Array): void {
+  const n = b.length;
+  let pos = 0;
+  let depth = 0;
+  let left = 1; // items still to read in the innermost open container (the root counts as one)
+  let pending = 1; // items still to read in all open containers
+  for (;;) {
+    while (left === 0) {
+      if (depth === 0) {
+        if (pos !== n) throw new DecodeError(`extra ${n - pos} byte(s) after the value at offset ${pos}`);
+        return;
+      }
+      left = depthStack[--depth]!;
+    }
+    if (pos >= n) throw new DecodeError(`truncated at offset ${pos}: ${pending} more item(s) expected`);
+    const start = pos;
+    const h = b[pos]!;
+    left--;
+    pending--;
+    let items = 0; // for a container: how many items it opens
+    if (h <= 0x7f || h >= 0xe0) { pos += 1; continue; } // fixint
+    if (h <= 0x8f) { items = (h & 0x0f) * 2; pos += 1; } // fixmap
+    else if (h <= 0x9f) { items = h & 0x0f; pos += 1; } // fixarray
+    else if (h <= 0xbf) { pos += 1 + (h & 0x1f); } // fixstr
+    else {
+      switch (h) {
+        case 0xc0: case 0xc2: case 0xc3: pos += 1; break;
+        case 0xc4: pos += 2 + u8(b, pos + 1); break; // bin 8
+        case 0xc5: pos += 3 + u16(b, pos + 1); break; // bin 16
+        case 0xc6: pos += 5 + u32(b, pos + 1); break; // bin 32
+        case 0xc7: pos += 3 + u8(b, pos + 1); break; // ext 8
+        case 0xc8: pos += 4 + u16(b, pos + 1); break; // ext 16
+        case 0xc9: pos += 6 + u32(b, pos + 1); break; // ext 32
+        case 0xca: pos += 5; break; // float 32
+        case 0xcb: pos += 9; break; // float 64
+        case 0xcc: case 0xd0: pos += 2; break;
+        case 0xcd: case 0xd1: pos += 3; break;
+        case 0xce: case 0xd2: pos += 5; break;
+        case 0xcf: case 0xd3: pos += 9; break;
+        case 0xd4: pos += 3; break; // fixext 1
+        case 0xd5: pos += 4; break;
+        case 0xd6: pos += 6; break;
+        case 0xd7: pos += 10; break;
+        case 0xd8: pos += 18; break; // fixext 16
+        case 0xd9: pos += 2 + u8(b, pos + 1); break; // str 8
+        case 0xda: pos += 3 + u16(b, pos + 1); break;
+        case 0xdb: pos += 5 + u32(b, pos + 1); break;
+        case 0xdc: items = u16(b, pos + 1); pos += 3; break; // array 16
+        case 0xdd: items = u32(b, pos + 1); pos += 5; break; // array 32
+        case 0xde: items = u16(b, pos + 1) * 2; pos += 3; break; // map 16
+        case 0xdf: items = u32(b, pos + 1) * 2; pos += 5; break; // map 32
+        default: throw new DecodeError(`reserved byte 0x${h.toString(16)} at offset ${pos}`); // 0xc1
+      }
+    }
+    if (pos > n) throw new DecodeError(`truncated: the value at offset ${start} runs past the end of the ${n} byte(s)`);
+    if (items > 0) {
+      pending += items;
+      if (pending > n - pos) {
+        throw new DecodeError(`container at offset ${pos} declares ${items} item(s) but only ${n - pos} byte(s) are left`);
+      }
+      if (depth === MAX_DEPTH) throw new DecodeError(`nesting deeper than ${MAX_DEPTH}`);
+      depthStack[depth++] = left;
+      left = items;
+    }
+  }
+}
+
+// Header readers; a header cut short reads as a huge length, which the caller reports as truncation.
+function u8(b: Uint8Array, i: number): number {
+  return i < b.length ? b[i]! : Infinity;
+}
+function u16(b: Uint8Array, i: number): number {
+  return i + 2 <= b.length ? (b[i]! << 8) | b[i + 1]! : Infinity;
+}
+function u32(b: Uint8Array, i: number): number {
+  return i + 4 <= b.length ? ((b[i]! << 24) >>> 0) + ((b[i + 1]! << 16) | (b[i + 2]! << 8) | b[i + 3]!) : Infinity;
+}
