@@ -26,6 +26,7 @@ async function loadCommands(): Promise<void> {
   // Loaded lazily so `hetps --version` does not pay for onnxruntime.
   const mods = await Promise.all([
     import('./nats.ts').catch(missingModule),
+    import('./demo.ts').catch(missingModule),
     import('./profile.ts').catch(missingModule),
     import('./train-local.ts').catch(missingModule),
   ]);

@@ -1,0 +1,164 @@
+/**
+ * Transport cost of hetps actors against raw nats.js, side by side on the same
+ * local 3-node cluster in one run. Sender and receiver use separate
+ * connections on different nodes, so every message crosses a route.
+ * Handlers are empty (count only), as in ps-lite's transport benchmark.
+ *
+ * The cluster runs with max_payload = 2 MiB: 8 MiB messages are chunked by
+ * hetps; raw nats.js sends the same 8 MiB as four 2 MiB publishes (counted as
+ * one logical message), since it cannot send it whole.
+ *
+ * Writes bench/results/transport.json.
+ */
+import { mkdirSync, writeFileSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { z } from 'zod';
+import { connect, type NatsConnection } from '@nats-io/transport-node';
+import { startLocalCluster } from '../deploy/local-cluster.ts';
+import { ActorSystem, SeededRandom, connectTransport, systemClock, zbytes, type Transport } from '../runtime/mod.ts';
+
+const MAX_PAYLOAD = 2 * 1024 * 1024;
+const SIZES = [64, 4 * 1024, 256 * 1024, 1024 * 1024, 8 * 1024 * 1024];
+const quick = process.argv.includes('--quick');
+
+function budgetBytes(size: number): number { return quick ? 64 * 1024 * 1024 : 512 * 1024 * 1024; }
+function oneWayCount(size: number): number { return Math.max(quick ? 20 : 40, Math.min(quick ? 50_000 : 300_000, Math.floor(budgetBytes(size) / size))); }
+function rrCount(size: number): number { return Math.max(quick ? 10 : 30, Math.min(quick ? 5_000 : 30_000, Math.floor(budgetBytes(size) / 4 / size))); }
+const RR_CONCURRENCY = 16;
+
+async function waitUntil(pred: () => boolean, timeoutMs: number, what: string): Promise<void> {
+  const end = Date.now() + timeoutMs;
+  while (!pred()) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 1));
+  }
+}
+
+/** Publishes `count` payloads, flushing every `flushEvery` so the client never buffers the whole run. */
+async function pump(count: number, size: number, send: () => void, flush: () => Promise<void>): Promise<void> {
+  const flushEvery = Math.max(1, Math.floor((4 * 1024 * 1024) / size));
+  for (let i = 0; i < count; i++) {
+    send();
+    if ((i + 1) % flushEvery === 0) await flush();
+  }
+  await flush();
+}
+
+async function rawOneWay(pub: NatsConnection, sub: NatsConnection, size: number, count: number): Promise<number> {
+  const parts = Math.ceil(size / MAX_PAYLOAD);
+  const payload = new Uint8Array(Math.ceil(size / parts));
+  let got = 0;
+  const s = sub.subscribe(`raw.oneway.${size}`, { callback: () => { got++; } });
+  await sub.flush();
+  await new Promise((r) => setTimeout(r, 200)); // interest reaches the other nodes
+  const t0 = performance.now();
+  await pump(count, size, () => { for (let p = 0; p < parts; p++) pub.publish(`raw.oneway.${size}`, payload); }, () => pub.flush());
+  await waitUntil(() => got >= count * parts, 120_000, 'raw one-way');
+  const dt = (performance.now() - t0) / 1000;
+  s.unsubscribe();
+  return count / dt;
+}
+
+async function rawRequestReply(req: NatsConnection, rep: NatsConnection, size: number, count: number): Promise<number> {
+  const parts = Math.ceil(size / MAX_PAYLOAD);
+  const payload = new Uint8Array(Math.ceil(size / parts));
+  const ack = new Uint8Array(16);
+  // A multi-part raw request: parts-1 publishes, then a request on the last part.
+  const s = rep.subscribe(`raw.rr.${size}`, { callback: (_e, m) => { if (m.reply) m.respond(ack); } });
+  await rep.flush();
+  await new Promise((r) => setTimeout(r, 200));
+  let next = 0;
+  const t0 = performance.now();
+  await Promise.all(Array.from({ length: RR_CONCURRENCY }, async () => {
+    while (next < count) {
+      next++;
+      for (let p = 0; p < parts - 1; p++) req.publish(`raw.rr.${size}`, payload);
+      await req.request(`raw.rr.${size}`, payload, { timeout: 60_000 });
+    }
+  }));
+  const dt = (performance.now() - t0) / 1000;
+  s.unsubscribe();
+  return count / dt;
+}
+
+async function hetpsRun(servers: string[]): Promise<{ a: ActorSystem; b: ActorSystem; ta: Transport; tb: Transport; counter: { n: number } }> {
+  // Receiver on node 1, sender on node 2.
+  const ta = await connectTransport({ servers: [servers[0]!], name: 'bench-recv' });
+  const tb = await connectTransport({ servers: [servers[1]!], name: 'bench-send' });
+  const a = new ActorSystem({ transport: ta, job: 'bench', node: 'recv', clock: systemClock, random: new SeededRandom(1), defaultRequestTimeoutMs: 60_000 });
+  const b = new ActorSystem({ transport: tb, job: 'bench', node: 'send', clock: systemClock, random: new SeededRandom(2), defaultRequestTimeoutMs: 60_000 });
+  const counter = { n: 0 };
+  await a.spawn({
+    kind: 'actor', id: 'sink',
+    messages: { blob: z.object({ data: zbytes() }) },
+    handlers: { blob: () => { counter.n++; return null; } },
+  });
+  await new Promise((r) => setTimeout(r, 200));
+  return { a, b, ta, tb, counter };
+}
+
+async function main(): Promise<void> {
+  const dir = mkdtempSync(join(tmpdir(), 'hetps-bench-'));
+  const cluster = await startLocalCluster({ nodes: 3, dir, clientPort: null, clusterPort: null, httpPort: null, maxPayload: MAX_PAYLOAD, jetstream: false });
+  const results: object[] = [];
+  try {
+    const servers = cluster.urls;
+    const rawSub = await connect({ servers: [servers[0]!] });
+    const rawPub = await connect({ servers: [servers[1]!] });
+    const h = await hetpsRun(servers);
+    const sink = h.b.ref('actor', 'sink');
+    for (const size of SIZES) {
+      const n1 = oneWayCount(size);
+      const n2 = rrCount(size);
+      const data = new Uint8Array(size);
+      // Warm up both paths (JIT, buffers) before timing.
+      await rawOneWay(rawPub, rawSub, size, Math.min(n1, 200));
+      h.counter.n = 0;
+      await pump(Math.min(n1, 200), size, () => sink.tell('blob', { data }), () => h.tb.flush());
+      await waitUntil(() => h.counter.n >= Math.min(n1, 200), 60_000, 'warm-up');
+
+      const raw1 = await rawOneWay(rawPub, rawSub, size, n1);
+      h.counter.n = 0;
+      let t0 = performance.now();
+      await pump(n1, size, () => sink.tell('blob', { data }), () => h.tb.flush());
+      await waitUntil(() => h.counter.n >= n1, 120_000, 'hetps one-way');
+      const ours1 = n1 / ((performance.now() - t0) / 1000);
+
+      const raw2 = await rawRequestReply(rawPub, rawSub, size, n2);
+      let next = 0;
+      t0 = performance.now();
+      await Promise.all(Array.from({ length: RR_CONCURRENCY }, async () => {
+        while (next < n2) { next++; await sink.request('blob', { data }); }
+      }));
+      const ours2 = n2 / ((performance.now() - t0) / 1000);
+      const row = {
+        payload_bytes: size,
+        messages: { oneway: n1, request_reply: n2 },
+        oneway: { raw_msgs_per_s: Math.round(raw1), hetps_msgs_per_s: Math.round(ours1), ratio: +(ours1 / raw1).toFixed(3) },
+        request_reply: { raw_per_s: Math.round(raw2), hetps_per_s: Math.round(ours2), ratio: +(ours2 / raw2).toFixed(3) },
+      };
+      results.push(row);
+      process.stderr.write(`${JSON.stringify(row)}\n`);
+    }
+    await h.a.stop(); await h.b.stop();
+    await h.ta.close(); await h.tb.close();
+    await rawSub.close(); await rawPub.close();
+  } finally {
+    await cluster.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+  const out = {
+    benchmark: 'transport',
+    cluster: { nodes: 3, max_payload: MAX_PAYLOAD, note: 'sender and receiver on different nodes; empty handlers' },
+    request_reply_concurrency: RR_CONCURRENCY,
+    node: process.version,
+    date: new Date().toISOString(),
+    results,
+  };
+  mkdirSync(new URL('./results/', import.meta.url), { recursive: true });
+  writeFileSync(new URL('./results/transport.json', import.meta.url), JSON.stringify(out, null, 2));
+  console.log(JSON.stringify(out, null, 2));
+}
+
+await main();
