@@ -1,0 +1,267 @@
+/**
+ * `ctr`: Wide & Deep over S slots of hashed sparse ids plus optional dense
+ * features, with a log loss.
+ *
+ * Sparse input layout. A worker pulls the batch's unique rows once:
+ * `emb_rows [U, D]` and `wide_rows [U, 1]`. Every id occurrence of the batch,
+ * ordered by sample then slot, is an index into those rows (`bag_rows [N]`),
+ * and `bag_counts [B, S]` says how many ids each (sample, slot) bag holds
+ * (CSR lengths; 0 = empty bag). The graph derives each occurrence's bag
+ * (segment) from the counts: scatter-add a 1 at every bag start, cumulative
+ * sum, minus one — so the two inputs cannot disagree beyond sum(counts) = N,
+ * which the session checks.
+ *
+ * Why Gather + ScatterND(reduction=add) for pooling: it costs O(N·D) in both
+ * directions and its gradient is the same two operators swapped
+ * (Gather ↔ ScatterND-add). The alternative, a dense [B·S, U] pooling matrix
+ * fed to MatMul, costs O(B·S·U·D) FLOPs and B·S·U floats of memory — at
+ * B=1024, S=26, U≈20k that is 2 GB per step. Padding bags to a fixed width
+ * would still need a scatter-add for the row gradients.
+ *
+ * Empty bags are supported: a sum over nothing is 0, and mean pooling divides
+ * by max(count, 1), so an empty bag pools to the zero vector.
+ */
+import { ConfigError, InvalidTensorError } from '../../runtime/errors.ts';
+import type { DenseParamSpec, GraphKind, HostTensor, ModelGraph, StepFeeds } from '../native.ts';
+import { GraphBuilder, scalarTensor } from '../onnx-builder.ts';
+import type { Model } from './model.ts';
+import { denseParam, dimOf, inverseDimOf, towerBackward, towerForward, type TowerLayer } from './tower.ts';
+
+export type BagPooling = 'sum' | 'mean';
+
+export interface CtrConfig {
+  /** Number of sparse slots S. */
+  readonly slots: number;
+  /** Embedding width D. */
+  readonly embeddingDim: number;
+  /** Dense features F per sample; 0 = no `dense_features` input. */
+  readonly denseFeatures: number;
+  /** Hidden widths of the deep tower (ReLU); the output layer (→ 1) is added. */
+  readonly hidden: readonly number[];
+  /** How a bag of ids in one slot becomes one vector. The wide part always sums. */
+  readonly pooling: BagPooling;
+}
+
+/** Criteo-like: 26 categorical slots, 13 dense features. */
+export const DEFAULT_CTR_CONFIG: CtrConfig = { slots: 26, embeddingDim: 16, denseFeatures: 13, hidden: [256, 128], pooling: 'sum' };
+
+export const CTR_BATCH = 'batch';
+export const CTR_UNIQUE_ROWS = 'unique_rows';
+export const CTR_BAG_IDS = 'bag_ids';
+
+export class CtrModel implements Model {
+  readonly family = 'ctr';
+  readonly config: CtrConfig;
+  readonly denseParams: readonly DenseParamSpec[];
+  private readonly graphs = new Map<GraphKind, ModelGraph>();
+
+  constructor(config: CtrConfig) {
+    const positive = (name: string, v: number, min: number) => {
+      if (!Number.isInteger(v) || v < min) throw new ConfigError(`ctr.${name} must be an integer ≥ ${min}, got ${v}`);
+    };
+    positive('slots', config.slots, 1);
+    positive('embeddingDim', config.embeddingDim, 1);
+    positive('denseFeatures', config.denseFeatures, 0);
+    if (!Array.isArray(config.hidden)) throw new ConfigError('ctr.hidden must be an array of widths');
+    config.hidden.forEach((h, i) => positive(`hidden[${i}]`, h, 1));
+    if (config.pooling !== 'sum' && config.pooling !== 'mean') throw new ConfigError(`ctr.pooling must be 'sum' or 'mean', got ${String(config.pooling)}`);
+    this.config = { ...config, hidden: [...config.hidden] };
+
+    const widths = [this.deepInputWidth, ...config.hidden, 1];
+    const params: DenseParamSpec[] = [];
+    for (let i = 1; i < widths.length; i++) {
+      params.push(denseParam(`W${i}`, [widths[i - 1]!, widths[i]!]));
+      // The output layer has no bias of its own: the global `bias` is the logit's intercept.
+      if (i < widths.length - 1) params.push(denseParam(`b${i}`, [widths[i]!]));
+    }
+    params.push(denseParam('bias', [1]));
+    this.denseParams = params;
+  }
+
+  /** S·D pooled embedding features plus F dense features. */
+  get deepInputWidth(): number { return this.config.slots * this.config.embeddingDim + this.config.denseFeatures; }
+
+  graph(kind: GraphKind): ModelGraph {
+    let g = this.graphs.get(kind);
+    if (g === undefined) { g = this.build(kind); this.graphs.set(kind, g); }
+    return g;
+  }
+
+  checkFeeds(feeds: StepFeeds, kind: GraphKind): void {
+    const rows = feeds['bag_rows']; const counts = feeds['bag_counts']; const emb = feeds['emb_rows'];
+    // Wrong dtypes or missing inputs are the shape check's to report.
+    if (rows?.dtype !== 'int32' || counts?.dtype !== 'int32' || emb === undefined) return;
+    const u = emb.dims[0] ?? 0;
+    const r = rows.data as Int32Array;
+    for (let i = 0; i < r.length; i++) {
+      const v = r[i]!;
+      if (v < 0 || v >= u) throw bad('bag_rows', `bag_rows[${i}] = ${v} is outside the ${u} gathered rows [0, ${u})`, { index: i, value: v });
+    }
+    const c = counts.data as Int32Array;
+    let total = 0;
+    for (let i = 0; i < c.length; i++) {
+      const v = c[i]!;
+      if (v < 0) throw bad('bag_counts', `bag_counts[${i}] = ${v} is negative`, { index: i, value: v });
+      total += v;
+    }
+    if (total !== r.length) throw bad('bag_counts', `bag_counts sum to ${total} but bag_rows holds ${r.length} ids`, { expected: r.length, actual: total });
+    if (kind === 'step') checkLabels(feeds['labels']);
+  }
+
+  private build(kind: GraphKind): ModelGraph {
+    const { slots: S, embeddingDim: D, denseFeatures: F, pooling } = this.config;
+    const B = CTR_BATCH; const U = CTR_UNIQUE_ROWS; const N = CTR_BAG_IDS;
+    const g = new GraphBuilder(`hetps_ctr_${kind}`);
+
+    const layers: TowerLayer[] = [];
+    const grads: { weight: string; bias: string | null }[] = [];
+    const depth = this.config.hidden.length + 1;
+    for (let i = 1; i <= depth; i++) {
+      const w = this.denseParams.find((p) => p.name === `W${i}`)!;
+      const b = this.denseParams.find((p) => p.name === `b${i}`) ?? null;
+      layers.push({ weight: g.input(w.name, 'float32', w.dims), bias: b === null ? null : g.input(b.name, 'float32', b.dims) });
+      grads.push({ weight: w.gradName, bias: b === null ? null : b.gradName });
+    }
+    const bias = g.input('bias', 'float32', [1], 'global logit intercept');
+    const embRows = g.input('emb_rows', 'float32', [U, D], 'embedding rows gathered for this batch, one per distinct id');
+    const wideRows = g.input('wide_rows', 'float32', [U, 1], 'wide (linear) weights of the same rows');
+    const bagRows = g.input('bag_rows', 'int32', [N], 'row of emb_rows for every id occurrence, ordered by sample then slot');
+    const bagCounts = g.input('bag_counts', 'int32', [B, S], 'ids per (sample, slot) bag; 0 = empty bag');
+    const dense = F > 0 ? g.input('dense_features', 'float32', [B, F]) : null;
+    const labels = kind === 'step' ? g.input('labels', 'float32', [B], 'click label in [0, 1]') : null;
+
+    // --- segments: bag index (sample·S + slot) of every id occurrence ---
+    const flatCounts = g.op('Reshape', [g.op('Cast', [bagCounts], { to: 7 }), g.constI64([-1])]); // [B·S] int64
+    const starts = g.op('Sub', [g.op('CumSum', [flatCounts, g.constI64([0], [])]), flatCounts]); // exclusive prefix sum
+    const nIds = dimOf(g, bagRows, 0); // [1] = N
+    const marksZero = g.op('ConstantOfShape', [g.op('Add', [nIds, g.constI64([1])])], { value: scalarTensor('int64', 0) }); // [N+1]
+    const ones = g.op('Expand', [g.constI64([1], []), g.op('Shape', [flatCounts])]); // [B·S] int64
+    // A 1 at every bag start (empty bags share their start with the next bag, add makes that 2); slot N catches trailing empty bags.
+    const marks = g.op('ScatterND', [marksZero, g.op('Unsqueeze', [starts, g.constI64([1])]), ones], { reduction: 'add' });
+    const segFull = g.op('CumSum', [marks, g.constI64([0], [])]);
+    const seg = g.op('Sub', [g.op('Slice', [segFull, g.constI64([0]), nIds, g.constI64([0])]), g.constI64([1], [])]); // [N] int64
+    const seg2 = g.op('Unsqueeze', [seg, g.constI64([1])]); // [N,1] ScatterND index
+    const sample = g.op('Div', [seg, g.constI64([S], [])]); // [N] sample of every id occurrence
+    const sample2 = g.op('Unsqueeze', [sample, g.constI64([1])]); // [N,1]
+
+    // --- bag pooling ---
+    let bagWeight: string | null = null; // [N,1] 1/len(bag) for mean pooling
+    if (pooling === 'mean') {
+      const inv = g.op('Reciprocal', [g.op('Max', [g.op('Cast', [flatCounts], { to: 1 }), g.constF32([1], [])])]);
+      bagWeight = g.op('Unsqueeze', [g.op('Gather', [inv, seg]), g.constI64([1])]);
+    }
+    let picked = g.op('Gather', [embRows, bagRows], { axis: 0 }); // [N,D]
+    if (bagWeight !== null) picked = g.op('Mul', [picked, bagWeight]);
+    const bagsShape = g.op('Concat', [g.op('Shape', [flatCounts]), g.constI64([D])], { axis: 0 }); // [B·S, D]
+    const pooledFlat = g.op('ScatterND', [g.op('ConstantOfShape', [bagsShape]), seg2, picked], { reduction: 'add' });
+    const pooled = g.op('Reshape', [pooledFlat, g.constI64([-1, S * D])]); // [B, S·D]
+
+    // --- deep ---
+    const deepIn = dense === null ? pooled : g.op('Concat', [pooled, dense], { axis: 1 });
+    const fwd = towerForward(g, deepIn, layers); // [B,1]
+
+    // --- wide: sum of the wide weights of every id of the sample ---
+    const wideShape = g.op('Concat', [dimOf(g, bagCounts, 0), g.constI64([1])], { axis: 0 }); // [B,1]
+    const wideSum = g.op('ScatterND', [g.op('ConstantOfShape', [wideShape]), sample2, g.op('Gather', [wideRows, bagRows], { axis: 0 })], { reduction: 'add' });
+
+    const logit2 = g.op('Add', [g.op('Add', [fwd.out, wideSum]), bias]); // [B,1]
+    const logit = g.op('Reshape', [logit2, g.constI64([-1])]);
+    g.op('Sigmoid', [logit], {}, 'predictions');
+
+    if (labels !== null) {
+      // log(1+e^x) − x·y written as max(x,0) − x·y + log(1+e^−|x|): no overflow for large |x|.
+      const softplusNegAbs = g.op('Softplus', [g.op('Neg', [g.op('Abs', [logit])])]);
+      const perSample = g.op('Add', [g.op('Sub', [g.op('Relu', [logit]), g.op('Mul', [logit, labels])]), softplusNegAbs]);
+      g.op('ReduceMean', [perSample], { keepdims: 0 }, 'loss');
+
+      // dloss/dlogit = (σ(x) − y) / B
+      const dLogit = g.op('Mul', [g.op('Sub', ['predictions', labels]), inverseDimOf(g, labels, 0)]);
+      const dLogit2 = g.op('Unsqueeze', [dLogit, g.constI64([1])]); // [B,1]
+      g.op('ReduceSum', [dLogit, g.constI64([0])], { keepdims: 1 }, 'bias_grad');
+      const { dzFirst } = towerBackward(g, fwd, layers, dLogit2, grads);
+      // Only the pooled columns of the first layer need an input gradient; dense features have none.
+      const w1 = layers[0]!.weight;
+      const w1Emb = F > 0 ? g.op('Slice', [w1, g.constI64([0]), g.constI64([S * D]), g.constI64([0])]) : w1;
+      const dPooled = g.op('Reshape', [g.op('Gemm', [dzFirst, w1Emb], { transB: 1 }), g.constI64([-1, D])]); // [B·S, D]
+      const rows2 = g.op('Unsqueeze', [g.op('Cast', [bagRows], { to: 7 }), g.constI64([1])]); // [N,1] int64, as ScatterND wants
+      let dPicked = g.op('Gather', [dPooled, seg], { axis: 0 }); // [N,D]
+      if (bagWeight !== null) dPicked = g.op('Mul', [dPicked, bagWeight]);
+      g.op('ScatterND', [g.op('ConstantOfShape', [g.op('Shape', [embRows])]), rows2, dPicked], { reduction: 'add' }, 'emb_rows_grad');
+      const dWide = g.op('Gather', [dLogit2, sample], { axis: 0 }); // [N,1]
+      g.op('ScatterND', [g.op('ConstantOfShape', [g.op('Shape', [wideRows])]), rows2, dWide], { reduction: 'add' }, 'wide_rows_grad');
+
+      g.output('loss', 'float32', [], 'mean log loss over the batch');
+      g.output('predictions', 'float32', [B], 'click probability σ(logit)');
+      for (const p of this.denseParams) g.output(p.gradName, 'float32', p.dims, `dloss/d${p.name}`);
+      g.output('emb_rows_grad', 'float32', [U, D], 'dloss/demb_rows, one row per gathered row');
+      g.output('wide_rows_grad', 'float32', [U, 1], 'dloss/dwide_rows');
+    } else {
+      g.output('predictions', 'float32', [B], 'click probability σ(logit)');
+    }
+    return { model: this.family, kind, inputs: g.inputSpecs, outputs: g.outputSpecs, bytes: g.serialize() };
+  }
+}
+
+function bad(input: string, what: string, data: Record<string, unknown>): InvalidTensorError {
+  return new InvalidTensorError(`ctr input ${input}: ${what}`, { data: { input, ...data } });
+}
+
+function checkLabels(labels: HostTensor | undefined): void {
+  if (labels?.dtype !== 'float32') return;
+  const y = labels.data as Float32Array;
+  for (let i = 0; i < y.length; i++) {
+    const v = y[i]!;
+    if (!(v >= 0 && v <= 1)) throw bad('labels', `labels[${i}] = ${v} is outside [0, 1]`, { index: i, value: v });
+  }
+}
+
+/** The sparse index inputs of one batch, plus which ids the worker must pull. */
+export interface CtrBagIndex {
+  /** Distinct ids in first-seen order: row u of `emb_rows`/`wide_rows` is the row of `uniqueIds[u]`. */
+  readonly uniqueIds: Int32Array;
+  /** `bag_rows`: for every id occurrence, its position in `uniqueIds`. */
+  readonly bagRows: Int32Array;
+  /** `bag_counts`, row-major [B, S]. */
+  readonly bagCounts: Int32Array;
+}
+
+/**
+ * Turns a CSR batch (`offsets` of length B·S + 1 over `ids`, bags ordered by
+ * sample then slot) into the step graph's index inputs. Deduplication uses an
+ * open-addressing table on typed arrays: a JS Map costs several times more at
+ * 50k ids per batch, which is the order of a whole CPU step.
+ */
+export function ctrBagIndex(offsets: Int32Array, ids: Int32Array): CtrBagIndex {
+  const bags = offsets.length - 1;
+  if (bags < 0 || offsets[0] !== 0 || offsets[bags] !== ids.length) {
+    throw new InvalidTensorError(`ctr offsets must start at 0 and end at ids.length (${ids.length})`, { data: { input: 'offsets' } });
+  }
+  const bagCounts = new Int32Array(bags);
+  for (let i = 0; i < bags; i++) {
+    const c = offsets[i + 1]! - offsets[i]!;
+    if (c < 0) throw new InvalidTensorError(`ctr offsets decrease at bag ${i}`, { data: { input: 'offsets', index: i } });
+    bagCounts[i] = c;
+  }
+  let bits = 4;
+  while (1 << bits < ids.length * 2) bits++;
+  const cap = 1 << bits;
+  const mask = cap - 1;
+  const keys = new Int32Array(cap);
+  const slots = new Int32Array(cap).fill(-1); // position in uniqueIds, -1 = free
+  const unique = new Int32Array(ids.length);
+  const bagRows = new Int32Array(ids.length);
+  let u = 0;
+  for (let i = 0; i < ids.length; i++) {
+    const id = ids[i]!;
+    let h = Math.imul(id, 0x9e3779b1) >>> (32 - bits); // Fibonacci hashing: the product's top bits
+    while (slots[h] !== -1 && keys[h] !== id) h = (h + 1) & mask;
+    if (slots[h] === -1) { keys[h] = id; slots[h] = u; unique[u++] = id; }
+    bagRows[i] = slots[h]!;
+  }
+  return { uniqueIds: unique.slice(0, u), bagRows, bagCounts };
+}
+
+/** A Wide & Deep model sized from a plain config; missing fields take `DEFAULT_CTR_CONFIG`. */
+export function ctrModel(config: Partial<CtrConfig> = {}): CtrModel {
+  return new CtrModel({ ...DEFAULT_CTR_CONFIG, ...config });
+}
