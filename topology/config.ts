@@ -1,0 +1,1159 @@
+/**
+ * The job's YAML config: schema, defaults, and validation that reports every
+ * problem at once, each with the file, the path inside it, what is wrong and
+ * the line and column.
+ *
+ * Keys are snake_case, as in the file and as the HPS article users come from
+ * writes them (`cluster.worker_groups[].sync_steps`). The parsed `HetpsConfig`
+ * keeps those names, so an error message, the docs and the code all say the
+ * same path; only the helpers at the bottom return camelCase API objects.
+ *
+ * Validation runs in two passes over the same raw tree, and both always run so
+ * one ConfigError lists everything: zod checks the shape (types, ranges,
+ * unknown keys), then `crossChecks` checks what spans fields (duplicates,
+ * settings that only apply to some mode, unknown node names, auth methods).
+ * Defaults are filled only once the file is valid.
+ */
+import { readFile } from 'node:fs/promises';
+import { isAlias, isMap, isScalar, isSeq, LineCounter, parseDocument, type Document } from 'yaml';
+import { z } from 'zod';
+import { ConfigError } from '../runtime/errors.ts';
+import type { NatsAuth, NatsTls } from '../runtime/nats-bus.ts';
+import { token } from '../runtime/subjects.ts';
+
+// ---------------------------------------------------------------- public types
+
+/**
+ * How a worker group synchronises inside itself (the article's three strategies plus async):
+ * - `sync`: all-reduce every `sync_steps` steps.
+ * - `adaptive`: all-reduce when the fastest member leads the slowest by `adaptive_threshold` steps.
+ * - `accumulation`: each member accumulates `accumulation_steps` gradients locally, then all-reduce.
+ * - `async`: no barrier; every member pushes to the servers on its own.
+ */
+export type SyncMode = 'sync' | 'async' | 'adaptive' | 'accumulation';
+export const SYNC_MODES = ['sync', 'async', 'adaptive', 'accumulation'] as const satisfies readonly SyncMode[];
+
+/** `hps`: each group as configured, async between groups; `bsp`: one global barrier; `asp`: every worker async. */
+export type TrainingMode = 'bsp' | 'asp' | 'hps';
+export const TRAINING_MODES = ['bsp', 'asp', 'hps'] as const satisfies readonly TrainingMode[];
+
+export type ModelType = 'mlp' | 'ctr';
+export type DataSource = 'spam' | 'ctr-synthetic' | 'mlp-synthetic';
+export type OptimizerType = 'sgd' | 'momentum' | 'adam' | 'adagrad';
+export type ScheduleType = 'constant' | 'step' | 'exponential' | 'warmup_cosine';
+export type LogLevel = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
+export type CommunicationBackend = 'auto' | 'nats' | 'nccl' | 'gloo';
+export type Compression = 'none' | 'fp16' | 'adaptive';
+export type Provider = 'cpu' | 'cuda';
+
+export interface JobConfig {
+  /** Becomes the `<job>` subject token. */
+  name: string;
+  /** Where runs write logs, metrics and checkpoints (relative to the working directory). */
+  run_dir: string;
+}
+
+export interface NatsTlsConfig {
+  ca_file: string | null;
+  cert_file: string | null;
+  key_file: string | null;
+  handshake_first: boolean;
+}
+
+export interface NatsConfig {
+  /** null: start a local cluster (or the in-process bus when no nats-server binary exists). */
+  servers: string[] | null;
+  user: string | null;
+  pass: string | null;
+  token: string | null;
+  nkey_seed: string | null;
+  creds_file: string | null;
+  tls: NatsTlsConfig | null;
+  /** Bytes, for the local cluster only; null: the NATS default (1 MiB). */
+  max_payload: number | null;
+  connect_timeout_ms: number;
+  ping_interval_ms: number;
+}
+
+export interface WorkerGroupConfig {
+  name: string;
+  nodes: string[];
+  sync_mode: SyncMode;
+  /** Set for `sync` groups only. */
+  sync_steps: number | null;
+  /** Set for `accumulation` groups only. */
+  accumulation_steps: number | null;
+  /** Set for `adaptive` groups only: the progress gap, in steps, that triggers a sync. */
+  adaptive_threshold: number | null;
+}
+
+export interface ClusterConfig {
+  worker_groups: WorkerGroupConfig[];
+  server_nodes: string[];
+}
+
+export interface EmulateConfig {
+  /** Fraction of the measured compute speed, in (0, 1]; 0.5 doubles every step's compute time. */
+  speed: number;
+  /** Emulated link bandwidth; null: not limited. */
+  bandwidth_mbps: number | null;
+}
+
+export interface NodeOverride {
+  emulate: EmulateConfig | null;
+  provider: Provider | null;
+  threads: number | null;
+}
+
+export interface MlpModelConfig {
+  input_dim: number;
+  hidden: number[];
+  classes: number;
+}
+
+export interface CtrModelConfig {
+  embedding_dim: number;
+  hidden: number[];
+  pooling: 'sum' | 'mean';
+  wide: boolean;
+  /** Rows per embedding table: one number for every slot, or one per slot. */
+  hash_buckets: number | number[];
+}
+
+export interface ModelConfig {
+  type: ModelType;
+  /** Filled when type is `mlp`, else null. */
+  mlp: MlpModelConfig | null;
+  /** Filled when type is `ctr`, else null. */
+  ctr: CtrModelConfig | null;
+}
+
+/** Fields that do not apply to the source are null. */
+export interface DataConfig {
+  source: DataSource;
+  batch_size: number;
+  epochs: number;
+  /** spam: share of the e-mails held out for evaluation. */
+  test_fraction: number | null;
+  /** Defaults to training.random_seed. */
+  seed: number;
+  /** Training samples: synthetic sources generate this many; spam uses at most this many (null: all). */
+  samples: number | null;
+  /** Synthetic sources: held-out samples. */
+  test_samples: number | null;
+  /** spam: tokens kept (most frequent); ctr-synthetic: distinct ids per slot. */
+  vocab_size: number | null;
+  /** ctr-synthetic: skew of the id distribution. */
+  zipf_exponent: number | null;
+  /** ctr-synthetic: sparse slots per sample. */
+  slots: number | null;
+  /** ctr-synthetic: dense features per sample. */
+  dense_features: number | null;
+  /** spam: tokens kept per e-mail. */
+  max_tokens: number | null;
+}
+
+export type ScheduleConfig =
+  | { type: 'constant' }
+  | { type: 'step'; step_size: number; gamma: number }
+  | { type: 'exponential'; gamma: number; decay_steps: number }
+  | { type: 'warmup_cosine'; warmup_steps: number; total_steps: number; min_multiplier: number };
+
+/** Type-specific fields are filled for their type and null otherwise. */
+export interface OptimizerSettings {
+  type: OptimizerType;
+  learning_rate: number;
+  weight_decay: number;
+  /** momentum */
+  momentum: number | null;
+  /** momentum */
+  nesterov: boolean | null;
+  /** adam */
+  beta1: number | null;
+  /** adam */
+  beta2: number | null;
+  /** adam, adagrad */
+  epsilon: number | null;
+  /** adam (AdamW) */
+  decoupled_weight_decay: boolean | null;
+  /** adagrad */
+  initial_accumulator: number | null;
+  schedule: ScheduleConfig;
+}
+
+/** The top level is the dense optimizer; `sparse` (embedding rows) is fully resolved, never null. */
+export interface OptimizerConfig extends OptimizerSettings {
+  sparse: OptimizerSettings;
+}
+
+export interface TrainingConfig {
+  mode: TrainingMode;
+  random_seed: number;
+  sync_initial_params: boolean;
+  /** Most versions a pushed gradient may lag the server (asp, hps). */
+  max_staleness: number;
+  /** Evaluate every this many steps. */
+  eval_every: number;
+}
+
+export interface CommunicationConfig {
+  backend: CommunicationBackend;
+  compression: Compression;
+  /** Bandwidth utilisation in [0, 1] above which adaptive compression starts. */
+  compression_threshold: number;
+}
+
+export interface FaultToleranceConfig {
+  /** Seconds. */
+  worker_recovery_timeout: number;
+  /** Seconds. */
+  server_recovery_timeout: number;
+  /** Backups per shard. */
+  backup_factor: number;
+  preheat_backup: boolean;
+  /** How a backup follows its primary: `async` (may lag a little) or `strong`. */
+  backup_sync: 'async' | 'strong';
+}
+
+export interface LoadBalancingConfig {
+  enabled: boolean;
+  /** Relative load difference between servers that counts as imbalance. */
+  imbalance_threshold: number;
+  /** Seconds an imbalance must last before shards move. */
+  sustain_seconds: number;
+}
+
+export interface MonitoringConfig {
+  enabled: boolean;
+  port: number;
+}
+
+export interface ServerConfig {
+  use_gpu: boolean;
+  gpu_id: number;
+}
+
+export interface LoggingConfig {
+  level: LogLevel;
+}
+
+export interface ConfigSource {
+  /** The file as given to parseConfig / loadConfig. */
+  file: string;
+  /** Every leaf path the file set, e.g. `cluster.worker_groups[0].sync_steps`; the rest are defaults. */
+  given: string[];
+}
+
+export interface HetpsConfig {
+  job: JobConfig;
+  nats: NatsConfig;
+  cluster: ClusterConfig;
+  /** Per-node overrides, keyed by node name; nodes without an entry are absent. */
+  nodes: Record<string, NodeOverride>;
+  model: ModelConfig;
+  data: DataConfig;
+  optimizer: OptimizerConfig;
+  training: TrainingConfig;
+  communication: CommunicationConfig;
+  fault_tolerance: FaultToleranceConfig;
+  load_balancing: LoadBalancingConfig;
+  monitoring: MonitoringConfig;
+  server: ServerConfig;
+  logging: LoggingConfig;
+  source: ConfigSource;
+}
+
+/** One problem in a config file; line and column are 1-based, null where the file has no place for it. */
+export interface ConfigIssue {
+  path: string;
+  message: string;
+  line: number | null;
+  column: number | null;
+}
+
+// ---------------------------------------------------------------- defaults
+
+const DEFAULT_LR: Record<OptimizerType, number> = { sgd: 0.01, momentum: 0.01, adam: 0.001, adagrad: 0.01 };
+const DEFAULT_SYNC_STEPS = 4; // the article: 4–8 works for most groups
+const DEFAULT_ACCUMULATION_STEPS = 4;
+const DEFAULT_ADAPTIVE_THRESHOLD = 4;
+
+type SourceDefaults = Pick<DataConfig, 'batch_size' | 'test_fraction' | 'samples' | 'test_samples' | 'vocab_size' | 'zipf_exponent' | 'slots' | 'dense_features' | 'max_tokens'>;
+
+/** Per source; null marks a field that does not apply to that source. */
+const DATA_DEFAULTS: Record<DataSource, SourceDefaults> = {
+  spam: { batch_size: 64, test_fraction: 0.2, samples: null, test_samples: null, vocab_size: 20_000, zipf_exponent: null, slots: null, dense_features: null, max_tokens: 256 },
+  'ctr-synthetic': { batch_size: 256, test_fraction: null, samples: 50_000, test_samples: 5_000, vocab_size: 10_000, zipf_exponent: 1.1, slots: 8, dense_features: 4, max_tokens: null },
+  'mlp-synthetic': { batch_size: 256, test_fraction: null, samples: 20_000, test_samples: 2_000, vocab_size: null, zipf_exponent: null, slots: null, dense_features: null, max_tokens: null },
+};
+
+/** Which data fields each source reads (`samples` is read by all). */
+const DATA_FIELDS_BY_SOURCE: Record<string, readonly DataSource[]> = {
+  test_fraction: ['spam'],
+  test_samples: ['ctr-synthetic', 'mlp-synthetic'],
+  vocab_size: ['spam', 'ctr-synthetic'],
+  zipf_exponent: ['ctr-synthetic'],
+  slots: ['ctr-synthetic'],
+  dense_features: ['ctr-synthetic'],
+  max_tokens: ['spam'],
+};
+
+const MODELS_BY_SOURCE: Record<DataSource, readonly ModelType[]> = {
+  spam: ['ctr', 'mlp'],
+  'ctr-synthetic': ['ctr'],
+  'mlp-synthetic': ['mlp'],
+};
+
+const OPTIMIZER_FIELDS: Record<OptimizerType, readonly string[]> = {
+  sgd: [],
+  momentum: ['momentum', 'nesterov'],
+  adam: ['beta1', 'beta2', 'epsilon', 'decoupled_weight_decay'],
+  adagrad: ['epsilon', 'initial_accumulator'],
+};
+const ALL_OPTIMIZER_SPECIFIC = ['momentum', 'nesterov', 'beta1', 'beta2', 'epsilon', 'decoupled_weight_decay', 'initial_accumulator'];
+
+const SCHEDULE_FIELDS: Record<ScheduleType, { allowed: readonly string[]; required: readonly string[] }> = {
+  constant: { allowed: [], required: [] },
+  step: { allowed: ['step_size', 'gamma'], required: ['step_size'] },
+  exponential: { allowed: ['gamma', 'decay_steps'], required: [] },
+  warmup_cosine: { allowed: ['warmup_steps', 'total_steps', 'min_multiplier'], required: ['total_steps'] },
+};
+const ALL_SCHEDULE_SPECIFIC = ['step_size', 'gamma', 'decay_steps', 'warmup_steps', 'total_steps', 'min_multiplier'];
+
+// ---------------------------------------------------------------- settings accepted but not active yet
+
+interface InactiveSetting {
+  /** Dotted path; listed when the file sets it (or something below it) and `when` holds. */
+  path: string;
+  when: (c: HetpsConfig) => boolean;
+  /** What happens instead, for now. */
+  instead: string;
+}
+
+/**
+ * Settings the schema accepts (the article documents them) but no code acts on
+ * yet. Start-up prints these instead of silently ignoring them. Remove an entry
+ * in the change that makes its setting work.
+ */
+const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
+  { path: 'communication.backend', when: (c) => c.communication.backend === 'nccl' || c.communication.backend === 'gloo', instead: 'every tensor goes over NATS' },
+  { path: 'communication.compression', when: (c) => c.communication.compression !== 'none', instead: 'gradients are sent uncompressed' },
+  { path: 'communication.compression_threshold', when: () => true, instead: 'gradients are sent uncompressed' },
+  { path: 'fault_tolerance.worker_recovery_timeout', when: () => true, instead: 'no worker failover' },
+  { path: 'fault_tolerance.server_recovery_timeout', when: () => true, instead: 'no server failover' },
+  { path: 'fault_tolerance.backup_factor', when: (c) => c.fault_tolerance.backup_factor > 0, instead: 'shards have no backups' },
+  { path: 'fault_tolerance.preheat_backup', when: (c) => c.fault_tolerance.preheat_backup, instead: 'shards have no backups' },
+  { path: 'fault_tolerance.backup_sync', when: () => true, instead: 'shards have no backups' },
+  { path: 'load_balancing.enabled', when: (c) => c.load_balancing.enabled, instead: 'shards stay where the initial plan put them' },
+  { path: 'load_balancing.imbalance_threshold', when: () => true, instead: 'shards stay where the initial plan put them' },
+  { path: 'load_balancing.sustain_seconds', when: () => true, instead: 'shards stay where the initial plan put them' },
+  { path: 'server.use_gpu', when: (c) => c.server.use_gpu, instead: 'server-side optimizers run on the CPU' },
+  { path: 'server.gpu_id', when: () => true, instead: 'server-side optimizers run on the CPU' },
+  { path: 'monitoring.enabled', when: (c) => c.monitoring.enabled, instead: 'no dashboard' },
+  { path: 'monitoring.port', when: () => true, instead: 'no dashboard' },
+];
+
+/**
+ * Settings the file sets that no code acts on yet, one line each, e.g.
+ * `communication.compression=adaptive (not active yet: gradients are sent uncompressed)`.
+ */
+export function inactiveSettings(config: HetpsConfig): string[] {
+  const given = config.source.given;
+  const isGiven = (path: string) => given.some((g) => g === path || g.startsWith(`${path}.`) || g.startsWith(`${path}[`));
+  return NOT_ACTIVE_YET
+    .filter((s) => isGiven(s.path) && s.when(config))
+    .map((s) => `${s.path}=${showValue(valueAtDotted(config, s.path))} (not active yet: ${s.instead})`);
+}
+
+function valueAtDotted(obj: unknown, dotted: string): unknown {
+  let v = obj;
+  for (const key of dotted.split('.')) v = isObject(v) ? v[key] : undefined;
+  return v;
+}
+
+function showValue(v: unknown): string {
+  return typeof v === 'string' ? v : JSON.stringify(v);
+}
+
+// ---------------------------------------------------------------- schema (shape only)
+
+type Path = (string | number)[];
+
+function describe(v: unknown): string {
+  if (v === undefined) return 'nothing';
+  if (v === null) return 'null';
+  if (Array.isArray(v)) return 'a list';
+  if (typeof v === 'object') return 'a mapping';
+  if (typeof v === 'string') return `"${v}" (a string)`;
+  return String(v);
+}
+
+/** A field's message for every check on it: "is required" or "must be <what>, got <value>". */
+function mustBe(what: string) {
+  return (iss: { input?: unknown }) => (iss.input === undefined ? 'is required' : `must be ${what}, got ${describe(iss.input)}`);
+}
+
+const posInt = () => z.number({ error: mustBe('a positive integer') }).int().positive();
+const nonNegInt = () => z.number({ error: mustBe('an integer ≥ 0') }).int().nonnegative();
+const posNum = () => z.number({ error: mustBe('a number > 0') }).positive();
+const nonNegNum = () => z.number({ error: mustBe('a number ≥ 0') }).nonnegative();
+const openUnit = () => z.number({ error: mustBe('a number between 0 and 1 (both excluded)') }).gt(0).lt(1);
+const unitHalfOpen = () => z.number({ error: mustBe('a number in [0, 1)') }).gte(0).lt(1);
+const closedUnit = () => z.number({ error: mustBe('a number in [0, 1]') }).gte(0).lte(1);
+const bool = () => z.boolean({ error: mustBe('true or false') });
+const text = () => z.string({ error: mustBe('a string') }).min(1, { error: 'must not be empty' });
+const oneOf = <const T extends readonly [string, ...string[]]>(values: T) =>
+  z.enum(values, { error: (iss) => (iss.input === undefined ? 'is required' : `must be one of ${values.join(', ')}, got ${typeof iss.input === 'string' ? JSON.stringify(iss.input) : describe(iss.input)}${suggestion(String(iss.input), values)}`) });
+
+/** A name that becomes a NATS subject token (job, group and node names). */
+const subjectToken = (what: string) => z.string({ error: mustBe(`a ${what} (a string)`) }).superRefine((value, ctx) => {
+  try {
+    token(value, what);
+  } catch (e) {
+    ctx.addIssue({ code: 'custom', message: `${(e as Error).message} (${what}s become NATS subject tokens)` });
+  }
+});
+
+const natsUrl = () => z.string({ error: mustBe('a NATS URL such as nats://host:4222') }).superRefine((value, ctx) => {
+  const problem = natsUrlProblem(value);
+  if (problem) ctx.addIssue({ code: 'custom', message: `${JSON.stringify(value)} ${problem}` });
+});
+
+function natsUrlProblem(value: string): string | null {
+  const withScheme = /^[a-z][a-z0-9+.-]*:\/\//i.test(value) ? value : `nats://${value}`;
+  let url: URL;
+  try {
+    url = new URL(withScheme);
+  } catch {
+    return 'is not a URL (expected nats://host:port, tls://…, ws://…, wss://… or host:port)';
+  }
+  if (!['nats:', 'tls:', 'ws:', 'wss:'].includes(url.protocol)) return `has scheme ${url.protocol.slice(0, -1)}; use nats, tls, ws or wss`;
+  if (!url.hostname) return 'has no host';
+  return null;
+}
+
+const list = <T extends z.ZodType>(item: T, what: string) => z.array(item, { error: mustBe(what) });
+
+const scheduleSchema = z.strictObject({
+  type: oneOf(['constant', 'step', 'exponential', 'warmup_cosine']),
+  step_size: posInt().optional(),
+  gamma: z.number({ error: mustBe('a number in (0, 1]') }).gt(0).lte(1).optional(),
+  decay_steps: posNum().optional(),
+  warmup_steps: nonNegInt().optional(),
+  total_steps: posInt().optional(),
+  min_multiplier: closedUnit().optional(),
+}, { error: mustBe('a mapping with a `type`') });
+
+const optimizerFields = {
+  type: oneOf(['sgd', 'momentum', 'adam', 'adagrad']).optional(),
+  learning_rate: posNum().optional(),
+  weight_decay: nonNegNum().optional(),
+  momentum: unitHalfOpen().optional(),
+  nesterov: bool().optional(),
+  beta1: unitHalfOpen().optional(),
+  beta2: unitHalfOpen().optional(),
+  epsilon: posNum().optional(),
+  decoupled_weight_decay: bool().optional(),
+  initial_accumulator: nonNegNum().optional(),
+  schedule: scheduleSchema.optional(),
+};
+
+const section = <T extends z.core.$ZodLooseShape>(shape: T) => z.strictObject(shape, { error: mustBe('a mapping (key: value lines)') });
+
+const configSchema = section({
+  job: section({
+    name: subjectToken('job name').optional(),
+    run_dir: text().optional(),
+  }).optional(),
+  nats: section({
+    servers: list(natsUrl(), 'a list of NATS URLs').min(1, { error: 'must list at least one URL (leave nats.servers out to start a local cluster)' }).optional(),
+    user: text().optional(),
+    pass: text().optional(),
+    token: text().optional(),
+    nkey_seed: text().optional(),
+    creds_file: text().optional(),
+    tls: section({
+      ca_file: text().optional(),
+      cert_file: text().optional(),
+      key_file: text().optional(),
+      handshake_first: bool().optional(),
+    }).optional(),
+    max_payload: z.number({ error: mustBe('a whole number of bytes from 1 to 67108864 (64 MiB)') }).int().min(1).max(64 * 1024 * 1024).optional(),
+    connect_timeout_ms: posInt().optional(),
+    ping_interval_ms: posInt().optional(),
+  }).optional(),
+  cluster: section({
+    worker_groups: list(section({
+      name: subjectToken('group name'),
+      nodes: list(subjectToken('node name'), 'a list of node names').min(1, { error: 'must list at least one node (a group with no nodes)' }),
+      sync_mode: oneOf(SYNC_MODES).optional(),
+      sync_steps: posInt().optional(),
+      accumulation_steps: posInt().optional(),
+      adaptive_threshold: posInt().optional(),
+    }), 'a list of groups').min(1, { error: 'must list at least one worker group' }),
+    server_nodes: list(subjectToken('node name'), 'a list of node names').min(1, { error: 'must list at least one server node' }),
+  }),
+  nodes: z.record(z.string(), section({
+    emulate: section({
+      speed: z.number({ error: mustBe('a number in (0, 1]') }).gt(0).lte(1).optional(),
+      bandwidth_mbps: posNum().optional(),
+    }).optional(),
+    provider: oneOf(['cpu', 'cuda']).optional(),
+    threads: posInt().optional(),
+  }), { error: mustBe('a mapping from node name to its overrides') }).optional(),
+  model: section({
+    type: oneOf(['mlp', 'ctr']),
+    mlp: section({
+      input_dim: posInt().optional(),
+      hidden: list(posInt(), 'a list of positive integers').optional(),
+      classes: z.number({ error: mustBe('an integer ≥ 2') }).int().min(2).optional(),
+    }).optional(),
+    ctr: section({
+      embedding_dim: posInt().optional(),
+      hidden: list(posInt(), 'a list of positive integers').optional(),
+      pooling: oneOf(['sum', 'mean']).optional(),
+      wide: bool().optional(),
+      hash_buckets: z.union([posInt(), list(posInt(), '').min(1)], { error: mustBe('a positive integer, or a list of them (one per slot)') }).optional(),
+    }).optional(),
+  }),
+  data: section({
+    source: oneOf(['spam', 'ctr-synthetic', 'mlp-synthetic']),
+    batch_size: posInt().optional(),
+    epochs: posInt().optional(),
+    test_fraction: openUnit().optional(),
+    seed: z.number({ error: mustBe('an integer from 0 to 4294967295') }).int().min(0).max(0xffff_ffff).optional(),
+    samples: posInt().optional(),
+    test_samples: posInt().optional(),
+    vocab_size: posInt().optional(),
+    zipf_exponent: posNum().optional(),
+    slots: posInt().optional(),
+    dense_features: nonNegInt().optional(),
+    max_tokens: posInt().optional(),
+  }),
+  optimizer: section({
+    ...optimizerFields,
+    sparse: section(optimizerFields).optional(),
+  }).optional(),
+  training: section({
+    mode: oneOf(TRAINING_MODES).optional(),
+    random_seed: z.number({ error: mustBe('an integer from 0 to 4294967295') }).int().min(0).max(0xffff_ffff).optional(),
+    sync_initial_params: bool().optional(),
+    max_staleness: nonNegInt().optional(),
+    eval_every: posInt().optional(),
+  }).optional(),
+  communication: section({
+    backend: oneOf(['auto', 'nats', 'nccl', 'gloo']).optional(),
+    compression: oneOf(['none', 'fp16', 'adaptive']).optional(),
+    compression_threshold: closedUnit().optional(),
+  }).optional(),
+  fault_tolerance: section({
+    worker_recovery_timeout: posNum().optional(),
+    server_recovery_timeout: posNum().optional(),
+    backup_factor: nonNegInt().optional(),
+    preheat_backup: bool().optional(),
+    backup_sync: oneOf(['async', 'strong']).optional(),
+  }).optional(),
+  load_balancing: section({
+    enabled: bool().optional(),
+    imbalance_threshold: z.number({ error: mustBe('a number in (0, 1]') }).gt(0).lte(1).optional(),
+    sustain_seconds: posNum().optional(),
+  }).optional(),
+  monitoring: section({
+    enabled: bool().optional(),
+    port: z.number({ error: mustBe('a port number from 0 to 65535') }).int().min(0).max(65535).optional(),
+  }).optional(),
+  server: section({
+    use_gpu: bool().optional(),
+    gpu_id: nonNegInt().optional(),
+  }).optional(),
+  logging: section({
+    // The article writes WARNING; pino says warn.
+    level: z.preprocess(
+      (v) => (typeof v === 'string' ? (v.toLowerCase() === 'warning' ? 'warn' : v.toLowerCase()) : v),
+      oneOf(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
+    ).optional(),
+  }).optional(),
+});
+
+type Parsed = z.output<typeof configSchema>;
+type ParsedOptimizer = NonNullable<Parsed['optimizer']>;
+
+// ---------------------------------------------------------------- entry points
+
+/** Reads and validates a config file; a missing or unreadable file is a ConfigError too. */
+export async function loadConfig(path: string): Promise<HetpsConfig> {
+  let text: string;
+  try {
+    text = await readFile(path, 'utf8');
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    const why = code === 'ENOENT' ? 'does not exist' : code === 'EISDIR' ? 'is a directory, not a YAML file' : code === 'EACCES' ? 'is not readable (permission denied)' : `cannot be read (${(e as Error).message})`;
+    throw new ConfigError(`config file ${path} ${why}`, { cause: e, data: { file: path } });
+  }
+  return parseConfig(text, path);
+}
+
+/**
+ * Parses and validates config text; `file` names it in messages. Throws one
+ * ConfigError listing every problem (`data.issues`: ConfigIssue[]).
+ */
+export function parseConfig(text: string, file: string): HetpsConfig {
+  const lineCounter = new LineCounter();
+  const doc = parseDocument(text, { lineCounter, keepSourceTokens: true, merge: true, prettyErrors: true });
+  if (doc.errors.length > 0) {
+    throw configError(file, doc.errors.map((e) => ({
+      path: '',
+      message: `YAML syntax: ${e.message.split('\n')[0]!.replace(/ at line \d+, column \d+:?$/, '')}`,
+      line: e.linePos?.[0].line ?? null,
+      column: e.linePos?.[0].col ?? null,
+    })));
+  }
+  const raw = stripNulls(doc.toJS({ maxAliasCount: 1000 }));
+  const where = (path: Path) => {
+    const pos = locate(doc, lineCounter, path, 'value');
+    return `${formatPath(path)}${pos ? ` (line ${pos.line})` : ''}`;
+  };
+
+  const found: RawIssue[] = [];
+  if (raw === undefined) {
+    found.push({ path: [], message: 'the file is empty; it needs at least `cluster`, `model` and `data`', at: 'value' });
+  } else {
+    const result = configSchema.safeParse(raw);
+    if (!result.success) found.push(...fromZod(result.error.issues));
+    if (isObject(raw)) found.push(...crossChecks(raw, where));
+    if (found.length === 0 && result.success) return resolve(result.data, file, givenPaths(raw));
+  }
+  const seen = new Set<string>();
+  const issues: ConfigIssue[] = [];
+  for (const f of found) {
+    const path = formatPath(f.path);
+    if (seen.has(`${path}\0${f.message}`)) continue;
+    seen.add(`${path}\0${f.message}`);
+    const pos = locate(doc, lineCounter, f.path, f.at);
+    issues.push({ path, message: f.message, line: pos?.line ?? null, column: pos?.column ?? null });
+  }
+  issues.sort((a, b) => (a.line ?? Infinity) - (b.line ?? Infinity) || (a.column ?? 0) - (b.column ?? 0));
+  throw configError(file, issues);
+}
+
+function configError(file: string, issues: ConfigIssue[]): ConfigError {
+  const lines = issues.map((i) => {
+    const pos = i.line === null ? '' : i.column === null ? `:${i.line}` : `:${i.line}:${i.column}`;
+    return `  ${file}${pos}: ${i.path ? `${i.path}: ` : ''}${i.message}`;
+  });
+  const head = `invalid config ${file} (${issues.length} problem${issues.length === 1 ? '' : 's'}):`;
+  return new ConfigError([head, ...lines].join('\n'), { data: { file, issues } });
+}
+
+// ---------------------------------------------------------------- issues and positions
+
+interface RawIssue {
+  path: Path;
+  message: string;
+  /** Point at the key (unknown or misplaced keys) or at the value (wrong values). */
+  at: 'key' | 'value';
+}
+
+function fromZod(zodIssues: readonly z.core.$ZodIssue[]): RawIssue[] {
+  const out: RawIssue[] = [];
+  for (const iss of zodIssues) {
+    const path = iss.path.filter((p): p is string | number => typeof p !== 'symbol');
+    if (iss.code === 'unrecognized_keys') {
+      const allowed = allowedKeysAt(configSchema, path);
+      for (const key of iss.keys) {
+        out.push({ path: [...path, key], message: `unknown key \`${formatPath([...path, key])}\`${suggestion(key, allowed, 'known keys')}`, at: 'key' });
+      }
+    } else {
+      out.push({ path, message: iss.message, at: 'value' });
+    }
+  }
+  return out;
+}
+
+/** The keys the schema allows at `path` (an object), for "did you mean". */
+function allowedKeysAt(schema: z.ZodType, path: Path): string[] {
+  let s: z.ZodType | undefined = schema;
+  for (const seg of [...path, null]) {
+    for (;;) {
+      if (s instanceof z.ZodOptional || s instanceof z.ZodNullable || s instanceof z.ZodDefault) s = s.unwrap() as z.ZodType;
+      else if (s instanceof z.ZodPipe) s = s.in as z.ZodType;
+      else break;
+    }
+    if (seg === null) return s instanceof z.ZodObject ? Object.keys(s.shape) : [];
+    if (s instanceof z.ZodObject) s = (s.shape as Record<string, z.ZodType>)[String(seg)];
+    else if (s instanceof z.ZodArray) s = s.element as z.ZodType;
+    else if (s instanceof z.ZodRecord) s = s.valueType as z.ZodType;
+    else return [];
+    if (s === undefined) return [];
+  }
+  return [];
+}
+
+/** `cluster.worker_groups[1].sync_steps`; keys that are not plain words are quoted: `nodes["a:8080"]`. */
+export function formatPath(path: readonly (string | number)[]): string {
+  let out = '';
+  for (const seg of path) {
+    if (typeof seg === 'number') out += `[${seg}]`;
+    else if (/^[A-Za-z_][A-Za-z0-9_-]*$/.test(seg)) out += out ? `.${seg}` : seg;
+    else out += `[${JSON.stringify(seg)}]`;
+  }
+  return out;
+}
+
+/**
+ * Where `path` is in the document. A path the file does not contain (a missing
+ * required key) points at the nearest entry that holds it; null at top level.
+ */
+function locate(doc: Document, lineCounter: LineCounter, path: Path, at: 'key' | 'value'): { line: number; column: number } | null {
+  const pos = (n: unknown) => {
+    const range = (n as { range?: [number, number, number] } | null)?.range;
+    if (!range) return null;
+    const { line, col } = lineCounter.linePos(range[0]);
+    return { line, column: col };
+  };
+  let node: unknown = doc.contents;
+  let keyNode: unknown = null;
+  for (const seg of path) {
+    if (isAlias(node)) node = node.resolve(doc);
+    if (isMap(node)) {
+      const pair = node.items.find((p) => (isScalar(p.key) ? String(p.key.value) : String(p.key)) === String(seg));
+      if (!pair) return keyNode ? pos(keyNode) : null;
+      keyNode = pair.key;
+      node = pair.value;
+    } else if (isSeq(node) && typeof seg === 'number' && node.items[seg] !== undefined) {
+      node = node.items[seg];
+      keyNode = node;
+    } else {
+      return keyNode ? pos(keyNode) : null;
+    }
+  }
+  if (path.length === 0) return pos(node);
+  // `key:` with nothing after it: the key is the place to point at
+  if (at === 'key' || (isScalar(node) && node.value === null)) return pos(keyNode);
+  return pos(node) ?? pos(keyNode);
+}
+
+// ---------------------------------------------------------------- suggestions
+
+/** Optimal string alignment distance: edits plus adjacent swaps, so `hsp` is one step from `hps`. */
+function editDistance(a: string, b: string): number {
+  const d: number[][] = Array.from({ length: a.length + 1 }, (_, i) => Array.from({ length: b.length + 1 }, (_, j) => (i === 0 ? j : j === 0 ? i : 0)));
+  for (let i = 1; i <= a.length; i++) {
+    for (let j = 1; j <= b.length; j++) {
+      const cost = a[i - 1] === b[j - 1] ? 0 : 1;
+      let v = Math.min(d[i - 1]![j]! + 1, d[i]![j - 1]! + 1, d[i - 1]![j - 1]! + cost);
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) v = Math.min(v, d[i - 2]![j - 2]! + 1);
+      d[i]![j] = v;
+    }
+  }
+  return d[a.length]![b.length]!;
+}
+
+function commonPrefix(a: string, b: string): number {
+  let n = 0;
+  while (n < a.length && n < b.length && a[n] === b[n]) n++;
+  return n;
+}
+
+/** " (did you mean `x`?)" for a close candidate; otherwise the list of candidates when `listAs` is given. */
+function suggestion(input: string, candidates: readonly string[], listAs: string | null = null): string {
+  const squash = (s: string) => s.toLowerCase().replace(/[_-]/g, '');
+  let best: string | null = null;
+  let bestDistance = Infinity;
+  let bestPrefix = -1;
+  for (const c of candidates) {
+    const d = squash(c) === squash(input) ? 0 : editDistance(input.toLowerCase(), c.toLowerCase());
+    const prefix = commonPrefix(input.toLowerCase(), c.toLowerCase());
+    // ties go to the candidate that starts like the input
+    if (d < bestDistance || (d === bestDistance && prefix > bestPrefix)) { best = c; bestDistance = d; bestPrefix = prefix; }
+  }
+  if (best !== null && bestDistance <= Math.max(2, Math.floor(input.length / 3))) return ` (did you mean \`${best}\`?)`;
+  return listAs && candidates.length ? ` (${listAs}: ${candidates.join(', ')})` : '';
+}
+
+// ---------------------------------------------------------------- cross-field checks
+
+type Obj = Record<string, unknown>;
+
+function isObject(v: unknown): v is Obj {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+/** YAML `key:` with nothing after it means "not set"; inside lists null stays and is reported. */
+function stripNulls(v: unknown): unknown {
+  if (v === null) return undefined;
+  if (Array.isArray(v)) return v.map((x) => (x === null ? null : stripNulls(x)));
+  if (isObject(v)) {
+    const out: Obj = {};
+    for (const [k, x] of Object.entries(v)) if (x !== null && x !== undefined) out[k] = stripNulls(x);
+    return out;
+  }
+  return v;
+}
+
+function givenPaths(raw: unknown, path: Path = [], out: string[] = []): string[] {
+  if (isObject(raw)) for (const [k, v] of Object.entries(raw)) givenPaths(v, [...path, k], out);
+  else if (Array.isArray(raw) && raw.some((x) => isObject(x))) raw.forEach((v, i) => givenPaths(v, [...path, i], out));
+  else out.push(formatPath(path));
+  return out;
+}
+
+function oneOfValues<T extends string>(v: unknown, values: readonly T[]): T | null {
+  return typeof v === 'string' && (values as readonly string[]).includes(v) ? (v as T) : null;
+}
+
+/**
+ * Rules that span fields. Runs on the raw tree even when the shape is wrong, so
+ * it reads every value defensively and skips what it cannot judge.
+ * `where(path)` renders another place in the file for "already listed at …".
+ */
+function crossChecks(raw: Obj, where: (p: Path) => string): RawIssue[] {
+  const issues: RawIssue[] = [];
+  const add = (path: Path, message: string, at: 'key' | 'value' = 'value') => issues.push({ path, message, at });
+
+  // cluster: unique names, mode-specific settings
+  const cluster = isObject(raw.cluster) ? raw.cluster : {};
+  const nodeSeen = new Map<string, Path>();
+  const groupSeen = new Map<string, Path>();
+  const claimNode = (name: unknown, path: Path) => {
+    if (typeof name !== 'string') return;
+    const first = nodeSeen.get(name);
+    if (first) add(path, `duplicate node name "${name}": already listed at ${where(first)}`);
+    else nodeSeen.set(name, path);
+  };
+  const groups = Array.isArray(cluster.worker_groups) ? cluster.worker_groups : [];
+  groups.forEach((g, gi) => {
+    if (!isObject(g)) return;
+    const gPath: Path = ['cluster', 'worker_groups', gi];
+    if (typeof g.name === 'string') {
+      const first = groupSeen.get(g.name);
+      if (first) add([...gPath, 'name'], `duplicate group name "${g.name}": already used at ${where(first)}`);
+      else groupSeen.set(g.name, [...gPath, 'name']);
+    }
+    const mode = g.sync_mode === undefined ? 'sync' : oneOfValues(g.sync_mode, SYNC_MODES);
+    if (mode !== null) {
+      for (const [key, needs] of [['sync_steps', 'sync'], ['accumulation_steps', 'accumulation'], ['adaptive_threshold', 'adaptive']] as const) {
+        if (g[key] !== undefined && mode !== needs) add([...gPath, key], `${key} only applies to sync_mode: ${needs} (this group's sync_mode is ${mode})`, 'key');
+      }
+    }
+    if (Array.isArray(g.nodes)) g.nodes.forEach((n, ni) => claimNode(n, [...gPath, 'nodes', ni]));
+  });
+  if (Array.isArray(cluster.server_nodes)) cluster.server_nodes.forEach((n, i) => claimNode(n, ['cluster', 'server_nodes', i]));
+
+  // nodes: overrides only for nodes the cluster has
+  if (isObject(raw.nodes) && isObject(raw.cluster)) {
+    const known = [...nodeSeen.keys()];
+    for (const name of Object.keys(raw.nodes)) {
+      if (!nodeSeen.has(name)) {
+        add(['nodes', name], `unknown node "${name}": not in cluster.worker_groups or cluster.server_nodes${suggestion(name, known, 'nodes')}`, 'key');
+      }
+    }
+  }
+
+  // nats: one auth method, complete pairs, local-only settings
+  if (isObject(raw.nats)) {
+    const nats = raw.nats;
+    const methods = ([['user/pass', ['user', 'pass']], ['token', ['token']], ['nkey_seed', ['nkey_seed']], ['creds_file', ['creds_file']]] as const)
+      .filter(([, keys]) => keys.some((k) => nats[k] !== undefined));
+    if (methods.length > 1) {
+      const [, keys] = methods[1]!;
+      const key = keys.find((k) => nats[k] !== undefined)!;
+      add(['nats', key], `several authentication methods given (${methods.map(([m]) => m).join(', ')}); use only one`, 'key');
+    }
+    if (nats.user !== undefined && nats.pass === undefined) add(['nats', 'user'], 'nats.user needs nats.pass', 'key');
+    if (nats.pass !== undefined && nats.user === undefined) add(['nats', 'pass'], 'nats.pass needs nats.user', 'key');
+    if (isObject(nats.tls)) {
+      if (nats.tls.cert_file !== undefined && nats.tls.key_file === undefined) add(['nats', 'tls', 'cert_file'], 'nats.tls.cert_file needs nats.tls.key_file (a client certificate needs its key)', 'key');
+      if (nats.tls.key_file !== undefined && nats.tls.cert_file === undefined) add(['nats', 'tls', 'key_file'], 'nats.tls.key_file needs nats.tls.cert_file', 'key');
+    }
+    if (nats.max_payload !== undefined && nats.servers !== undefined) {
+      add(['nats', 'max_payload'], 'max_payload only applies to the local cluster (nats.servers is set; the servers\' own max_payload is used)', 'key');
+    }
+  }
+
+  // model: the section for the other type is a mistake
+  const model = isObject(raw.model) ? raw.model : {};
+  const modelType = oneOfValues<ModelType>(model.type, ['mlp', 'ctr']);
+  if (modelType) {
+    for (const other of ['mlp', 'ctr'] as const) {
+      if (other !== modelType && model[other] !== undefined) add(['model', other], `model.${other} only applies to model.type: ${other} (model.type is ${modelType})`, 'key');
+    }
+  }
+
+  // data: fields of other sources, model fit
+  const data = isObject(raw.data) ? raw.data : {};
+  const source = oneOfValues<DataSource>(data.source, ['spam', 'ctr-synthetic', 'mlp-synthetic']);
+  if (source) {
+    for (const [key, sources] of Object.entries(DATA_FIELDS_BY_SOURCE)) {
+      if (data[key] !== undefined && !sources.includes(source)) add(['data', key], `${key} only applies to data.source: ${sources.join(' or ')} (data.source is ${source})`, 'key');
+    }
+    if (modelType && !MODELS_BY_SOURCE[source].includes(modelType)) {
+      add(['data', 'source'], `data.source ${source} needs model.type ${MODELS_BY_SOURCE[source].join(' or ')}, but model.type is ${modelType}`);
+    }
+    const mlp = isObject(model.mlp) ? model.mlp : {};
+    if (source === 'spam' && modelType === 'mlp' && mlp.classes !== undefined && mlp.classes !== 2) {
+      add(['model', 'mlp', 'classes'], `must be 2 for data.source spam (ham or spam), got ${describe(mlp.classes)}`);
+    }
+    const ctr = isObject(model.ctr) ? model.ctr : {};
+    const slots = typeof data.slots === 'number' ? data.slots : DATA_DEFAULTS[source].slots;
+    if (modelType === 'ctr' && Array.isArray(ctr.hash_buckets) && slots !== null && ctr.hash_buckets.length !== slots) {
+      add(['model', 'ctr', 'hash_buckets'], `has ${ctr.hash_buckets.length} entries but there are ${slots} slots (data.slots${data.slots === undefined ? ', default' : ''}); give one per slot or a single number`);
+    }
+  }
+
+  // optimizer: type-specific fields, schedule fields
+  if (isObject(raw.optimizer)) {
+    const dense = raw.optimizer;
+    const denseType = dense.type === undefined ? 'adam' : oneOfValues<OptimizerType>(dense.type, ['sgd', 'momentum', 'adam', 'adagrad']);
+    checkOptimizer(dense, ['optimizer'], denseType, add);
+    if (isObject(dense.sparse)) {
+      const sparseType = dense.sparse.type === undefined ? denseType : oneOfValues<OptimizerType>(dense.sparse.type, ['sgd', 'momentum', 'adam', 'adagrad']);
+      checkOptimizer(dense.sparse, ['optimizer', 'sparse'], sparseType, add);
+    }
+  }
+
+  // training
+  const training = isObject(raw.training) ? raw.training : {};
+  if (training.mode === 'bsp' && training.max_staleness !== undefined) {
+    add(['training', 'max_staleness'], 'max_staleness only applies to training.mode asp or hps (training.mode is bsp: every step waits for every worker)', 'key');
+  }
+
+  // fault tolerance: a backup must live on another server
+  const ft = isObject(raw.fault_tolerance) ? raw.fault_tolerance : {};
+  if (typeof ft.backup_factor === 'number' && Array.isArray(cluster.server_nodes) && cluster.server_nodes.length > 0 && ft.backup_factor >= cluster.server_nodes.length) {
+    add(['fault_tolerance', 'backup_factor'], `backup_factor ${ft.backup_factor} needs at least ${ft.backup_factor + 1} server nodes (each copy of a shard lives on a different server), cluster.server_nodes has ${cluster.server_nodes.length}`);
+  }
+  return issues;
+}
+
+function checkOptimizer(opt: Obj, path: Path, type: OptimizerType | null, add: (p: Path, m: string, at?: 'key' | 'value') => void): void {
+  if (type) {
+    for (const key of ALL_OPTIMIZER_SPECIFIC) {
+      if (opt[key] !== undefined && !OPTIMIZER_FIELDS[type].includes(key)) {
+        const owners = (Object.keys(OPTIMIZER_FIELDS) as OptimizerType[]).filter((t) => OPTIMIZER_FIELDS[t].includes(key));
+        add([...path, key], `${key} only applies to type ${owners.join(' or ')} (this optimizer is ${type})`, 'key');
+      }
+    }
+  }
+  if (!isObject(opt.schedule)) return;
+  const schedule = opt.schedule;
+  const sType = oneOfValues<ScheduleType>(schedule.type, ['constant', 'step', 'exponential', 'warmup_cosine']);
+  if (!sType) return;
+  const sPath = [...path, 'schedule'];
+  for (const key of ALL_SCHEDULE_SPECIFIC) {
+    if (schedule[key] !== undefined && !SCHEDULE_FIELDS[sType].allowed.includes(key)) {
+      add([...sPath, key], `${key} does not apply to schedule type ${sType}${SCHEDULE_FIELDS[sType].allowed.length ? ` (it takes ${SCHEDULE_FIELDS[sType].allowed.join(', ')})` : ''}`, 'key');
+    }
+  }
+  for (const key of SCHEDULE_FIELDS[sType].required) {
+    if (schedule[key] === undefined) add([...sPath, key], `is required for schedule type ${sType}`);
+  }
+  if (sType === 'warmup_cosine' && typeof schedule.total_steps === 'number') {
+    const warmup = typeof schedule.warmup_steps === 'number' ? schedule.warmup_steps : 0;
+    if (schedule.total_steps <= warmup) add([...sPath, 'total_steps'], `must be greater than warmup_steps (${warmup}), got ${schedule.total_steps}`);
+  }
+}
+
+// ---------------------------------------------------------------- defaults
+
+function resolve(p: Parsed, file: string, given: string[]): HetpsConfig {
+  const trainingSeed = p.training?.random_seed ?? 42;
+  const source = p.data.source;
+  const dataDefaults = DATA_DEFAULTS[source];
+  const pick = <K extends keyof SourceDefaults>(key: K): SourceDefaults[K] =>
+    dataDefaults[key] === null ? dataDefaults[key] : ((p.data[key] ?? dataDefaults[key]) as SourceDefaults[K]);
+
+  const tls = p.nats?.tls;
+  const dense = resolveOptimizer(p.optimizer ?? {}, null);
+  const nodes: Record<string, NodeOverride> = {};
+  for (const [name, o] of Object.entries(p.nodes ?? {})) {
+    nodes[name] = {
+      emulate: o.emulate ? { speed: o.emulate.speed ?? 1, bandwidth_mbps: o.emulate.bandwidth_mbps ?? null } : null,
+      provider: o.provider ?? null,
+      threads: o.threads ?? null,
+    };
+  }
+
+  return {
+    job: { name: p.job?.name ?? 'hetps', run_dir: p.job?.run_dir ?? '.hetps/runs' },
+    nats: {
+      servers: p.nats?.servers ?? null,
+      user: p.nats?.user ?? null,
+      pass: p.nats?.pass ?? null,
+      token: p.nats?.token ?? null,
+      nkey_seed: p.nats?.nkey_seed ?? null,
+      creds_file: p.nats?.creds_file ?? null,
+      tls: tls ? { ca_file: tls.ca_file ?? null, cert_file: tls.cert_file ?? null, key_file: tls.key_file ?? null, handshake_first: tls.handshake_first ?? false } : null,
+      max_payload: p.nats?.max_payload ?? null,
+      connect_timeout_ms: p.nats?.connect_timeout_ms ?? 20_000,
+      ping_interval_ms: p.nats?.ping_interval_ms ?? 2_000,
+    },
+    cluster: {
+      worker_groups: p.cluster.worker_groups.map((g) => {
+        const mode = g.sync_mode ?? 'sync';
+        return {
+          name: g.name,
+          nodes: [...g.nodes],
+          sync_mode: mode,
+          sync_steps: mode === 'sync' ? g.sync_steps ?? DEFAULT_SYNC_STEPS : null,
+          accumulation_steps: mode === 'accumulation' ? g.accumulation_steps ?? DEFAULT_ACCUMULATION_STEPS : null,
+          adaptive_threshold: mode === 'adaptive' ? g.adaptive_threshold ?? DEFAULT_ADAPTIVE_THRESHOLD : null,
+        };
+      }),
+      server_nodes: [...p.cluster.server_nodes],
+    },
+    nodes,
+    model: {
+      type: p.model.type,
+      mlp: p.model.type === 'mlp'
+        ? {
+          input_dim: p.model.mlp?.input_dim ?? 1024,
+          hidden: p.model.mlp?.hidden ?? [512, 256],
+          classes: p.model.mlp?.classes ?? (source === 'spam' ? 2 : 10),
+        }
+        : null,
+      ctr: p.model.type === 'ctr'
+        ? {
+          embedding_dim: p.model.ctr?.embedding_dim ?? 16,
+          hidden: p.model.ctr?.hidden ?? [256, 128],
+          pooling: p.model.ctr?.pooling ?? 'sum',
+          wide: p.model.ctr?.wide ?? true,
+          hash_buckets: p.model.ctr?.hash_buckets ?? 131_072,
+        }
+        : null,
+    },
+    data: {
+      source,
+      batch_size: p.data.batch_size ?? dataDefaults.batch_size,
+      epochs: p.data.epochs ?? 1,
+      test_fraction: pick('test_fraction'),
+      seed: p.data.seed ?? trainingSeed,
+      // spam reads at most `samples` e-mails when given; its default is all of them
+      samples: p.data.samples ?? dataDefaults.samples,
+      test_samples: pick('test_samples'),
+      vocab_size: pick('vocab_size'),
+      zipf_exponent: pick('zipf_exponent'),
+      slots: pick('slots'),
+      dense_features: pick('dense_features'),
+      max_tokens: pick('max_tokens'),
+    },
+    optimizer: { ...dense, sparse: resolveOptimizer(p.optimizer?.sparse ?? {}, dense) },
+    training: {
+      mode: p.training?.mode ?? 'hps',
+      random_seed: trainingSeed,
+      sync_initial_params: p.training?.sync_initial_params ?? true,
+      max_staleness: p.training?.max_staleness ?? 8,
+      eval_every: p.training?.eval_every ?? 100,
+    },
+    communication: {
+      backend: p.communication?.backend ?? 'auto',
+      compression: p.communication?.compression ?? 'adaptive',
+      compression_threshold: p.communication?.compression_threshold ?? 0.5,
+    },
+    fault_tolerance: {
+      worker_recovery_timeout: p.fault_tolerance?.worker_recovery_timeout ?? 30,
+      server_recovery_timeout: p.fault_tolerance?.server_recovery_timeout ?? 60,
+      backup_factor: p.fault_tolerance?.backup_factor ?? Math.min(1, p.cluster.server_nodes.length - 1),
+      preheat_backup: p.fault_tolerance?.preheat_backup ?? false,
+      backup_sync: p.fault_tolerance?.backup_sync ?? 'async',
+    },
+    load_balancing: {
+      enabled: p.load_balancing?.enabled ?? true,
+      // the article: migrate when loads differ by more than 30% for over a minute
+      imbalance_threshold: p.load_balancing?.imbalance_threshold ?? 0.3,
+      sustain_seconds: p.load_balancing?.sustain_seconds ?? 60,
+    },
+    monitoring: { enabled: p.monitoring?.enabled ?? true, port: p.monitoring?.port ?? 8888 },
+    server: { use_gpu: p.server?.use_gpu ?? false, gpu_id: p.server?.gpu_id ?? 0 },
+    logging: { level: p.logging?.level ?? 'info' },
+    source: { file, given },
+  };
+}
+
+type OptimizerInput = Omit<ParsedOptimizer, 'sparse'>;
+
+/**
+ * Fills an optimizer's defaults. For `optimizer.sparse`, `parent` is the dense
+ * one: unset fields take the dense values; with a different type only
+ * weight_decay and schedule carry over (a learning rate tuned for Adam is no
+ * default for Adagrad), the rest are that type's defaults.
+ */
+function resolveOptimizer(o: OptimizerInput, parent: OptimizerSettings | null): OptimizerSettings {
+  const type = o.type ?? parent?.type ?? 'adam';
+  const sameType = parent !== null && parent.type === type;
+  const from = <K extends keyof OptimizerSettings>(key: K): OptimizerSettings[K] | null => (sameType ? parent[key] : null);
+  const has = (key: string) => OPTIMIZER_FIELDS[type].includes(key);
+  return {
+    type,
+    learning_rate: o.learning_rate ?? from('learning_rate') ?? DEFAULT_LR[type],
+    weight_decay: o.weight_decay ?? parent?.weight_decay ?? 0,
+    momentum: has('momentum') ? o.momentum ?? from('momentum') ?? 0.9 : null,
+    nesterov: has('nesterov') ? o.nesterov ?? from('nesterov') ?? false : null,
+    beta1: has('beta1') ? o.beta1 ?? from('beta1') ?? 0.9 : null,
+    beta2: has('beta2') ? o.beta2 ?? from('beta2') ?? 0.999 : null,
+    epsilon: has('epsilon') ? o.epsilon ?? from('epsilon') ?? (type === 'adagrad' ? 1e-10 : 1e-8) : null,
+    decoupled_weight_decay: has('decoupled_weight_decay') ? o.decoupled_weight_decay ?? from('decoupled_weight_decay') ?? false : null,
+    initial_accumulator: has('initial_accumulator') ? o.initial_accumulator ?? from('initial_accumulator') ?? 0 : null,
+    schedule: o.schedule ? resolveSchedule(o.schedule) : parent?.schedule ?? { type: 'constant' },
+  };
+}
+
+function resolveSchedule(s: NonNullable<OptimizerInput['schedule']>): ScheduleConfig {
+  switch (s.type) {
+    case 'constant': return { type: 'constant' };
+    case 'step': return { type: 'step', step_size: s.step_size!, gamma: s.gamma ?? 0.1 };
+    case 'exponential': return { type: 'exponential', gamma: s.gamma ?? 0.99, decay_steps: s.decay_steps ?? 1 };
+    case 'warmup_cosine': return { type: 'warmup_cosine', warmup_steps: s.warmup_steps ?? 0, total_steps: s.total_steps!, min_multiplier: s.min_multiplier ?? 0 };
+  }
+}
+
+// ---------------------------------------------------------------- helpers for the layers above
+
+export interface WorkerNode {
+  name: string;
+  group: string;
+  /** Position in the group's `nodes` list, from 0. */
+  rank: number;
+  groupSize: number;
+  syncMode: SyncMode;
+}
+
+export interface ServerNode {
+  name: string;
+  /** Position in `cluster.server_nodes`, from 0. */
+  rank: number;
+}
+
+/** Every worker node in file order, with its group and rank within the group. */
+export function allWorkerNodes(config: HetpsConfig): WorkerNode[] {
+  return config.cluster.worker_groups.flatMap((g) =>
+    g.nodes.map((name, rank) => ({ name, group: g.name, rank, groupSize: g.nodes.length, syncMode: g.sync_mode })));
+}
+
+export function serverNodes(config: HetpsConfig): ServerNode[] {
+  return config.cluster.server_nodes.map((name, rank) => ({ name, rank }));
+}
+
+const NO_OVERRIDE: NodeOverride = Object.freeze({ emulate: null, provider: null, threads: null });
+
+/** A node's overrides (all null when the file has none for it); a name the cluster lacks is a ConfigError. */
+export function nodeOverrides(config: HetpsConfig, name: string): NodeOverride {
+  const isNode = config.cluster.server_nodes.includes(name) || config.cluster.worker_groups.some((g) => g.nodes.includes(name));
+  if (!isNode) {
+    throw new ConfigError(`node "${name}" is not in ${config.source.file} (not in cluster.worker_groups or cluster.server_nodes)`, { data: { file: config.source.file, node: name } });
+  }
+  return config.nodes[name] ?? NO_OVERRIDE;
+}
+
+/** The `nats` section as the runtime's connect options take it; auth and tls are null when not set. */
+export function natsConnection(config: HetpsConfig): { servers: string[] | null; auth: NatsAuth | null; tls: NatsTls | null; connectTimeoutMs: number; pingIntervalMs: number } {
+  const n = config.nats;
+  const hasAuth = n.user !== null || n.token !== null || n.nkey_seed !== null || n.creds_file !== null;
+  return {
+    servers: n.servers,
+    auth: hasAuth ? { user: n.user, pass: n.pass, token: n.token, nkeySeed: n.nkey_seed, credsFile: n.creds_file } : null,
+    tls: n.tls ? { caFile: n.tls.ca_file, certFile: n.tls.cert_file, keyFile: n.tls.key_file, handshakeFirst: n.tls.handshake_first } : null,
+    connectTimeoutMs: n.connect_timeout_ms,
+    pingIntervalMs: n.ping_interval_ms,
+  };
+}

@@ -1,0 +1,2 @@
+/** The topology layer's public entry: what actors and cli import. */
+export * from './config.ts';
