@@ -18,6 +18,7 @@ export interface TransportMsg {
 
 /** `id/index/total`, on every chunk of a split message. */
 export const CHUNK_HEADER = 'Hps-Chunk';
+export const CHUNK_HEADER_NAME = CHUNK_HEADER;
 /** Total byte length of a split message, on its first chunk. */
 export const CHUNK_SIZE_HEADER = 'Hps-Chunk-Bytes';
 /** Room left in each chunk for NATS and our headers. */
