@@ -19,7 +19,10 @@ import { startLocalCluster } from '../deploy/local-cluster.ts';
 import { ActorSystem, SeededRandom, connectTransport, systemClock, zbytes, type Transport } from '../runtime/mod.ts';
 
 const MAX_PAYLOAD = 2 * 1024 * 1024;
-const SIZES = [64, 4 * 1024, 256 * 1024, 1024 * 1024, 8 * 1024 * 1024];
+const ALL_SIZES = [64, 4 * 1024, 256 * 1024, 1024 * 1024, 8 * 1024 * 1024];
+// `--sizes 64,4096` runs a subset (for profiling one path).
+const sizesArg = process.argv.indexOf('--sizes');
+const SIZES = sizesArg > 0 ? (process.argv[sizesArg + 1] ?? '').split(',').map(Number) : ALL_SIZES;
 const quick = process.argv.includes('--quick');
 
 function budgetBytes(size: number): number { return quick ? 64 * 1024 * 1024 : 512 * 1024 * 1024; }

@@ -77,12 +77,23 @@ export interface RequestOptions {
 
 /** A handle to any actor, local or remote, by address. */
 export class ActorRef {
+  // Subjects per op, built (and validated) once: tell() is on the hot path.
+  private subjects = new Map<string, string>();
   constructor(readonly system: ActorSystem, readonly address: string) {}
+
+  private subjectOf(type: string): string {
+    let s = this.subjects.get(type);
+    if (s === undefined) {
+      s = actorOpSubject(this.address, type);
+      this.subjects.set(type, s);
+    }
+    return s;
+  }
 
   /** Fire-and-forget. Returns the seq used. */
   tell(type: string, fields: Fields = {}, seq = this.system.nextSeq()): number {
     const bytes = encodeEnvelope({ type, from: this.system.senderId, seq }, fields);
-    this.system.transport.publish(actorOpSubject(this.address, type), bytes);
+    this.system.transport.publish(this.subjectOf(type), bytes);
     return seq;
   }
 
@@ -93,7 +104,7 @@ export class ActorRef {
     const retries = opts.retries ?? 0;
     let backoff = opts.backoffMs ?? 50;
     const bytes = encodeEnvelope({ type, from: this.system.senderId, seq }, fields);
-    const subject = actorOpSubject(this.address, type);
+    const subject = this.subjectOf(type);
     for (let attempt = 0; ; attempt++) {
       try {
         const m = await this.system.transport.request(subject, bytes, { timeoutMs });
@@ -314,6 +325,7 @@ export class Actor<M extends MessageShapes = MessageShapes> {
 
   private onHandled(result: unknown, item: MailboxItem, window: SenderWindow | null): void {
     this.stats.processed++;
+    if (item.reply === null && window === null) return; // a tell: nothing to answer or remember
     const bytes = this.sendReply(item.reply, item.json, result ?? {}, null, item.env.seq);
     if (window) this.remember(window, item.env.seq, bytes);
   }

@@ -143,10 +143,11 @@ export function decodeEnvelope<M extends MessageShapes>(bytes: Uint8Array, schem
   }
   const msg = raw as Record<string, unknown>;
   const { v, type, from, seq } = msg;
-  const data = { type: typeof type === 'string' ? clip(type) : null, from: typeof from === 'string' ? clip(from) : null };
-  const who = data.from === null ? '' : ` from ${quote(data.from)}`;
+  // Error context is built only on the error paths (and by a top-level function:
+  // a closure here would be re-created, and named by the loader, per message).
 
   if (v !== PROTOCOL_VERSION) {
+    const { data, who } = errorContext(type, from);
     const got = v === undefined ? 'has no protocol version `v`' : `has protocol version ${describeValue(v)}`;
     throw new ProtocolVersionError(
       `message${who} ${got}; this build speaks version ${SPOKEN_PROTOCOL_VERSIONS.join(', ')}`,
@@ -154,10 +155,14 @@ export function decodeEnvelope<M extends MessageShapes>(bytes: Uint8Array, schem
     );
   }
   const headerProblem = checkHeader(type, from, seq);
-  if (headerProblem !== null) throw new ValidationError(`envelope${who}: ${headerProblem}`, { data });
+  if (headerProblem !== null) {
+    const { data, who } = errorContext(type, from);
+    throw new ValidationError(`envelope${who}: ${headerProblem}`, { data });
+  }
 
   const schema = registry.schemaOf(type as string);
   if (schema === null) {
+    const { data, who } = errorContext(type, from);
     throw new UnknownMessageTypeError(
       `unknown message type ${quote(data.type!)}${who}; known: ${registry.describeKnown()}`,
       { data: { ...data, seq: seq as number } },
@@ -169,9 +174,11 @@ export function decodeEnvelope<M extends MessageShapes>(bytes: Uint8Array, schem
     result = schema.safeParse(msg);
   } catch (err) {
     // A throwing refinement in a schema must not take the actor down either.
+    const { data, who } = errorContext(type, from);
     throw new ValidationError(`message ${quote(data.type!)}${who}: its schema threw while checking`, { cause: err, data: { ...data, seq: seq as number } });
   }
   if (!result.success) {
+    const { data, who } = errorContext(type, from);
     const issues = result.error.issues.map((i) => ({ path: formatPath(i.path), message: i.message }));
     const shown = issues.slice(0, 5).map((i) => `${i.path}: ${i.message}`).join('; ');
     const more = issues.length > 5 ? `; … (+${issues.length - 5} more)` : '';
@@ -182,6 +189,7 @@ export function decodeEnvelope<M extends MessageShapes>(bytes: Uint8Array, schem
   // zod built a fresh object with the schema's fields only; put the (already checked) header back.
   const out = result.data;
   if (typeof out !== 'object' || out === null) {
+    const { data } = errorContext(type, from);
     throw new ValidationError(`the schema of ${quote(data.type!)} returned ${describeValue(out)}, not an object`, { data: { ...data, seq: seq as number } });
   }
   out.v = v;
@@ -189,6 +197,11 @@ export function decodeEnvelope<M extends MessageShapes>(bytes: Uint8Array, schem
   out.from = from;
   out.seq = seq;
   return out as AnyMessageOf<M>;
+}
+
+function errorContext(type: unknown, from: unknown): { data: { type: string | null; from: string | null }; who: string } {
+  const data = { type: typeof type === 'string' ? clip(type) : null, from: typeof from === 'string' ? clip(from) : null };
+  return { data, who: data.from === null ? '' : ` from ${quote(data.from)}` };
 }
 
 /** Null when `type`, `from` and `seq` are well formed, else what is wrong. */
