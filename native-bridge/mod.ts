@@ -16,3 +16,5 @@ export * from './data/batch.ts';
 export * from './data/spam.ts';
 export * from './data/ctr-synthetic.ts';
 export * from './data/mlp-synthetic.ts';
+export { SparseTable, type SparseTableOptions, type SparseTableSnapshot } from './sparse-table.ts';
+export * from './local-trainer.ts';

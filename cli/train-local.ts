@@ -1,0 +1,278 @@
+/**
+ * `hetps train-local --config FILE`: the config's model trained on its data in
+ * this one process, no NATS — the single-process reference that distributed
+ * runs are compared against. Only `model`, `data`, `optimizer` and
+ * `training.random_seed` are read; `cluster`, `nats`, `nodes` and the rest
+ * describe a distributed job and are ignored here.
+ */
+import type { Command } from 'commander';
+import { performance } from 'node:perf_hooks';
+import { ConfigError, MissingDependencyError } from '../runtime/errors.ts';
+import { loadConfig, type HetpsConfig, type OptimizerSettings, type ScheduleConfig as YamlSchedule } from '../topology/mod.ts';
+import {
+  createOptimizer, createSpamAssassinSource, createSyntheticCtrSource, createSyntheticMlpSource, ctrModel, SPAM_ASSASSIN_PACKAGE, LocalTrainer, mlpModel,
+  type CtrModel, type DataSource, type EpochProgress, type Evaluation, type ExecutionProvider, type MlpModel,
+  type OptimizerConfigInput, type ScheduleConfig,
+} from '../native-bridge/mod.ts';
+
+/**
+ * Embedding rows start uniform in ±0.05: small next to the He-initialised
+ * tower, so early steps are driven by the wide part and the dense features
+ * while the rows grow, and sum pooling over a few hundred tokens stays O(1).
+ */
+const EMBEDDING_INIT_SCALE = 0.05;
+
+/** Evaluation batches are larger than training ones: no gradients, fewer session calls. */
+const EVAL_BATCH_MIN = 512;
+
+// ---------------------------------------------------------------- config → native-bridge settings
+
+function scheduleInput(s: YamlSchedule): ScheduleConfig {
+  switch (s.type) {
+    case 'constant': return { type: 'constant' };
+    case 'step': return { type: 'step', stepSize: s.step_size, gamma: s.gamma };
+    case 'exponential': return { type: 'exponential', gamma: s.gamma, decaySteps: s.decay_steps };
+    case 'warmup_cosine': return { type: 'warmup-cosine', warmupSteps: s.warmup_steps, totalSteps: s.total_steps, minMultiplier: s.min_multiplier };
+  }
+}
+
+/** The YAML's snake_case optimizer settings as an `OptimizerConfigInput`. */
+export function optimizerInput(s: OptimizerSettings): OptimizerConfigInput {
+  const base = { learningRate: s.learning_rate, weightDecay: s.weight_decay, schedule: scheduleInput(s.schedule) };
+  switch (s.type) {
+    case 'sgd': return { type: 'sgd', ...base };
+    case 'momentum': return { type: 'momentum', ...base, momentum: s.momentum, nesterov: s.nesterov };
+    case 'adam': return { type: 'adam', ...base, beta1: s.beta1, beta2: s.beta2, epsilon: s.epsilon, decoupledWeightDecay: s.decoupled_weight_decay };
+    case 'adagrad': return { type: 'adagrad', ...base, epsilon: s.epsilon, initialAccumulator: s.initial_accumulator };
+  }
+}
+
+/**
+ * The data source a config names. Spam Assassin: `vocab_size` is the hashed
+ * id space, `max_tokens` the body words kept per mail, `test_fraction` the
+ * held-out share; the split itself does not depend on `seed`, which only
+ * shuffles. Synthetic sources generate `samples` / `test_samples`.
+ * `spamPackage` exists for tests of the missing-package path.
+ */
+export function dataSourceFromConfig(config: HetpsConfig, spamPackage = SPAM_ASSASSIN_PACKAGE): DataSource {
+  const d = config.data;
+  switch (d.source) {
+    case 'spam':
+      try {
+        return createSpamAssassinSource({ seed: d.seed, testFraction: d.test_fraction!, vocabularySize: d.vocab_size!, maxBodyTokens: d.max_tokens! }, spamPackage);
+      } catch (e) {
+        if (e instanceof MissingDependencyError) throw new MissingDependencyError(`data.source spam: ${e.message}`, { cause: e, data: { field: 'data.source', ...e.data } });
+        throw e;
+      }
+    case 'ctr-synthetic':
+      return createSyntheticCtrSource({
+        seed: d.seed, slots: d.slots!, vocabularyPerSlot: d.vocab_size!, zipfExponent: d.zipf_exponent!, denseDim: d.dense_features!,
+        trainSize: d.samples!, testSize: d.test_samples!,
+      });
+    case 'mlp-synthetic': {
+      const m = config.model.mlp;
+      if (m === null) throw new ConfigError('data.source mlp-synthetic needs model.type mlp', { data: { field: 'model.type' } });
+      return createSyntheticMlpSource({ seed: d.seed, featureDim: m.input_dim, numClasses: m.classes, trainSize: d.samples!, testSize: d.test_samples! });
+    }
+  }
+}
+
+/** The model a config names; a ctr model takes its slots and dense width from the data. */
+export function modelFromConfig(config: HetpsConfig, source: DataSource): CtrModel | MlpModel {
+  const desc = source.describe();
+  if (config.model.type === 'ctr') {
+    const c = config.model.ctr!;
+    if (desc.kind !== 'ctr') throw new ConfigError(`model.type ctr needs a ctr data source, data.source ${config.data.source} is ${desc.kind}`, { data: { field: 'model.type' } });
+    return ctrModel({ slots: desc.slots, embeddingDim: c.embedding_dim, denseFeatures: desc.denseDim, hidden: c.hidden, pooling: c.pooling });
+  }
+  const m = config.model.mlp!;
+  if (desc.kind === 'mlp' && desc.featureDim !== m.input_dim) {
+    throw new ConfigError(`model.mlp.input_dim is ${m.input_dim} but the data has ${desc.featureDim} features`, { data: { field: 'model.mlp.input_dim' } });
+  }
+  return mlpModel({ layers: [m.input_dim, ...m.hidden, m.classes] });
+}
+
+// ---------------------------------------------------------------- progress
+
+/** A redrawn bar on a TTY; otherwise (logs, CI) a plain line every quarter of the epoch or 10 s. */
+class ProgressReporter {
+  private lastDraw = 0;
+  private lastLineQuarter = 0;
+  private lastLineAt = 0;
+  private drawn = false;
+
+  constructor(private readonly out: NodeJS.WriteStream, private readonly tty: boolean, private readonly epochs: number) {}
+
+  update(p: EpochProgress, elapsedS: number): void {
+    const now = performance.now();
+    const fraction = p.totalSamples === 0 ? 1 : p.samples / p.totalSamples;
+    const rate = elapsedS > 0 ? p.samples / elapsedS : 0;
+    const head = `epoch ${p.epoch + 1}/${this.epochs}`;
+    const tail = `${p.samples}/${p.totalSamples} samples  loss ${p.meanLoss.toFixed(4)}  ${Math.round(rate)} samples/s`;
+    if (this.tty) {
+      if (now - this.lastDraw < 100 && p.batches < p.totalBatches) return;
+      this.lastDraw = now;
+      const width = 30;
+      const filled = Math.round(fraction * width);
+      this.out.write(`\r\x1b[2K${head} [${'#'.repeat(filled)}${'-'.repeat(width - filled)}] ${(fraction * 100).toFixed(0).padStart(3)}%  ${tail}`);
+      this.drawn = true;
+      return;
+    }
+    const quarter = Math.floor(fraction * 4);
+    if (p.batches === 1) { this.lastLineQuarter = 0; this.lastLineAt = now; }
+    if (quarter > this.lastLineQuarter || now - this.lastLineAt >= 10_000) {
+      this.lastLineQuarter = quarter;
+      this.lastLineAt = now;
+      this.out.write(`${head}: ${(fraction * 100).toFixed(0)}%  ${tail}\n`);
+    }
+  }
+
+  /** Clears the bar so the next line starts clean. */
+  clear(): void {
+    if (this.tty && this.drawn) this.out.write('\r\x1b[2K');
+    this.drawn = false;
+  }
+
+  note(line: string): void {
+    this.clear();
+    this.out.write(`${line}\n`);
+  }
+}
+
+// ---------------------------------------------------------------- the command
+
+export interface TrainLocalResult {
+  model: string;
+  data: string;
+  epochs: number;
+  /** null for mlp. */
+  test_auc: number | null;
+  /** Binary log loss (ctr) or softmax cross-entropy (mlp) on the test split. */
+  test_logloss: number;
+  /** mlp only. */
+  test_accuracy?: number;
+  train_logloss: number;
+  /** Training samples processed, all epochs. */
+  samples: number;
+  /** samples / training seconds (evaluation and start-up excluded). */
+  samples_per_s: number;
+  train_s: number;
+  /** Whole command: data loading, sessions, training, evaluation. */
+  wall_s: number;
+  history: { epoch: number; train_logloss: number; test_logloss: number; test_auc: number | null; test_accuracy: number | null; seconds: number }[];
+}
+
+interface TrainLocalFlags { config: string; json: boolean; epochs?: string; provider: string; threads?: string }
+
+function positiveIntFlag(name: string, value: string | undefined): number | null {
+  if (value === undefined) return null;
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 1) throw new ConfigError(`${name} must be a positive integer, got ${JSON.stringify(value)}`, { data: { field: name } });
+  return n;
+}
+
+function describeEval(e: Evaluation): string {
+  return e.kind === 'ctr'
+    ? `test logloss ${e.logloss.toFixed(4)}  test AUC ${e.auc.toFixed(4)}`
+    : `test cross-entropy ${e.logloss.toFixed(4)}  test accuracy ${(e.accuracy * 100).toFixed(2)}%`;
+}
+
+export async function trainLocal(flags: TrainLocalFlags): Promise<TrainLocalResult> {
+  const t0 = performance.now();
+  const epochsFlag = positiveIntFlag('--epochs', flags.epochs);
+  const threads = positiveIntFlag('--threads', flags.threads);
+  if (flags.provider !== 'cpu' && flags.provider !== 'cuda') throw new ConfigError(`--provider must be cpu or cuda, got ${JSON.stringify(flags.provider)}`, { data: { field: '--provider' } });
+  const config = await loadConfig(flags.config);
+  const epochs = epochsFlag ?? config.data.epochs;
+  const human = flags.json ? process.stderr : process.stdout;
+  const progress = new ProgressReporter(process.stderr, Boolean(process.stderr.isTTY), epochs);
+
+  const source = dataSourceFromConfig(config);
+  const model = modelFromConfig(config, source);
+  const denseOptimizer = createOptimizer(optimizerInput(config.optimizer));
+  const sparseOptimizer = model.family === 'ctr' ? createOptimizer(optimizerInput(config.optimizer.sparse)) : null;
+  const ctr = config.model.ctr;
+  const trainer = await LocalTrainer.create({
+    model, denseOptimizer, sparseOptimizer,
+    seed: config.training.random_seed,
+    provider: flags.provider as ExecutionProvider,
+    intraOpNumThreads: threads,
+    embeddingInitScale: EMBEDDING_INIT_SCALE,
+    wide: ctr?.wide ?? false,
+    hashBuckets: ctr?.hash_buckets ?? null,
+  });
+  try {
+    const desc = source.describe();
+    // spam: `samples` caps the training mails per epoch; synthetic sources were generated at that size.
+    const maxSamples = config.data.source === 'spam' ? config.data.samples : null;
+    const batchSize = config.data.batch_size;
+    const evalBatch = Math.max(batchSize, EVAL_BATCH_MIN);
+    const params = model.denseParams.reduce((n, p) => n + p.dims.reduce((a, b) => a * b, 1), 0);
+    progress.note(`train-local: ${model.family} on ${desc.name} (${desc.trainSize} train / ${desc.testSize} test samples), ${params} dense parameters, `
+      + `batch ${batchSize}, ${epochs} epoch${epochs === 1 ? '' : 's'}, ${denseOptimizer.config.type}${sparseOptimizer ? ` + ${sparseOptimizer.config.type} for rows` : ''}; one process, no NATS`);
+
+    let samples = 0; let trainS = 0;
+    const history: TrainLocalResult['history'] = [];
+    let last: { train: number; evaluation: Evaluation } | null = null;
+    for (let epoch = 0; epoch < epochs; epoch++) {
+      const e0 = performance.now();
+      const summary = await trainer.trainEpoch(source, {
+        epoch, batchSize, maxSamples,
+        onBatch: (p) => progress.update(p, (performance.now() - e0) / 1000),
+      });
+      const epochTrainS = (performance.now() - e0) / 1000;
+      trainS += epochTrainS;
+      samples += summary.samples;
+      progress.clear();
+      const evaluation = await trainer.evaluate(source, evalBatch);
+      const seconds = (performance.now() - e0) / 1000;
+      history.push({
+        epoch: epoch + 1, train_logloss: summary.trainLoss, test_logloss: evaluation.logloss,
+        test_auc: evaluation.kind === 'ctr' ? evaluation.auc : null, test_accuracy: evaluation.kind === 'mlp' ? evaluation.accuracy : null, seconds,
+      });
+      human.write(`epoch ${epoch + 1}/${epochs}: train ${model.family === 'ctr' ? 'logloss' : 'cross-entropy'} ${summary.trainLoss.toFixed(4)}  ${describeEval(evaluation)}  `
+        + `(${summary.samples} samples, ${Math.round(summary.samples / epochTrainS)} samples/s, ${seconds.toFixed(1)} s)\n`);
+      last = { train: summary.trainLoss, evaluation };
+    }
+    const wallS = (performance.now() - t0) / 1000;
+    const ev = last!.evaluation;
+    const result: TrainLocalResult = {
+      model: model.family,
+      data: config.data.source,
+      epochs,
+      test_auc: ev.kind === 'ctr' ? ev.auc : null,
+      test_logloss: ev.logloss,
+      ...(ev.kind === 'mlp' ? { test_accuracy: ev.accuracy } : {}),
+      train_logloss: last!.train,
+      samples,
+      samples_per_s: trainS > 0 ? samples / trainS : 0,
+      train_s: trainS,
+      wall_s: wallS,
+      history,
+    };
+    return result;
+  } finally {
+    await trainer.dispose();
+  }
+}
+
+export function register(program: Command): void {
+  program
+    .command('train-local')
+    .description('train the config\'s model on its data in this one process (no NATS): the single-process reference for distributed runs')
+    .requiredOption('--config <file>', 'job YAML (model, data, optimizer, training.random_seed are used)')
+    .option('--epochs <n>', 'override data.epochs')
+    .option('--provider <p>', 'execution provider: cpu or cuda', 'cpu')
+    .option('--threads <n>', 'ONNX Runtime threads per operator (default: every CPU)')
+    .option('--json', 'print one JSON object with the final metrics on stdout (progress and epoch lines go to stderr)', false)
+    .action(async (flags: TrainLocalFlags) => {
+      const r = await trainLocal(flags);
+      if (flags.json) {
+        process.stdout.write(`${JSON.stringify(r)}\n`);
+        return;
+      }
+      const metric = r.test_auc !== null ? `test AUC ${r.test_auc.toFixed(4)}` : `test accuracy ${((r.test_accuracy ?? NaN) * 100).toFixed(2)}%`;
+      process.stdout.write(`done: ${metric}, test logloss ${r.test_logloss.toFixed(4)}; ${r.samples} samples in ${r.train_s.toFixed(1)} s of training `
+        + `(${Math.round(r.samples_per_s)} samples/s), ${r.wall_s.toFixed(1)} s in all\n`);
+    });
+}

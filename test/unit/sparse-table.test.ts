@@ -1,0 +1,163 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { createOptimizer, type OptimizerConfigInput } from '../../native-bridge/optimizers.ts';
+import { SparseTable, type SparseTableOptions } from '../../native-bridge/sparse-table.ts';
+import { InvalidTensorError } from '../../runtime/errors.ts';
+
+function table(overrides: Partial<SparseTableOptions> = {}): SparseTable {
+  return new SparseTable({ table: 'emb', dim: 3, stateSlots: 2, seed: 7, initScale: 0.1, initialCapacity: 4, ...overrides });
+}
+
+test('rows are found again after the table grows many times', () => {
+  const t = table();
+  const ids = Array.from({ length: 2000 }, (_, i) => (i * 2654435761) >>> 0);
+  const before = t.bytes;
+  for (const id of ids) t.slotOf(id);
+  assert.equal(t.size, ids.length);
+  assert.ok(t.bytes > before, 'grew');
+  for (const id of ids) {
+    const s = t.find(id);
+    assert.ok(s >= 0, `id ${id} found`);
+    assert.deepEqual(t.values.subarray(s * 3, s * 3 + 3), t.initialRow(id));
+  }
+  assert.equal(t.find(12345), -1);
+  assert.deepEqual([...t.ids()].sort((a, b) => a - b), [...ids].sort((a, b) => a - b));
+});
+
+test('initial rows depend only on (seed, table, id): equal across instances and pull orders', () => {
+  const ids = Uint32Array.from([3, 99, 0, 4_000_000_000, 17]);
+  const a = table().pull(ids);
+  const b = table({ initialCapacity: 1000 });
+  b.pull(Uint32Array.from([500, 17, 3]));
+  assert.deepEqual(b.pull(ids), a);
+  for (const v of a) assert.ok(Math.abs(v) <= 0.1);
+  assert.notDeepEqual(table({ seed: 8 }).pull(ids), a, 'another seed, other rows');
+  assert.notDeepEqual(table({ table: 'wide' }).pull(ids), a, 'another table, other rows');
+  assert.deepEqual(table({ initScale: 0 }).pull(ids), new Float32Array(ids.length * 3), 'scale 0 starts at zero');
+});
+
+test('pull creates rows; lookup reads the same values without storing anything', () => {
+  const t = table();
+  const ids = Uint32Array.from([1, 2, 3]);
+  const looked = t.lookup(ids);
+  assert.equal(t.size, 0);
+  assert.equal(t.has(2), false);
+  assert.deepEqual(t.pull(ids), looked);
+  assert.equal(t.size, 3);
+  assert.ok(t.has(2));
+  // an Int32Array id is its unsigned value: -1 and 2^32 − 1 are one row
+  t.pull(Int32Array.from([-1]));
+  assert.ok(t.has(0xffffffff));
+  assert.equal(t.size, 4);
+});
+
+test('snapshot and restore round-trip values, optimizer state and row steps', () => {
+  const opt = createOptimizer({ type: 'adam', learningRate: 0.1 });
+  const t = table();
+  const ids = Uint32Array.from([10, 20, 30, 40]);
+  t.pull(ids);
+  t.applyGradients(Uint32Array.from([10, 30]), Float32Array.from([1, 2, 3, 4, 5, 6]), opt, 1);
+  t.applyGradients(Uint32Array.from([10]), Float32Array.from([-1, 0.5, 2]), opt, 2);
+  const snap = t.snapshot();
+  const copy = table({ initialCapacity: 1 });
+  copy.restore(snap);
+  assert.equal(copy.size, 4);
+  assert.deepEqual(copy.snapshot(), snap);
+  assert.deepEqual(copy.pull(ids), t.pull(ids));
+  assert.equal(copy.steps[copy.find(10)], 2);
+  assert.equal(copy.steps[copy.find(20)], 0);
+
+  const even = t.snapshot((id) => id % 20 === 0);
+  assert.deepEqual([...even.ids].sort((a, b) => a - b), [20, 40]);
+  assert.throws(() => table({ dim: 4 }).restore(snap), RangeError);
+});
+
+test('remove drops the selected rows and keeps the others intact', () => {
+  const opt = createOptimizer({ type: 'adam', learningRate: 0.1 });
+  const t = table();
+  const ids = Uint32Array.from(Array.from({ length: 50 }, (_, i) => i));
+  t.pull(ids);
+  t.applyGradients(ids, Float32Array.from({ length: 150 }, (_, i) => Math.sin(i)), opt, 1);
+  const before = t.snapshot((id) => id % 2 === 1);
+  assert.equal(t.remove((id) => id % 2 === 0), 25);
+  assert.equal(t.size, 25);
+  assert.equal(t.has(4), false);
+  assert.ok(t.has(5));
+  assert.deepEqual(t.snapshot(), before);
+  assert.equal(t.remove(() => false), 0);
+});
+
+for (const config of [
+  { type: 'adam', learningRate: 0.05 },
+  { type: 'adagrad', learningRate: 0.1, initialAccumulator: 0.1 },
+  { type: 'momentum', learningRate: 0.1, momentum: 0.9 },
+  { type: 'sgd', learningRate: 0.1 },
+] satisfies OptimizerConfigInput[]) {
+  test(`applyGradients (${config.type}) merges duplicate ids, updates rows lazily and matches updateRow`, () => {
+    const opt = createOptimizer(config);
+    const dim = 3;
+    const initialState = opt.allocateState(1).map((a) => a[0]!);
+    const t = table({ stateSlots: opt.stateSlots(), initialState });
+    t.pull(Uint32Array.from([9])); // a stored row no gradient touches
+
+    // Reference: each distinct row updated once by updateRow with the summed gradient.
+    const rows = new Map<number, { w: Float32Array; state: Float32Array[]; step: number }>();
+    const reference = (ids: number[], grads: number[], scheduleStep: number) => {
+      const sums = new Map<number, Float32Array>();
+      ids.forEach((id, k) => {
+        const g = sums.get(id) ?? new Float32Array(dim);
+        for (let j = 0; j < dim; j++) g[j] = g[j]! + grads[k * dim + j]!;
+        sums.set(id, g);
+      });
+      for (const [id, g] of sums) {
+        let r = rows.get(id);
+        if (r === undefined) { r = { w: t.initialRow(id), state: opt.allocateState(dim), step: 0 }; rows.set(id, r); }
+        r.step++;
+        opt.updateRow(r.w, g, r.state, r.step, scheduleStep, 1);
+      }
+    };
+
+    const row9 = t.snapshot((id) => id === 9);
+    const calls: [number[], number[]][] = [
+      [[5, 7, 5], [0.5, -1, 2, 0.1, 0.2, 0.3, 1.5, 1, -1]],
+      [[5, 11], [1, 1, 1, -2, 0.5, 0.25]],
+    ];
+    calls.forEach(([ids, grads], k) => {
+      const updated = t.applyGradients(Int32Array.from(ids), Float32Array.from(grads), opt, k + 1);
+      assert.equal(updated, new Set(ids).size);
+      reference(ids, grads, k + 1);
+    });
+    for (const [id, r] of rows) {
+      const s = t.find(id);
+      assert.deepEqual(t.values.subarray(s * dim, s * dim + dim), r.w, `row ${id}`);
+      assert.equal(t.steps[s], r.step, `row ${id} steps`);
+      const sd = dim * opt.stateSlots();
+      for (let k = 0; k < opt.stateSlots(); k++) {
+        assert.deepEqual(t.state.subarray(s * sd + k * dim, s * sd + (k + 1) * dim), r.state[k], `row ${id} state ${k}`);
+      }
+    }
+    assert.equal(t.steps[t.find(5)], 2, 'a duplicated id counts as one update per call');
+    assert.equal(t.steps[t.find(7)], 1, 'row 7 stayed at its own step');
+    assert.deepEqual(t.snapshot((id) => id === 9), row9, 'untouched row unchanged, bit for bit');
+  });
+}
+
+test('a NaN gradient changes nothing and creates no row', () => {
+  const opt = createOptimizer({ type: 'adam', learningRate: 0.1 });
+  const t = table();
+  t.pull(Uint32Array.from([1]));
+  const before = t.snapshot();
+  assert.throws(
+    () => t.applyGradients(Uint32Array.from([1, 2]), Float32Array.from([1, 1, 1, 0, NaN, 0]), opt, 1),
+    (e: unknown) => e instanceof InvalidTensorError && /NaN at id 2/.test(e.message) && /nothing was updated/.test(e.message),
+  );
+  assert.deepEqual(t.snapshot(), before);
+  assert.equal(t.has(2), false);
+});
+
+test('applyGradients rejects a gradient of the wrong size or an optimizer with other state slots', () => {
+  const t = table();
+  const adam = createOptimizer({ type: 'adam', learningRate: 0.1 });
+  assert.throws(() => t.applyGradients(Uint32Array.from([1]), new Float32Array(2), adam, 1), InvalidTensorError);
+  assert.throws(() => t.applyGradients(Uint32Array.from([1]), new Float32Array(3), createOptimizer({ type: 'sgd', learningRate: 0.1 }), 1), /state slots/);
+});
