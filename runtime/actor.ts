@@ -59,6 +59,31 @@ export interface ActorStats {
 }
 
 export const JSON_CONTENT_TYPE = 'application/json';
+
+/**
+ * Returned by a handler whose answer depends on later messages (e.g. a shard
+ * answering a pull once a synchronous round has completed). The mailbox moves
+ * on at once; the reply goes out when `resolve` or `reject` is called.
+ */
+export class DeferredReply {
+  private done = false;
+  private sink: ((result: unknown, error: unknown) => void) | null = null;
+  private early: { result: unknown; error: unknown } | null = null;
+  get settled(): boolean { return this.done; }
+  resolve(result: unknown = {}): void { this.settle(result, null); }
+  reject(error: unknown): void { this.settle(null, error ?? new Error('rejected')); }
+  /** @internal */
+  bind(sink: (result: unknown, error: unknown) => void): void {
+    this.sink = sink;
+    if (this.early) sink(this.early.result, this.early.error);
+  }
+  private settle(result: unknown, error: unknown): void {
+    if (this.done) return;
+    this.done = true;
+    if (this.sink) this.sink(result, error);
+    else this.early = { result, error };
+  }
+}
 const REPLY = 'reply';
 const ERROR = 'error';
 
@@ -324,6 +349,14 @@ export class Actor<M extends MessageShapes = MessageShapes> {
   }
 
   private onHandled(result: unknown, item: MailboxItem, window: SenderWindow | null): void {
+    if (result instanceof DeferredReply) {
+      // The mailbox continues now; the reply (and the dedup record) follows when the handler settles it.
+      result.bind((r, e) => {
+        if (e) this.onHandlerError(e, item);
+        else this.onHandled(r, item, window);
+      });
+      return;
+    }
     this.stats.processed++;
     if (item.reply === null && window === null) return; // a tell: nothing to answer or remember
     const bytes = this.sendReply(item.reply, item.json, result ?? {}, null, item.env.seq);

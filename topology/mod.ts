@@ -1,2 +1,3 @@
 /** The topology layer's public entry: what actors and cli import. */
 export * from './config.ts';
+export * from './shard-plan.ts';

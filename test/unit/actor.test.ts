@@ -195,3 +195,29 @@ test('an encoded envelope with a newer protocol version is refused', async () =>
   assert.equal(actor.stats.rejectedByReason.ProtocolVersionError, 1);
   await a.stop();
 });
+
+test('a deferred reply lets the mailbox move on and answers when settled', async () => {
+  const { DeferredReply } = await import('../../runtime/mod.ts');
+  const broker = new InProcessBroker();
+  const a = system(broker, 'a'); const b = system(broker, 'b');
+  const waiting: InstanceType<typeof DeferredReply>[] = [];
+  let opened = 0;
+  await a.spawn({
+    kind: 'actor', id: 'gate', idempotent: true,
+    messages: { wait: z.object({}), open: z.object({}) },
+    handlers: {
+      wait: () => { const d = new DeferredReply(); waiting.push(d); return d; },
+      open: () => { opened++; for (const d of waiting.splice(0)) d.resolve({ opened }); return { released: true }; },
+    },
+  });
+  const ref = b.ref('actor', 'gate');
+  const w1 = ref.request<{ opened: number }>('wait', {}, { seq: 500 });
+  const w2 = ref.request<{ opened: number }>('wait', {});
+  // The open request is handled while both waits are still pending.
+  assert.deepEqual(await ref.request('open', {}), { released: true });
+  assert.deepEqual(await w1, { opened: 1 });
+  assert.deepEqual(await w2, { opened: 1 });
+  // A retry of an answered deferred request replays its reply.
+  assert.deepEqual(await ref.request('wait', {}, { seq: 500 }), { opened: 1 });
+  await a.stop();
+});

@@ -1,0 +1,83 @@
+/**
+ * The shard's protocol: what workers (and the scheduler) send to
+ * `hps.<job>.shard.<shard>.<op>`. Every push carries (from, seq) in its
+ * envelope and is applied exactly once, also when retried.
+ *
+ * Versions: a shard's `version` counts the updates it has applied. In
+ * asynchronous mode each push is one update; in synchronous (bsp) mode a
+ * round is one update, applied when `expected` contributions of that round
+ * have arrived (weighted by their sample counts).
+ */
+import { z } from 'zod';
+import { zf32, zi32 } from '../../runtime/mod.ts';
+
+const sparseIds = z.object({ table: z.string().min(1), ids: zi32() });
+const sparseGrads = z.object({ table: z.string().min(1), ids: zi32(), grads: zf32() });
+const denseGrad = z.object({ block: z.number().int().nonnegative(), grad: zf32() });
+
+export const shardMessages = {
+  /**
+   * Dense blocks (by plan block id) and sparse rows (created on first pull).
+   * `min_round`: answer only once synchronous round `min_round - 1` has been
+   * applied (a deferred reply); null answers at once.
+   */
+  pull: z.object({
+    plan_version: z.number().int().nonnegative(),
+    dense: zi32(),
+    sparse: z.array(sparseIds),
+    min_round: z.number().int().nonnegative().nullable(),
+  }),
+  /**
+   * Gradients. `round` null: apply now (async). Otherwise a contribution to a
+   * synchronous round that needs `expected` contributions; `weight` is the
+   * batch's sample count (0 = "no batch this round", still counted).
+   * `base_version`: the shard version the gradients were computed from (for
+   * staleness accounting).
+   */
+  push: z.object({
+    plan_version: z.number().int().nonnegative(),
+    round: z.number().int().nonnegative().nullable(),
+    expected: z.number().int().positive().nullable(),
+    weight: z.number().nonnegative(),
+    base_version: z.number().int().nonnegative(),
+    dense: z.array(denseGrad),
+    sparse: z.array(sparseGrads),
+  }),
+  /** Everything the shard holds, for checkpoints (and, later, replication and migration). */
+  snapshot: z.object({}),
+  /** Replaces the shard's state with a snapshot. */
+  restore: z.object({ state: z.record(z.string(), z.unknown()) }),
+  /** Counters for monitoring and tests. */
+  stats: z.object({}),
+};
+export type ShardMessages = typeof shardMessages;
+
+export interface PullReply {
+  version: number;
+  /** Synchronous rounds applied so far. */
+  round: number;
+  /** One array per requested block, in request order. */
+  dense: Float32Array[];
+  /** One array per requested table, `ids.length × dim` rows in request order. */
+  sparse: Float32Array[];
+}
+
+export interface PushReply {
+  version: number;
+  /** True when the gradients were applied by this push (async) or completed the round (sync). */
+  applied: boolean;
+  /** Shard version minus `base_version` at the time of the push. */
+  staleness: number;
+}
+
+export interface ShardStats {
+  shard: string;
+  version: number;
+  round: number;
+  pushes: number;
+  pulls: number;
+  duplicates: number;
+  sparse_rows: Record<string, number>;
+  dense_blocks: number;
+  bytes: number;
+}

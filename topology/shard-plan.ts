@@ -1,0 +1,140 @@
+/**
+ * Where parameters live: dense parameters cut into blocks, sparse ids hashed
+ * into partitions, each block and partition owned by one shard. Plain data
+ * and plain functions — actors ask the plan and never compute placement
+ * themselves, so later plans (hotness- and capacity-aware, after a live
+ * migration) change placement without touching the actors.
+ */
+import { ConfigError } from '../runtime/errors.ts';
+
+export interface DenseParamSize { name: string; size: number }
+export interface SparseTableSpec { name: string; dim: number }
+
+export interface DenseBlock {
+  /** Index into `plan.dense`; stable for the life of the plan. */
+  id: number;
+  param: string;
+  /** Element offset inside the parameter. */
+  offset: number;
+  length: number;
+  shard: string;
+}
+
+export interface ShardPlan {
+  /** Increases with every new plan (migration, regroup); pushes and pulls name the version they used. */
+  version: number;
+  shards: string[];
+  denseParams: DenseParamSize[];
+  dense: DenseBlock[];
+  sparseTables: SparseTableSpec[];
+  /** Sparse id → partition = mix(id) mod partitions. */
+  partitions: number;
+  /** Owner shard of each partition. */
+  partitionOwner: string[];
+}
+
+export interface BuildShardPlanOptions {
+  version: number;
+  shards: string[];
+  denseParams: DenseParamSize[];
+  sparseTables: SparseTableSpec[];
+  /** Default: 64 per shard, so a later plan can move load in small steps. */
+  partitions: number | null;
+  /** Largest dense block in bytes (keep it under the server's max_payload). */
+  maxBlockBytes: number;
+}
+
+/** The plan of a fresh job: dense blocks balanced by bytes, partitions dealt round-robin. */
+export function buildShardPlan(o: BuildShardPlanOptions): ShardPlan {
+  if (o.shards.length === 0) throw new ConfigError('a shard plan needs at least one shard (cluster.server_nodes is empty)');
+  if (new Set(o.shards).size !== o.shards.length) throw new ConfigError(`shard names must be unique: ${o.shards.join(', ')}`);
+  const blockElems = Math.max(1, Math.floor(o.maxBlockBytes / 4));
+  const partitions = o.partitions ?? 64 * o.shards.length;
+  if (!Number.isInteger(partitions) || partitions < o.shards.length) {
+    throw new ConfigError(`partitions must be an integer ≥ the number of shards (${o.shards.length}), got ${partitions}`);
+  }
+  const load = new Map(o.shards.map((s) => [s, 0]));
+  const dense: DenseBlock[] = [];
+  for (const p of o.denseParams) {
+    if (!Number.isInteger(p.size) || p.size <= 0) throw new ConfigError(`dense parameter ${p.name} has size ${p.size}`);
+    for (let offset = 0; offset < p.size; offset += blockElems) {
+      const length = Math.min(blockElems, p.size - offset);
+      // Least-loaded shard first; ties by shard order, so the plan is deterministic.
+      let best = o.shards[0]!;
+      for (const s of o.shards) if (load.get(s)! < load.get(best)!) best = s;
+      load.set(best, load.get(best)! + length);
+      dense.push({ id: dense.length, param: p.name, offset, length, shard: best });
+    }
+  }
+  const partitionOwner = Array.from({ length: partitions }, (_, i) => o.shards[i % o.shards.length]!);
+  return { version: o.version, shards: [...o.shards], denseParams: o.denseParams.map((p) => ({ ...p })), dense, sparseTables: o.sparseTables.map((t) => ({ ...t })), partitions, partitionOwner };
+}
+
+/** murmur3's finaliser: spreads consecutive and Zipf-hot ids evenly over partitions. */
+export function mixId(id: number): number {
+  let h = id >>> 0;
+  h ^= h >>> 16; h = Math.imul(h, 0x85ebca6b);
+  h ^= h >>> 13; h = Math.imul(h, 0xc2b2ae35);
+  return (h ^ (h >>> 16)) >>> 0;
+}
+
+export function partitionOf(id: number, partitions: number): number {
+  return mixId(id) % partitions;
+}
+
+export function shardOfSparseId(plan: ShardPlan, id: number): string {
+  return plan.partitionOwner[partitionOf(id, plan.partitions)]!;
+}
+
+export interface IdsForShard {
+  /** The ids this shard owns, in first-seen order. */
+  ids: Int32Array;
+  /** Where each of those ids sits in the caller's array. */
+  positions: Int32Array;
+}
+
+/** Splits ids by owning shard, keeping each id's position so rows can be scattered back. */
+export function splitIdsByShard(plan: ShardPlan, ids: Int32Array): Map<string, IdsForShard> {
+  const owner = new Int32Array(ids.length);
+  const counts = new Int32Array(plan.shards.length);
+  const index = new Map(plan.shards.map((s, i) => [s, i]));
+  for (let k = 0; k < ids.length; k++) {
+    const s = index.get(plan.partitionOwner[partitionOf(ids[k]!, plan.partitions)]!)!;
+    owner[k] = s;
+    counts[s]!++;
+  }
+  const out = new Map<string, IdsForShard>();
+  const fill = new Int32Array(plan.shards.length);
+  const parts = plan.shards.map((_, s) => ({ ids: new Int32Array(counts[s]!), positions: new Int32Array(counts[s]!) }));
+  for (let k = 0; k < ids.length; k++) {
+    const s = owner[k]!;
+    const part = parts[s]!;
+    part.ids[fill[s]!] = ids[k]!;
+    part.positions[fill[s]!] = k;
+    fill[s]!++;
+  }
+  plan.shards.forEach((name, s) => { if (counts[s]! > 0) out.set(name, parts[s]!); });
+  return out;
+}
+
+export function denseBlocksByShard(plan: ShardPlan): Map<string, DenseBlock[]> {
+  const out = new Map<string, DenseBlock[]>(plan.shards.map((s) => [s, []]));
+  for (const b of plan.dense) out.get(b.shard)!.push(b);
+  return out;
+}
+
+/** Checks a plan read from the KV store before anyone routes by it. */
+export function validateShardPlan(plan: ShardPlan): void {
+  const shards = new Set(plan.shards);
+  if (plan.partitionOwner.length !== plan.partitions) throw new ConfigError(`shard plan v${plan.version}: ${plan.partitionOwner.length} partition owners for ${plan.partitions} partitions`);
+  for (const s of plan.partitionOwner) if (!shards.has(s)) throw new ConfigError(`shard plan v${plan.version}: partition owned by unknown shard ${s}`);
+  const covered = new Map(plan.denseParams.map((p) => [p.name, 0]));
+  for (const b of plan.dense) {
+    if (!shards.has(b.shard)) throw new ConfigError(`shard plan v${plan.version}: dense block ${b.id} owned by unknown shard ${b.shard}`);
+    if (!covered.has(b.param)) throw new ConfigError(`shard plan v${plan.version}: dense block ${b.id} of unknown parameter ${b.param}`);
+    covered.set(b.param, covered.get(b.param)! + b.length);
+  }
+  for (const p of plan.denseParams) {
+    if (covered.get(p.name) !== p.size) throw new ConfigError(`shard plan v${plan.version}: blocks of ${p.name} cover ${covered.get(p.name)} of ${p.size} elements`);
+  }
+}
