@@ -29,6 +29,8 @@ function budgetBytes(size: number): number { return quick ? 64 * 1024 * 1024 : 5
 function oneWayCount(size: number): number { return Math.max(quick ? 20 : 40, Math.min(quick ? 50_000 : 300_000, Math.floor(budgetBytes(size) / size))); }
 function rrCount(size: number): number { return Math.max(quick ? 10 : 30, Math.min(quick ? 5_000 : 30_000, Math.floor(budgetBytes(size) / 4 / size))); }
 const RR_CONCURRENCY = 16;
+/** Requests in flight: 16, but never more than ~32 MiB toward one receiver (the server's slow-consumer limit is 64 MiB). */
+function rrConcurrency(size: number): number { return Math.max(1, Math.min(RR_CONCURRENCY, Math.floor((32 * 1024 * 1024) / size))); }
 
 async function waitUntil(pred: () => boolean, timeoutMs: number, what: string): Promise<void> {
   const end = Date.now() + timeoutMs;
@@ -38,12 +40,21 @@ async function waitUntil(pred: () => boolean, timeoutMs: number, what: string): 
   }
 }
 
-/** Publishes `count` payloads, flushing every `flushEvery` so the client never buffers the whole run. */
-async function pump(count: number, size: number, send: () => void, flush: () => Promise<void>): Promise<void> {
+/**
+ * Publishes `count` payloads, flushing every ~4 MiB, and never more than
+ * ~32 MiB ahead of the receiver: without that window a fast publisher makes
+ * the server cut the receiver off as a slow consumer (core NATS has no flow
+ * control), and the run measures drops instead of throughput. Same for both sides.
+ */
+async function pump(count: number, size: number, send: () => void, flush: () => Promise<void>, received: () => number): Promise<void> {
   const flushEvery = Math.max(1, Math.floor((4 * 1024 * 1024) / size));
+  const window = Math.max(2 * flushEvery, Math.floor((32 * 1024 * 1024) / size));
   for (let i = 0; i < count; i++) {
     send();
-    if ((i + 1) % flushEvery === 0) await flush();
+    if ((i + 1) % flushEvery === 0) {
+      await flush();
+      while (i + 1 - received() > window) await new Promise((r) => setImmediate(r));
+    }
   }
   await flush();
 }
@@ -56,7 +67,7 @@ async function rawOneWay(pub: NatsConnection, sub: NatsConnection, size: number,
   await sub.flush();
   await new Promise((r) => setTimeout(r, 200)); // interest reaches the other nodes
   const t0 = performance.now();
-  await pump(count, size, () => { for (let p = 0; p < parts; p++) pub.publish(`raw.oneway.${size}`, payload); }, () => pub.flush());
+  await pump(count, size, () => { for (let p = 0; p < parts; p++) pub.publish(`raw.oneway.${size}`, payload); }, () => pub.flush(), () => Math.floor(got / parts));
   await waitUntil(() => got >= count * parts, 120_000, 'raw one-way');
   const dt = (performance.now() - t0) / 1000;
   s.unsubscribe();
@@ -73,7 +84,7 @@ async function rawRequestReply(req: NatsConnection, rep: NatsConnection, size: n
   await new Promise((r) => setTimeout(r, 200));
   let next = 0;
   const t0 = performance.now();
-  await Promise.all(Array.from({ length: RR_CONCURRENCY }, async () => {
+  await Promise.all(Array.from({ length: rrConcurrency(size) }, async () => {
     while (next < count) {
       next++;
       for (let p = 0; p < parts - 1; p++) req.publish(`raw.rr.${size}`, payload);
@@ -118,26 +129,27 @@ async function main(): Promise<void> {
       // Warm up both paths (JIT, buffers) before timing.
       await rawOneWay(rawPub, rawSub, size, Math.min(n1, 200));
       h.counter.n = 0;
-      await pump(Math.min(n1, 200), size, () => sink.tell('blob', { data }), () => h.tb.flush());
+      await pump(Math.min(n1, 200), size, () => sink.tell('blob', { data }), () => h.tb.flush(), () => h.counter.n);
       await waitUntil(() => h.counter.n >= Math.min(n1, 200), 60_000, 'warm-up');
 
       const raw1 = await rawOneWay(rawPub, rawSub, size, n1);
       h.counter.n = 0;
       let t0 = performance.now();
-      await pump(n1, size, () => sink.tell('blob', { data }), () => h.tb.flush());
+      await pump(n1, size, () => sink.tell('blob', { data }), () => h.tb.flush(), () => h.counter.n);
       await waitUntil(() => h.counter.n >= n1, 120_000, 'hetps one-way');
       const ours1 = n1 / ((performance.now() - t0) / 1000);
 
       const raw2 = await rawRequestReply(rawPub, rawSub, size, n2);
       let next = 0;
       t0 = performance.now();
-      await Promise.all(Array.from({ length: RR_CONCURRENCY }, async () => {
+      await Promise.all(Array.from({ length: rrConcurrency(size) }, async () => {
         while (next < n2) { next++; await sink.request('blob', { data }); }
       }));
       const ours2 = n2 / ((performance.now() - t0) / 1000);
       const row = {
         payload_bytes: size,
         messages: { oneway: n1, request_reply: n2 },
+        request_reply_concurrency: rrConcurrency(size),
         oneway: { raw_msgs_per_s: Math.round(raw1), hetps_msgs_per_s: Math.round(ours1), ratio: +(ours1 / raw1).toFixed(3) },
         request_reply: { raw_per_s: Math.round(raw2), hetps_per_s: Math.round(ours2), ratio: +(ours2 / raw2).toFixed(3) },
       };
