@@ -17,7 +17,7 @@ import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import {
-  ctrModel, initDenseParams, measureMatmulGflops, mlpModel, StepSession, syntheticCtrFeeds, syntheticMlpFeeds,
+  ctrModel, initDenseParams, measureMatmulGflops, mlpModel, StepSession, syntheticCtrFeeds, syntheticMlpFeeds, timeRuns,
   type HostTensor,
 } from '../native-bridge/mod.ts';
 
@@ -29,16 +29,8 @@ const ROUNDS = 5;
 
 /** Steps per second over `budget` seconds (at least 3 steps), after a short warmup. */
 async function timeSteps(session: StepSession, feeds: Record<string, HostTensor>, budget: number): Promise<number> {
-  for (let i = 0; i < 2; i++) await session.run(feeds);
-  let steps = 0;
-  const t0 = performance.now();
-  let elapsed = 0;
-  do {
-    await session.run(feeds);
-    steps++;
-    elapsed = (performance.now() - t0) / 1000;
-  } while (elapsed < budget || steps < 3);
-  return steps / elapsed;
+  const { runs, seconds } = await timeRuns(session, feeds, budget, 2);
+  return runs / seconds;
 }
 
 /** Best steps/s (and best MatMul GFLOP/s when `withMatmul`) over ROUNDS rounds sharing `seconds`. */

@@ -7,7 +7,7 @@ export { f32, i32, i64 } from './native.ts';
 export { GraphBuilder, OPSET } from './onnx-builder.ts';
 export * from './models/index.ts';
 export { StepSession, StepOutputs, DEFAULT_SESSION_OPTIONS, checkFeedShapes, providerListed } from './session.ts';
-export { measureMatmulGflops, matmulGraph, measureGatherRowsPerSecond, gatherGraph } from './probe.ts';
+export { measureMatmulGflops, matmulGraph, measureGatherRowsPerSecond, gatherGraph, timeRuns } from './probe.ts';
 export { profileDevice, coefficientOfVariation, type DeviceProfile, type ProfileOptions } from './profile.ts';
 export * from './optimizers.ts';
 export * from './fp16.ts';

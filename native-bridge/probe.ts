@@ -5,9 +5,23 @@
 import { performance } from 'node:perf_hooks';
 import { SeededRandom } from '../runtime/random.ts';
 import { ConfigError } from '../runtime/errors.ts';
-import { f32, type MatmulProbeResult, type ModelGraph, type SessionOptions } from './native.ts';
+import { f32, type MatmulProbeResult, type ModelGraph, type SessionOptions, type StepFeeds } from './native.ts';
 import { GraphBuilder } from './onnx-builder.ts';
 import { StepSession } from './session.ts';
+
+/** Runs `session` for about `seconds` (at least 3 runs) after `warmup` untimed runs. */
+export async function timeRuns(session: StepSession, feeds: StepFeeds, seconds: number, warmup = 2): Promise<{ runs: number; seconds: number }> {
+  for (let i = 0; i < warmup; i++) await session.run(feeds);
+  let runs = 0;
+  const t0 = performance.now();
+  let elapsed = 0;
+  do {
+    await session.run(feeds);
+    runs++;
+    elapsed = (performance.now() - t0) / 1000;
+  } while (elapsed < seconds || runs < 3);
+  return { runs, seconds: elapsed };
+}
 
 /** A graph of one [n, n] · [n, n] MatMul, both operands fed per run like a step graph's tensors. */
 export function matmulGraph(size: number): ModelGraph {
@@ -36,15 +50,7 @@ export async function measureMatmulGflops(
     const rng = new SeededRandom(size);
     const fill = () => Float32Array.from({ length: size * size }, () => rng.normal());
     const feeds = { a: f32(fill(), [size, size]), b: f32(fill(), [size, size]) };
-    for (let i = 0; i < 3; i++) await session.run(feeds);
-    let iterations = 0;
-    const t0 = performance.now();
-    let elapsed = 0;
-    do {
-      await session.run(feeds);
-      iterations++;
-      elapsed = (performance.now() - t0) / 1000;
-    } while (elapsed < seconds || iterations < 3);
+    const { runs: iterations, seconds: elapsed } = await timeRuns(session, feeds, seconds, 3);
     return { provider: session.options.provider, size, iterations, seconds: elapsed, gflops: (2 * size ** 3 * iterations) / elapsed / 1e9 };
   } finally {
     await session.dispose();
@@ -75,16 +81,8 @@ export async function measureGatherRowsPerSecond(
     const ids = new Int32Array(batch);
     for (let i = 0; i < batch; i++) ids[i] = rng.int(rows);
     const feeds = { table: f32(table, [rows, dim]), ids: { dtype: 'int32' as const, dims: [batch], data: ids } };
-    for (let i = 0; i < 2; i++) await session.run(feeds);
-    let n = 0;
-    const t0 = performance.now();
-    let elapsed = 0;
-    do {
-      await session.run(feeds);
-      n++;
-      elapsed = (performance.now() - t0) / 1000;
-    } while (elapsed < seconds || n < 3);
-    return (n * batch) / elapsed;
+    const { runs, seconds: elapsed } = await timeRuns(session, feeds, seconds, 2);
+    return (runs * batch) / elapsed;
   } finally {
     await session.dispose();
   }
