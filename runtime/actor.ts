@@ -28,6 +28,8 @@ export interface ActorContext {
   readonly log: Logger;
   readonly clock: Clock;
   readonly random: Random;
+  /** The actor's own counters (e.g. duplicates), for actors that report them. */
+  readonly stats: ActorStats;
 }
 
 type Handlers<M extends MessageShapes> = {
@@ -41,6 +43,12 @@ export interface ActorDefinition<M extends MessageShapes> {
   handlers: Handlers<M>;
   /** Apply each `(from, seq)` once; a retried request gets the reply already sent. */
   idempotent?: boolean;
+  /**
+   * With `idempotent`: only these message types are deduplicated (default: all).
+   * Leave reads out: their replies can be large (every remembered reply is kept
+   * for `dedupWindow` requests) and repeating a read does no harm.
+   */
+  idempotentTypes?: readonly (keyof M & string)[];
   /** How many recent `(from, seq)` replies are kept per sender for retries. */
   dedupWindow?: number;
   onStart?: (ctx: ActorContext) => void | Promise<void>;
@@ -194,13 +202,16 @@ export class Actor<M extends MessageShapes = MessageShapes> {
   private recentErrors: number[] = [];
   private backoffMs = 0;
   private senders = new Map<string, SenderWindow>();
+  /** Message types deduplicated by `(from, seq)`; null when the actor is not idempotent. */
+  private readonly dedupTypes: Set<string> | null;
   private readonly log: Logger;
 
   constructor(readonly system: ActorSystem, readonly def: ActorDefinition<M>) {
     this.address = actorAddress(system.job, def.kind, def.id);
     this.log = system.log.child({ actor: `${def.kind}/${def.id}` });
     for (const type of Object.keys(def.messages)) token(type, `message type of ${def.kind}/${def.id}`);
-    this.ctx = { self: new ActorRef(system, this.address), system, log: this.log, clock: system.clock, random: system.random.fork(this.address) };
+    this.ctx = { self: new ActorRef(system, this.address), system, log: this.log, clock: system.clock, random: system.random.fork(this.address), stats: this.stats };
+    this.dedupTypes = def.idempotent ? new Set(def.idempotentTypes ?? Object.keys(def.messages)) : null;
   }
 
   get mailboxDepth(): number { return this.queue.length; }
@@ -312,7 +323,7 @@ export class Actor<M extends MessageShapes = MessageShapes> {
     const { env } = item;
     let window: SenderWindow | null = null;
     // JSON callers that send no seq (seq 0) opt out of deduplication.
-    if (this.def.idempotent && !(item.json && env.seq === 0)) {
+    if (this.dedupTypes !== null && this.dedupTypes.has(env.type) && !(item.json && env.seq === 0)) {
       window = this.windowOf(env.from);
       if (env.seq <= window.evictedUpTo || window.replies.has(env.seq)) {
         this.stats.duplicates++;
@@ -370,7 +381,9 @@ export class Actor<M extends MessageShapes = MessageShapes> {
     const err = e instanceof HetpsError ? e : new HandlerError(`${this.address} ${item.env.type} failed: ${(e as Error)?.message ?? String(e)}`, { cause: e });
     // Not remembered in the dedup window: a handler that threw did not apply the request, so a retry may run it.
     this.sendReply(item.reply, item.json, null, err, item.env.seq);
-    this.noteCrash();
+    // A HetpsError is a deliberate refusal (bad input, stale plan), not a crash:
+    // a caller sending bad messages must not pause the mailbox for everyone else.
+    if (!(e instanceof HetpsError) || e instanceof HandlerError) this.noteCrash();
   }
 
   private noteCrash(): void {
@@ -422,15 +435,15 @@ export class Actor<M extends MessageShapes = MessageShapes> {
   private remember(w: SenderWindow, seq: number, bytes: Uint8Array | null): void {
     w.replies.set(seq, bytes);
     const limit = this.def.dedupWindow ?? 10_000;
-    if (w.replies.size > limit) {
-      // Evict the lowest seqs; anything at or below evictedUpTo counts as already applied.
-      const sorted = [...w.replies.keys()].sort((a, b) => a - b);
-      for (let i = 0; i < sorted.length - limit; i++) {
-        w.replies.delete(sorted[i]!);
-        if (sorted[i]! > w.evictedUpTo) w.evictedUpTo = sorted[i]!;
-      }
+    // Evict in insertion order (O(1)): a sender's seqs arrive nearly in order, and
+    // anything at or below evictedUpTo counts as already applied.
+    while (w.replies.size > limit) {
+      const oldest = w.replies.keys().next().value as number;
+      w.replies.delete(oldest);
+      if (oldest > w.evictedUpTo) w.evictedUpTo = oldest;
     }
   }
+
 }
 
 export interface SupervisionOptions {

@@ -176,17 +176,29 @@ export function encode(value: unknown): Uint8Array {
   return out;
 }
 
-/** Bytes of the typed arrays directly inside `value` (the envelope is a flat map, so this finds the tensors). */
+/**
+ * Bytes of the typed arrays in `value`, looking up to three containers deep:
+ * far enough for tensors in lists of entries (`dense: [{ block, grad }]`) and
+ * in replies (`{ result: { dense: [...] } }`), shallow enough to stay cheap.
+ */
 function topLevelTypedArrayBytes(value: unknown): number {
+  return typedArrayBytes(value, 3);
+}
+
+function typedArrayBytes(value: unknown, depth: number): number {
   if (typeof value !== 'object' || value === null) return 0;
   if (ArrayBuffer.isView(value)) return value.byteLength;
+  if (depth === 0) return 0;
   let n = 0;
   if (Array.isArray(value)) {
-    for (const x of value) if (ArrayBuffer.isView(x)) n += x.byteLength;
+    for (let i = 0; i < value.length; i++) {
+      const x: unknown = value[i];
+      if (typeof x === 'object' && x !== null) n += typedArrayBytes(x, depth - 1);
+    }
   } else {
     for (const k in value) {
       const x = (value as Record<string, unknown>)[k];
-      if (ArrayBuffer.isView(x)) n += x.byteLength;
+      if (typeof x === 'object' && x !== null) n += typedArrayBytes(x, depth - 1);
     }
   }
   return n;

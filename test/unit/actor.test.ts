@@ -154,6 +154,64 @@ test('a crash loop pauses the mailbox with growing back-off (simulated clock)', 
   assert.equal(actor.stats.crashLoopPauses, 2);
 });
 
+test('refusals (a HetpsError thrown on purpose) are answered but do not count towards a crash loop', async () => {
+  const broker = new InProcessBroker();
+  const clock = new SimulatedClock(0);
+  const transport = new Transport(broker.client(), { clientId: 'a', clock });
+  const a = new ActorSystem({
+    transport, job: 'test', node: 'a', clock, random: new SeededRandom(1),
+    supervision: { crashLoopThreshold: 3, crashLoopWindowMs: 1_000, initialBackoffMs: 500, maxBackoffMs: 4_000 },
+  });
+  let calls = 0;
+  const actor = await a.spawn({
+    kind: 'actor', id: 'strict', messages: { go: z.object({}) },
+    handlers: { go: () => { calls++; throw new ValidationError('bad input'); } },
+  });
+  const sender = system(broker, 's');
+  for (let i = 0; i < 6; i++) sender.ref('actor', 'strict').tell('go', {});
+  await new Promise((r) => setImmediate(r));
+  assert.equal(calls, 6, 'no pause');
+  assert.equal(actor.stats.crashLoopPauses, 0);
+  assert.equal(actor.stats.handlerErrors, 6);
+});
+
+test('idempotentTypes limits deduplication to the listed types (reads are not remembered)', async () => {
+  const broker = new InProcessBroker();
+  const a = system(broker, 'a'); const b = system(broker, 'b');
+  let writes = 0;
+  let reads = 0;
+  const actor = await a.spawn({
+    kind: 'actor', id: 'store', idempotent: true, idempotentTypes: ['write'],
+    messages: { write: z.object({}), read: z.object({}) },
+    handlers: { write: () => ({ writes: ++writes }), read: () => ({ reads: ++reads }) },
+  });
+  const ref = b.ref('actor', 'store');
+  assert.deepEqual(await ref.request('write', {}, { seq: 9 }), { writes: 1 });
+  assert.deepEqual(await ref.request('write', {}, { seq: 9 }), { writes: 1 });
+  assert.deepEqual(await ref.request('read', {}, { seq: 10 }), { reads: 1 });
+  assert.deepEqual(await ref.request('read', {}, { seq: 10 }), { reads: 2 }, 'a read with a repeated seq runs again');
+  assert.equal(actor.stats.duplicates, 1);
+  await a.stop();
+});
+
+test('the dedup window keeps at least dedupWindow recent replies; older seqs count as applied', async () => {
+  const broker = new InProcessBroker();
+  const a = system(broker, 'a'); const b = system(broker, 'b');
+  let applied = 0;
+  await a.spawn({
+    kind: 'actor', id: 'windowed', idempotent: true, dedupWindow: 8,
+    messages: { add: z.object({}) },
+    handlers: { add: () => ({ n: ++applied }) },
+  });
+  const ref = b.ref('actor', 'windowed');
+  for (let seq = 1; seq <= 40; seq++) await ref.request('add', {}, { seq });
+  assert.equal(applied, 40);
+  for (let seq = 33; seq <= 40; seq++) assert.deepEqual(await ref.request('add', {}, { seq }), { n: seq }, `seq ${seq} replayed`);
+  await assert.rejects(ref.request('add', {}, { seq: 1 }), /already applied; its reply is no longer kept/);
+  assert.equal(applied, 40, 'nothing applied twice');
+  await a.stop();
+});
+
 test('JSON callers (any NATS client) can drive an actor by Content-Type', async () => {
   const broker = new InProcessBroker();
   const a = system(broker, 'a'); const b = system(broker, 'b');
@@ -219,5 +277,23 @@ test('a deferred reply lets the mailbox move on and answers when settled', async
   assert.deepEqual(await w2, { opened: 1 });
   // A retry of an answered deferred request replays its reply.
   assert.deepEqual(await ref.request('wait', {}, { seq: 500 }), { opened: 1 });
+  await a.stop();
+});
+
+test('the dedup window evicts the oldest replies and still refuses a replay older than the window', async () => {
+  const broker = new InProcessBroker();
+  const a = system(broker, 'a'); const b = system(broker, 'b');
+  let applied = 0;
+  const actor = await a.spawn({
+    kind: 'actor', id: 'small-window', idempotent: true, dedupWindow: 3,
+    messages: { add: z.object({}) },
+    handlers: { add: () => ({ n: ++applied }) },
+  });
+  const ref = b.ref('actor', 'small-window');
+  for (let seq = 1; seq <= 5; seq++) await ref.request('add', {}, { seq });
+  assert.deepEqual(await ref.request('add', {}, { seq: 5 }), { n: 5 }, 'a recent seq replays its reply');
+  await assert.rejects(ref.request('add', {}, { seq: 1 }), /already applied; its reply is no longer kept/);
+  assert.equal(applied, 5);
+  assert.equal(actor.stats.duplicates, 2);
   await a.stop();
 });
