@@ -14,7 +14,7 @@
  */
 import { InvalidTensorError } from '../runtime/errors.ts';
 import { hashString } from '../runtime/random.ts';
-import type { Optimizer } from './optimizers.ts';
+import { firstNonFinite, type Optimizer } from './optimizers.ts';
 
 export interface SparseTableOptions {
   table: string;
@@ -39,6 +39,24 @@ export interface SparseTableSnapshot {
   state: Float32Array;
   steps: Uint32Array;
 }
+
+interface ApplyScratch {
+  rows: number;
+  hashKeys: Uint32Array;
+  hashRows: Int32Array;
+  uniqueIds: Uint32Array;
+  /** Compact row of each gradient entry. */
+  rowOf: Int32Array;
+  merged: Float32Array;
+  rowSlots: Int32Array;
+  table: Float32Array;
+  state: Float32Array[];
+  rowSteps: Uint32Array;
+  /** 0, 1, 2, …: the rows of the compact table. */
+  identity: Int32Array;
+}
+
+const NO_STATE: readonly Float32Array[] = [];
 
 const EMPTY = 0;
 const FULL = 1;
@@ -66,6 +84,9 @@ export class SparseTable {
   /** Per-row update count (Adam bias correction is per row: only touched rows advance). */
   steps: Uint32Array;
   private count = 0;
+  private scratch: ApplyScratch | null = null;
+  /** Keeps the touch loops of `slotsOf`/`touchRows` from being optimised away. */
+  private sink = 0;
   private readonly tableSalt: number;
   private readonly initialState: readonly number[] | null;
 
@@ -118,6 +139,50 @@ export class SparseTable {
 
   has(id: number): boolean { return this.find(id) >= 0; }
 
+  /**
+   * The slots of many ids at once (rows created where missing), into `out`.
+   * Faster than `slotOf` per id on large tables: a first pass only touches
+   * each id's hash bucket, so the cache misses of all ids overlap instead of
+   * being paid one after the other. Slots stay valid until the next call that
+   * may create rows (growth moves them).
+   */
+  slotsOf(ids: ArrayLike<number>, out: Int32Array): void {
+    const n = ids.length;
+    const mask = this.capacity - 1;
+    let touched = 0;
+    for (let k = 0; k < n; k++) {
+      const i = mix32(ids[k]! >>> 0) & mask;
+      touched += this.used[i]! + this.keys[i]!;
+    }
+    this.sink = touched;
+    let missing = 0;
+    for (let k = 0; k < n; k++) {
+      const s = this.find(ids[k]!);
+      out[k] = s;
+      if (s < 0) missing++;
+    }
+    if (missing === 0) return;
+    if (this.count + missing > this.capacity * MAX_LOAD) {
+      // Grow once for all new rows; slots found so far moved with it.
+      this.reserve(this.count + missing);
+      for (let k = 0; k < n; k++) if (out[k]! >= 0) out[k] = this.find(ids[k]!);
+    }
+    for (let k = 0; k < n; k++) if (out[k]! < 0) out[k] = this.slotOf(ids[k]!);
+  }
+
+  /** Touches the first element of each row (see `slotsOf`): later passes over the rows then hit the cache. */
+  touchRows(slots: Int32Array, count: number): void {
+    const v = this.values;
+    const st = this.steps;
+    const d = this.dim;
+    let touched = 0;
+    for (let r = 0; r < count; r++) {
+      const s = slots[r]!;
+      touched += v[s * d]! + st[s]!;
+    }
+    this.sink = touched;
+  }
+
   /** Copies the rows of `ids` into `out` ([ids.length * dim]), creating missing rows. */
   pull(ids: ArrayLike<number>, out: Float32Array = new Float32Array(ids.length * this.dim)): Float32Array {
     const d = this.dim;
@@ -152,9 +217,12 @@ export class SparseTable {
    * All-or-nothing: a NaN/Inf gradient throws InvalidTensorError before any
    * row, state or step changes. Returns the number of distinct rows updated.
    *
-   * The touched rows are copied into compact scratch arrays and updated with
-   * one `updateSparse` call, so the optimizer sees plain row-major tables (its
-   * per-slot state layout differs from ours) and validates once per call.
+   * With optimizer state (momentum, Adam, Adagrad) the touched rows are copied
+   * into compact scratch arrays and updated with one `updateSparse` call, so the
+   * optimizer sees plain row-major tables (its per-slot state layout differs
+   * from ours) and validates once per call. Without state (SGD) the update runs
+   * on the table's own rows. Scratch arrays are kept between calls: this is a
+   * parameter server's hot path, and per-call allocations showed up as GC.
    */
   applyGradients(ids: ArrayLike<number>, grads: Float32Array, optimizer: Optimizer, scheduleStep: number, lrScale = 1): number {
     const d = this.dim;
@@ -165,15 +233,17 @@ export class SparseTable {
     if (grads.length !== ids.length * d) {
       throw new InvalidTensorError(`gradient for ${this.table} has ${grads.length} floats for ${ids.length} ids of dim ${d}`, { data: { tensor: this.table } });
     }
-    // Merge duplicates by id into compact rows (first-seen order), checking for NaN/Inf as we go.
+    // Find the distinct ids (first-seen order); `rowOf[k]` is entry k's compact row.
     const n = ids.length;
+    const sc = this.scratchFor(n);
     let bits = 4;
     while (1 << bits < n * 2) bits++;
     const mask = (1 << bits) - 1;
-    const hashKeys = new Uint32Array(1 << bits);
-    const hashRows = new Int32Array(1 << bits).fill(-1);
-    const uniqueIds = new Uint32Array(n);
-    const merged = new Float32Array(n * d);
+    const hashKeys = sc.hashKeys;
+    const hashRows = sc.hashRows;
+    hashRows.fill(-1, 0, 1 << bits);
+    const uniqueIds = sc.uniqueIds;
+    const rowOf = sc.rowOf;
     let u = 0;
     for (let k = 0; k < n; k++) {
       const id = ids[k]! >>> 0;
@@ -181,42 +251,103 @@ export class SparseTable {
       while (hashRows[h] !== -1 && hashKeys[h] !== id) h = (h + 1) & mask;
       let row = hashRows[h]!;
       if (row === -1) { row = u++; hashKeys[h] = id; hashRows[h] = row; uniqueIds[row] = id; }
-      for (let j = 0; j < d; j++) {
-        const g = grads[k * d + j]!;
-        if (g - g !== 0) {
-          throw new InvalidTensorError(`gradient for ${this.table} has ${Number.isNaN(g) ? 'NaN' : 'Infinity'} at id ${id} (entry ${k}), element ${j}; nothing was updated`, { data: { tensor: this.table, index: k, id } });
-        }
-        merged[row * d + j] = merged[row * d + j]! + g;
+      rowOf[k] = row;
+    }
+    // NaN/Inf anywhere: refuse before anything changes.
+    const bad = firstNonFinite(grads);
+    if (bad >= 0) {
+      const k = Math.floor(bad / d);
+      const g = grads[bad]!;
+      throw new InvalidTensorError(`gradient for ${this.table} has ${Number.isNaN(g) ? 'NaN' : 'Infinity'} at id ${ids[k]! >>> 0} (entry ${k}), element ${bad % d}; nothing was updated`, { data: { tensor: this.table, index: k, id: ids[k]! >>> 0 } });
+    }
+    // Distinct ids (the usual case: workers send unique ids) use the gradients as they are;
+    // otherwise the rows of one id are summed into one.
+    let rowGrads = grads;
+    if (u < n) {
+      const merged = sc.merged;
+      merged.fill(0, 0, u * d);
+      for (let k = 0; k < n; k++) {
+        const o = rowOf[k]! * d;
+        const gk = k * d;
+        for (let j = 0; j < d; j++) merged[o + j] = merged[o + j]! + grads[gk + j]!;
       }
+      rowGrads = merged.subarray(0, u * d);
     }
     // Create missing rows first: growth moves slots, so slots are read only after every row exists.
     if (this.count + u > this.capacity * MAX_LOAD) this.reserve(this.count + u);
-    const rowSlots = new Int32Array(u);
-    for (let r = 0; r < u; r++) rowSlots[r] = this.slotOf(uniqueIds[r]!);
+    const rowSlots = sc.rowSlots;
+    this.slotsOf(uniqueIds.subarray(0, u), rowSlots);
+    this.touchRows(rowSlots, u);
+
+    if (slots === 0) {
+      optimizer.updateSparse({
+        table: this.values, state: NO_STATE, rowSteps: this.steps, rows: rowSlots.subarray(0, u), grads: rowGrads, dim: d,
+        scheduleStep, lrScale, tensorName: this.table,
+      });
+      return u;
+    }
 
     const sd = d * slots;
-    const table = new Float32Array(u * d);
-    const state = Array.from({ length: slots }, () => new Float32Array(u * d));
-    const rowSteps = new Uint32Array(u);
+    const table = sc.table.subarray(0, u * d);
+    const state: Float32Array[] = [];
+    for (let k = 0; k < slots; k++) state.push(sc.state[k]!.subarray(0, u * d));
+    const rowSteps = sc.rowSteps.subarray(0, u);
+    const values = this.values;
+    const own = this.state;
     for (let r = 0; r < u; r++) {
       const s = rowSlots[r]!;
-      table.set(this.values.subarray(s * d, s * d + d), r * d);
-      for (let k = 0; k < slots; k++) state[k]!.set(this.state.subarray(s * sd + k * d, s * sd + k * d + d), r * d);
+      const o = r * d;
+      for (let j = 0; j < d; j++) table[o + j] = values[s * d + j]!;
+      for (let k = 0; k < slots; k++) {
+        const st = state[k]!;
+        const from = s * sd + k * d;
+        for (let j = 0; j < d; j++) st[o + j] = own[from + j]!;
+      }
       rowSteps[r] = this.steps[s]!;
     }
-    const rows = new Int32Array(u);
-    for (let r = 0; r < u; r++) rows[r] = r;
     optimizer.updateSparse({
-      table, state, rowSteps, rows, grads: u === n ? merged : merged.subarray(0, u * d), dim: d,
+      table, state, rowSteps, rows: sc.identity.subarray(0, u), grads: rowGrads, dim: d,
       scheduleStep, lrScale, tensorName: this.table,
     });
     for (let r = 0; r < u; r++) {
       const s = rowSlots[r]!;
-      this.values.set(table.subarray(r * d, r * d + d), s * d);
-      for (let k = 0; k < slots; k++) this.state.set(state[k]!.subarray(r * d, r * d + d), s * sd + k * d);
+      const o = r * d;
+      for (let j = 0; j < d; j++) values[s * d + j] = table[o + j]!;
+      for (let k = 0; k < slots; k++) {
+        const st = state[k]!;
+        const to = s * sd + k * d;
+        for (let j = 0; j < d; j++) own[to + j] = st[o + j]!;
+      }
       this.steps[s] = rowSteps[r]!;
     }
     return u;
+  }
+
+  /** Scratch arrays for a call with `n` gradient rows (grown, never shrunk). */
+  private scratchFor(n: number): ApplyScratch {
+    let sc = this.scratch;
+    if (sc !== null && sc.rows >= n) return sc;
+    const rows = Math.max(n, sc === null ? 64 : sc.rows * 2);
+    let hashSize = 16;
+    while (hashSize < rows * 2) hashSize *= 2;
+    const d = this.dim;
+    const identity = new Int32Array(rows);
+    for (let r = 0; r < rows; r++) identity[r] = r;
+    sc = {
+      rows,
+      hashKeys: new Uint32Array(hashSize),
+      hashRows: new Int32Array(hashSize),
+      uniqueIds: new Uint32Array(rows),
+      rowOf: new Int32Array(rows),
+      merged: new Float32Array(rows * d),
+      rowSlots: new Int32Array(rows),
+      table: new Float32Array(this.stateSlots ? rows * d : 0),
+      state: Array.from({ length: this.stateSlots }, () => new Float32Array(rows * d)),
+      rowSteps: new Uint32Array(this.stateSlots ? rows : 0),
+      identity,
+    };
+    this.scratch = sc;
+    return sc;
   }
 
   /** Deterministic init of (seed, table, id): same row on every shard, replica and restart. */

@@ -161,3 +161,16 @@ test('applyGradients rejects a gradient of the wrong size or an optimizer with o
   assert.throws(() => t.applyGradients(Uint32Array.from([1]), new Float32Array(2), adam, 1), InvalidTensorError);
   assert.throws(() => t.applyGradients(Uint32Array.from([1]), new Float32Array(3), createOptimizer({ type: 'sgd', learningRate: 0.1 }), 1), /state slots/);
 });
+
+test('slotsOf finds many ids at once, creating missing rows (also across a growth) like slotOf', () => {
+  const t = table({ initialCapacity: 4 });
+  t.pull(Uint32Array.from([5, 6, 7]));
+  const ids = Int32Array.from([7, 100, 5, 100, ...Array.from({ length: 200 }, (_, i) => 1000 + i), -1]);
+  const slots = new Int32Array(ids.length);
+  t.slotsOf(ids, slots);
+  assert.equal(t.size, 3 + 1 + 200 + 1, 'each missing id created once');
+  for (let k = 0; k < ids.length; k++) {
+    assert.equal(slots[k], t.find(ids[k]!), `slot of ${ids[k]} is current after growth`);
+    assert.deepEqual(t.values.subarray(slots[k]! * 3, slots[k]! * 3 + 3), t.initialRow(ids[k]! >>> 0));
+  }
+});
