@@ -125,16 +125,45 @@ export function denseBlocksByShard(plan: ShardPlan): Map<string, DenseBlock[]> {
 
 /** Checks a plan read from the KV store before anyone routes by it. */
 export function validateShardPlan(plan: ShardPlan): void {
+  const v = `shard plan v${plan.version}`;
   const shards = new Set(plan.shards);
-  if (plan.partitionOwner.length !== plan.partitions) throw new ConfigError(`shard plan v${plan.version}: ${plan.partitionOwner.length} partition owners for ${plan.partitions} partitions`);
-  for (const s of plan.partitionOwner) if (!shards.has(s)) throw new ConfigError(`shard plan v${plan.version}: partition owned by unknown shard ${s}`);
-  const covered = new Map(plan.denseParams.map((p) => [p.name, 0]));
-  for (const b of plan.dense) {
-    if (!shards.has(b.shard)) throw new ConfigError(`shard plan v${plan.version}: dense block ${b.id} owned by unknown shard ${b.shard}`);
-    if (!covered.has(b.param)) throw new ConfigError(`shard plan v${plan.version}: dense block ${b.id} of unknown parameter ${b.param}`);
-    covered.set(b.param, covered.get(b.param)! + b.length);
+  if (shards.size === 0) throw new ConfigError(`${v}: no shards`);
+  if (shards.size !== plan.shards.length) throw new ConfigError(`${v}: shard names must be unique: ${plan.shards.join(', ')}`);
+  if (!Number.isInteger(plan.partitions) || plan.partitions < 1) throw new ConfigError(`${v}: partitions must be a positive integer, got ${plan.partitions}`);
+  if (plan.partitionOwner.length !== plan.partitions) throw new ConfigError(`${v}: ${plan.partitionOwner.length} partition owners for ${plan.partitions} partitions`);
+  for (const s of plan.partitionOwner) if (!shards.has(s)) throw new ConfigError(`${v}: partition owned by unknown shard ${s}`);
+  const tables = new Set<string>();
+  for (const t of plan.sparseTables) {
+    if (tables.has(t.name)) throw new ConfigError(`${v}: sparse table ${t.name} is listed twice`);
+    tables.add(t.name);
+    if (!Number.isInteger(t.dim) || t.dim < 1) throw new ConfigError(`${v}: sparse table ${t.name} has dim ${t.dim}`);
   }
+  const sizes = new Map(plan.denseParams.map((p) => [p.name, p.size]));
+  if (sizes.size !== plan.denseParams.length) throw new ConfigError(`${v}: a dense parameter is listed twice`);
+  const covered = new Map(plan.denseParams.map((p) => [p.name, 0]));
+  const blocksOf = new Map<string, DenseBlock[]>();
+  plan.dense.forEach((b, i) => {
+    // Shards index their blocks by id, and requests name blocks by id.
+    if (b.id !== i) throw new ConfigError(`${v}: dense block at index ${i} has id ${b.id}; ids must equal positions`);
+    if (!shards.has(b.shard)) throw new ConfigError(`${v}: dense block ${b.id} owned by unknown shard ${b.shard}`);
+    const size = sizes.get(b.param);
+    if (size === undefined) throw new ConfigError(`${v}: dense block ${b.id} of unknown parameter ${b.param}`);
+    if (!Number.isInteger(b.offset) || !Number.isInteger(b.length) || b.offset < 0 || b.length < 1 || b.offset + b.length > size) {
+      throw new ConfigError(`${v}: dense block ${b.id} covers ${b.param}[${b.offset}..${b.offset + b.length}) outside its ${size} elements`);
+    }
+    covered.set(b.param, covered.get(b.param)! + b.length);
+    let list = blocksOf.get(b.param);
+    if (list === undefined) { list = []; blocksOf.set(b.param, list); }
+    list.push(b);
+  });
   for (const p of plan.denseParams) {
-    if (covered.get(p.name) !== p.size) throw new ConfigError(`shard plan v${plan.version}: blocks of ${p.name} cover ${covered.get(p.name)} of ${p.size} elements`);
+    if (covered.get(p.name) !== p.size) throw new ConfigError(`${v}: blocks of ${p.name} cover ${covered.get(p.name)} of ${p.size} elements`);
+    // Equal totals could still hide an overlap plus a gap.
+    const sorted = [...(blocksOf.get(p.name) ?? [])].sort((a, b) => a.offset - b.offset);
+    let end = 0;
+    for (const b of sorted) {
+      if (b.offset !== end) throw new ConfigError(`${v}: blocks of ${p.name} ${b.offset < end ? 'overlap' : 'leave a gap'} at element ${Math.min(b.offset, end)} (block ${b.id})`);
+      end = b.offset + b.length;
+    }
   }
 }

@@ -10,6 +10,7 @@
  */
 import { z } from 'zod';
 import { zf32, zi32 } from '../../runtime/mod.ts';
+import type { SparseTableSnapshot } from '../../native-bridge/mod.ts';
 
 const sparseIds = z.object({ table: z.string().min(1), ids: zi32() });
 const sparseGrads = z.object({ table: z.string().min(1), ids: zi32(), grads: zf32() });
@@ -51,6 +52,8 @@ export const shardMessages = {
   stats: z.object({}),
 };
 export type ShardMessages = typeof shardMessages;
+export type PullRequest = z.output<typeof shardMessages.pull>;
+export type PushRequest = z.output<typeof shardMessages.push>;
 
 export interface PullReply {
   version: number;
@@ -70,8 +73,57 @@ export interface PushReply {
   staleness: number;
 }
 
+/** One dense block in a snapshot, with its optimizer state. */
+export interface DenseBlockSnapshot {
+  id: number;
+  param: string;
+  offset: number;
+  length: number;
+  values: Float32Array;
+  /** One array per optimizer state slot, each `length` long. */
+  state: Float32Array[];
+  /** Updates applied to this block. */
+  step: number;
+}
+
+/**
+ * Everything a shard holds (the `snapshot` reply; the `state` of `restore`).
+ * Open synchronous rounds are not included: take snapshots between rounds.
+ */
+export interface ShardSnapshot {
+  format: 1;
+  shard: string;
+  plan_version: number;
+  version: number;
+  round: number;
+  dense_optimizer: string;
+  sparse_optimizer: string;
+  dense: DenseBlockSnapshot[];
+  sparse: SparseTableSnapshot[];
+}
+
+export interface RestoreReply {
+  version: number;
+  round: number;
+}
+
+/**
+ * Staleness (shard version minus the push's `base_version`) of the pushes
+ * received, in power-of-two buckets: `counts[i]` counts values ≤ `le[i]`
+ * (and above `le[i - 1]`); the last entry of `counts` counts values above
+ * the last bound.
+ */
+export interface StalenessHistogram {
+  le: number[];
+  counts: number[];
+  count: number;
+  sum: number;
+  max: number;
+}
+
 export interface ShardStats {
   shard: string;
+  plan_version: number;
   version: number;
   round: number;
   pushes: number;
@@ -80,4 +132,11 @@ export interface ShardStats {
   sparse_rows: Record<string, number>;
   dense_blocks: number;
   bytes: number;
+  /** Pulls waiting (deferred) for a synchronous round to complete. */
+  waiting_pulls: number;
+  /** Contributions received so far to synchronous rounds not yet applied. */
+  pending_contributions: number;
+  staleness: StalenessHistogram;
+  /** Time spent applying updates (optimizer steps), in milliseconds. */
+  apply_ms: number;
 }

@@ -1,0 +1,696 @@
+/**
+ * The shard actor: owns the dense blocks and sparse partitions the shard plan
+ * gives it, serves pulls, applies pushed gradients with the server-side
+ * optimizers, and runs synchronous rounds (weighted mean of `expected`
+ * contributions, applied once).
+ *
+ * `ShardState` holds the state and does the work as plain method calls (tests
+ * and an embedded job can use it directly); `createShardActor` wraps it as an
+ * idempotent actor, so a retried push `(from, seq)` is applied once.
+ *
+ * Hot-path choices: pull replies are built from live views (dense blocks) and
+ * reused scratch arrays (sparse rows). That is safe because the runtime encodes
+ * a reply synchronously when the handler returns or a deferred reply is
+ * resolved; nothing here holds on to the reply object afterwards. No closures
+ * or per-row objects are created per message (tsx wraps named closures).
+ */
+import { z } from 'zod';
+import {
+  ActorStoppedError, ConfigError, DeferredReply, InvalidTensorError, ValidationError, zf32, zu32,
+  type ActorDefinition, type Clock,
+} from '../../runtime/mod.ts';
+import { partitionOf, type DenseBlock, type ShardPlan } from '../../topology/mod.ts';
+import {
+  createOptimizer, firstNonFinite, SparseTable, type Optimizer, type OptimizerConfigInput, type SparseTableSnapshot,
+} from '../../native-bridge/mod.ts';
+import {
+  shardMessages, type DenseBlockSnapshot, type PullReply, type PullRequest, type PushReply, type PushRequest,
+  type RestoreReply, type ShardMessages, type ShardSnapshot, type ShardStats, type StalenessHistogram,
+} from './shard.messages.ts';
+import { StalePlanError, SyncRoundError } from './shard.errors.ts';
+
+export interface ShardStateOptions {
+  /** This shard's name in the plan (also the actor id). */
+  shard: string;
+  plan: ShardPlan;
+  /** Initial values of every dense parameter (e.g. `initDenseParams(model, seed)`); the shard copies its own blocks. */
+  initialDense: Map<string, Float32Array>;
+  denseOptimizer: OptimizerConfigInput;
+  sparseOptimizer: OptimizerConfigInput;
+  /** Sparse rows start uniform in ±`sparseInitScale`. */
+  sparseInitScale: number;
+  /** Per-table override of `sparseInitScale` (train-local starts `wide` at 0); null or absent = none. */
+  sparseInitScaleByTable?: Record<string, number> | null;
+  /** Seeds the deterministic row initialiser of (seed, table, id): every shard and replica agrees on a new row. */
+  seed: number;
+  clock: Clock;
+}
+
+export type ShardActorDefinition = ActorDefinition<ShardMessages> & { readonly state: ShardState };
+
+/** The shard actor (kind `shard`, id = shard name); `definition.state` is its `ShardState`. */
+export function createShardActor(opts: ShardStateOptions | ShardState): ShardActorDefinition {
+  const state = opts instanceof ShardState ? opts : new ShardState(opts);
+  return {
+    kind: 'shard',
+    id: state.shard,
+    messages: shardMessages,
+    idempotent: true,
+    // Pulls, snapshots and stats are reads: repeating one is harmless, and
+    // remembering their (large) replies for retries would cost memory.
+    idempotentTypes: ['push', 'restore'],
+    state,
+    handlers: {
+      pull: (m) => state.pull(m),
+      push: (m) => state.push(m),
+      snapshot: () => state.snapshot(false),
+      restore: (m) => state.restore(m.state),
+      stats: (_m, ctx) => state.stats(ctx.stats.duplicates),
+    },
+    // Pulls still waiting for a round would otherwise only time out; ActorStoppedError is retryable.
+    onStop: () => state.rejectWaitingPulls(new ActorStoppedError(`shard ${state.shard} stopped while the pull waited for a synchronous round`)),
+  };
+}
+
+// ---------------------------------------------------------------- state
+
+interface OwnedBlock {
+  readonly id: number;
+  readonly param: string;
+  readonly offset: number;
+  readonly length: number;
+  /** For error messages: `param[offset..end)`. */
+  readonly name: string;
+  readonly values: Float32Array;
+  readonly state: Float32Array[];
+  /** Updates applied (1-based step of the next update = step + 1). */
+  step: number;
+  /** Σ weight·grad of the open synchronous round of each parity; allocated on first use and kept. */
+  readonly accum: [Float64Array | null, Float64Array | null];
+  /** The round whose sums `accum[parity]` holds, or -1 when it is all zeros. */
+  readonly accumRound: [number, number];
+  /** Scratch for the weighted mean handed to the optimizer. */
+  mean: Float32Array | null;
+}
+
+interface OwnedTable {
+  readonly name: string;
+  readonly dim: number;
+  table: SparseTable;
+}
+
+interface SparseContributions {
+  ids: Int32Array[];
+  /** weight·grads, one array per contribution. */
+  grads: Float32Array[];
+  rows: number;
+}
+
+interface RoundBuffer {
+  readonly round: number;
+  readonly expected: number;
+  contributions: number;
+  totalWeight: number;
+  /** Block ids with a non-zero contribution this round. */
+  readonly touched: number[];
+  readonly sparse: Map<string, SparseContributions>;
+}
+
+interface WaitingPull {
+  minRound: number;
+  dense: Int32Array;
+  sparse: PullRequest['sparse'];
+  reply: DeferredReply;
+}
+
+/** Power-of-two bucket bounds for staleness. */
+const STALENESS_LE = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
+
+const EMPTY_F32: Float32Array[] = [];
+
+export class ShardState {
+  readonly shard: string;
+  readonly plan: ShardPlan;
+  readonly denseOptimizer: Optimizer;
+  readonly sparseOptimizer: Optimizer;
+  private readonly clock: Clock;
+  private readonly seed: number;
+  private readonly initScaleOf: (table: string) => number;
+  /** By plan block id; undefined where another shard owns the block. */
+  private readonly blocks: (OwnedBlock | undefined)[];
+  private readonly ownedBlocks: OwnedBlock[];
+  private readonly tables = new Map<string, OwnedTable>();
+  /** 1 where this shard owns the sparse partition. */
+  private readonly ownsPartition: Uint8Array;
+  /** Per-push marker of blocks seen (duplicate check without allocating). */
+  private readonly blockSeen: Uint32Array;
+  private pushStamp = 0;
+  /** Pull scratch per position in the request's `sparse` list (reused; see the module comment). */
+  private readonly pullScratch: Float32Array[] = [];
+  private slots = new Int32Array(0);
+  /** Open synchronous rounds by parity: the current one and the next. */
+  private readonly rounds: [RoundBuffer | null, RoundBuffer | null] = [null, null];
+  private waiting: WaitingPull[] = [];
+
+  private versionValue = 0;
+  private roundValue = 0;
+  private pushes = 0;
+  private pulls = 0;
+  private applyMs = 0;
+  private readonly stalenessCounts = new Array<number>(STALENESS_LE.length + 1).fill(0);
+  private stalenessCount = 0;
+  private stalenessSum = 0;
+  private stalenessMax = 0;
+
+  constructor(opts: ShardStateOptions) {
+    const { plan, shard } = opts;
+    if (!plan.shards.includes(shard)) throw new ConfigError(`shard ${shard} is not in shard plan v${plan.version} (shards: ${plan.shards.join(', ')})`);
+    this.shard = shard;
+    this.plan = plan;
+    this.clock = opts.clock;
+    this.seed = opts.seed;
+    this.denseOptimizer = createOptimizer(opts.denseOptimizer);
+    this.sparseOptimizer = createOptimizer(opts.sparseOptimizer);
+    const byTable = opts.sparseInitScaleByTable ?? null;
+    const scale = opts.sparseInitScale;
+    this.initScaleOf = (table) => (byTable !== null && byTable[table] !== undefined ? byTable[table]! : scale);
+
+    const sizes = new Map(plan.denseParams.map((p) => [p.name, p.size]));
+    this.blocks = new Array<OwnedBlock | undefined>(plan.dense.length);
+    this.ownedBlocks = [];
+    for (const b of plan.dense) {
+      if (b.shard !== shard) continue;
+      const full = opts.initialDense.get(b.param);
+      if (full === undefined) throw new ConfigError(`shard ${shard}: no initial values for dense parameter ${b.param}`);
+      if (full.length !== sizes.get(b.param)) {
+        throw new ConfigError(`shard ${shard}: initial values of ${b.param} have ${full.length} elements, the plan says ${sizes.get(b.param)}`);
+      }
+      const owned = this.newBlock(b);
+      owned.values.set(full.subarray(b.offset, b.offset + b.length));
+      this.blocks[b.id] = owned;
+      this.ownedBlocks.push(owned);
+    }
+    this.blockSeen = new Uint32Array(plan.dense.length);
+    this.ownsPartition = new Uint8Array(plan.partitions);
+    for (let p = 0; p < plan.partitions; p++) if (plan.partitionOwner[p] === shard) this.ownsPartition[p] = 1;
+    for (const t of plan.sparseTables) this.tables.set(t.name, { name: t.name, dim: t.dim, table: this.newTable(t.name, t.dim) });
+  }
+
+  get version(): number { return this.versionValue; }
+  /** Synchronous rounds applied so far (= the round now open). */
+  get round(): number { return this.roundValue; }
+  get planVersion(): number { return this.plan.version; }
+
+  // ---------------------------------------------------------------- pull
+
+  /**
+   * Dense blocks and sparse rows (rows are created on first pull). With
+   * `min_round` above the rounds applied, a DeferredReply answered when that
+   * many rounds are applied. The returned arrays are views on the shard's
+   * state and scratch, valid until the next call: copy them to keep them.
+   */
+  pull(m: PullRequest): PullReply | DeferredReply {
+    this.checkPlanVersion(m.plan_version, 'pull');
+    this.checkPullTargets(m.dense, m.sparse);
+    this.pulls++;
+    if (m.min_round !== null && this.roundValue < m.min_round) {
+      const reply = new DeferredReply();
+      this.waiting.push({ minRound: m.min_round, dense: m.dense, sparse: m.sparse, reply });
+      return reply;
+    }
+    return this.readPull(m.dense, m.sparse);
+  }
+
+  private checkPullTargets(dense: Int32Array, sparse: PullRequest['sparse']): void {
+    for (let k = 0; k < dense.length; k++) this.ownedBlock(dense[k]!, `dense[${k}]`);
+    for (let k = 0; k < sparse.length; k++) {
+      const e = sparse[k]!;
+      this.checkOwnedIds(this.ownedTable(e.table, `sparse[${k}]`), e.ids, `sparse[${k}]`);
+    }
+  }
+
+  private readPull(dense: Int32Array, sparse: PullRequest['sparse']): PullReply {
+    const denseOut: Float32Array[] = dense.length ? new Array<Float32Array>(dense.length) : EMPTY_F32;
+    for (let k = 0; k < dense.length; k++) denseOut[k] = this.blocks[dense[k]!]!.values;
+    const sparseOut: Float32Array[] = sparse.length ? new Array<Float32Array>(sparse.length) : EMPTY_F32;
+    for (let k = 0; k < sparse.length; k++) {
+      const e = sparse[k]!;
+      const t = this.tables.get(e.table)!.table;
+      const d = t.dim;
+      const n = e.ids.length * d;
+      let scratch = this.pullScratch[k];
+      if (scratch === undefined || scratch.length < n) {
+        scratch = new Float32Array(Math.max(n, scratch ? scratch.length * 2 : 0));
+        this.pullScratch[k] = scratch;
+      }
+      const out = scratch.subarray(0, n);
+      const ids = e.ids;
+      // Slots first (rows created, the table grown at most once), then the rows
+      // touched, then copied: on a large table the cache misses of all rows
+      // overlap (~20% faster than one row at a time), and a plain loop instead
+      // of SparseTable.pull makes no subarray per row.
+      const slots = this.slotScratch(ids.length);
+      t.slotsOf(ids, slots);
+      t.touchRows(slots, ids.length);
+      const values = t.values;
+      for (let i = 0; i < ids.length; i++) {
+        const base = slots[i]! * d;
+        const o = i * d;
+        for (let j = 0; j < d; j++) out[o + j] = values[base + j]!;
+      }
+      sparseOut[k] = out;
+    }
+    return { version: this.versionValue, round: this.roundValue, dense: denseOut, sparse: sparseOut };
+  }
+
+  // ---------------------------------------------------------------- push
+
+  /** Validates the whole push (nothing changes on any error), then applies it (async) or adds it to its round (sync). */
+  push(m: PushRequest): PushReply {
+    this.checkPlanVersion(m.plan_version, 'push');
+    if (m.round !== null) this.checkRound(m.round, m.expected);
+    else if (m.expected !== null) throw new ValidationError(`shard ${this.shard}: push has expected = ${m.expected} but no round; expected is only for synchronous rounds`);
+    this.checkPushTensors(m);
+    const staleness = Math.max(0, this.versionValue - m.base_version);
+    this.recordStaleness(staleness);
+    this.pushes++;
+    if (m.round === null) {
+      const t0 = this.clock.monotonic();
+      this.applyGradients(m.dense, m.sparse, 1);
+      this.versionValue++;
+      this.applyMs += this.clock.monotonic() - t0;
+      return { version: this.versionValue, applied: true, staleness };
+    }
+    const applied = this.contribute(m);
+    return { version: this.versionValue, applied, staleness };
+  }
+
+  private checkRound(round: number, expected: number | null): void {
+    if (expected === null) throw new ValidationError(`shard ${this.shard}: a contribution to synchronous round ${round} needs \`expected\` (the number of contributions of the round)`);
+    const data = { shard: this.shard, round, current_round: this.roundValue };
+    if (round < this.roundValue) {
+      throw new SyncRoundError(`shard ${this.shard}: round ${round} was already applied (${this.roundValue} rounds applied); a late contribution is not counted`, { data });
+    }
+    if (round > this.roundValue + 1) {
+      throw new SyncRoundError(`shard ${this.shard}: round ${round} is too far ahead: round ${this.roundValue} is open, contributions are taken for it and the next one only`, { data });
+    }
+    const buf = this.rounds[parityOf(round)];
+    if (buf !== null && buf.round === round && buf.expected !== expected) {
+      throw new SyncRoundError(`shard ${this.shard}: round ${round} expects ${buf.expected} contributions, this one says ${expected}`, { data });
+    }
+  }
+
+  private checkPushTensors(m: PushRequest): void {
+    const stamp = this.nextPushStamp();
+    for (let k = 0; k < m.dense.length; k++) {
+      const e = m.dense[k]!;
+      const b = this.ownedBlock(e.block, `dense[${k}]`);
+      if (this.blockSeen[b.id] === stamp) throw new ValidationError(`shard ${this.shard}: dense block ${b.id} appears twice in one push`, { data: { block: b.id } });
+      this.blockSeen[b.id] = stamp;
+      if (e.grad.length !== b.length) {
+        throw new InvalidTensorError(`gradient of dense block ${b.id} (${b.name}) has ${e.grad.length} elements, the block has ${b.length}; nothing was applied`, { data: { tensor: b.name, block: b.id } });
+      }
+      const bad = firstNonFinite(e.grad);
+      if (bad >= 0) {
+        throw new InvalidTensorError(`gradient of dense block ${b.id} (${b.name}) has ${describeNonFinite(e.grad[bad]!)} at index ${bad}; nothing was applied`, { data: { tensor: b.name, block: b.id, index: bad } });
+      }
+    }
+    for (let k = 0; k < m.sparse.length; k++) {
+      const e = m.sparse[k]!;
+      const t = this.ownedTable(e.table, `sparse[${k}]`);
+      for (let j = 0; j < k; j++) {
+        if (m.sparse[j]!.table === e.table) throw new ValidationError(`shard ${this.shard}: sparse table ${e.table} appears twice in one push`, { data: { table: e.table } });
+      }
+      if (e.grads.length !== e.ids.length * t.dim) {
+        throw new InvalidTensorError(`gradient of sparse table ${e.table} has ${e.grads.length} floats for ${e.ids.length} ids of dim ${t.dim}; nothing was applied`, { data: { tensor: e.table } });
+      }
+      this.checkOwnedIds(t, e.ids, `sparse[${k}]`);
+      const bad = firstNonFinite(e.grads);
+      if (bad >= 0) {
+        const entry = Math.floor(bad / t.dim);
+        throw new InvalidTensorError(
+          `gradient of sparse table ${e.table} has ${describeNonFinite(e.grads[bad]!)} at index ${bad} (id ${e.ids[entry]}, entry ${entry}, element ${bad % t.dim}); nothing was applied`,
+          { data: { tensor: e.table, index: bad, id: e.ids[entry]! } },
+        );
+      }
+    }
+  }
+
+  /** The optimizer step of one async push or one completed round (already validated). */
+  private applyGradients(dense: PushRequest['dense'], sparse: PushRequest['sparse'], lrScale: number): void {
+    // The schedule of sparse rows follows the shard's update count (one per push or round).
+    const scheduleStep = this.versionValue + 1;
+    for (let k = 0; k < dense.length; k++) {
+      const e = dense[k]!;
+      const b = this.blocks[e.block]!;
+      b.step++;
+      // Checked by checkPushTensors already: skip the optimizer's own pass over the gradient.
+      this.denseOptimizer.updateDenseChecked(b.values, e.grad, b.state, b.step, lrScale, b.name);
+    }
+    for (let k = 0; k < sparse.length; k++) {
+      const e = sparse[k]!;
+      this.tables.get(e.table)!.table.applyGradients(e.ids, e.grads, this.sparseOptimizer, scheduleStep, lrScale);
+    }
+  }
+
+  /** Adds a validated contribution to its round; applies every round that is complete. True when this push applied a round. */
+  private contribute(m: PushRequest): boolean {
+    const round = m.round!;
+    const parity = parityOf(round);
+    let buf = this.rounds[parity];
+    if (buf === null || buf.round !== round) {
+      buf = { round, expected: m.expected!, contributions: 0, totalWeight: 0, touched: [], sparse: new Map() };
+      this.rounds[parity] = buf;
+    }
+    const w = m.weight;
+    if (w > 0) {
+      for (let k = 0; k < m.dense.length; k++) {
+        const e = m.dense[k]!;
+        const b = this.blocks[e.block]!;
+        let acc = b.accum[parity];
+        if (acc === null) { acc = new Float64Array(b.length); b.accum[parity] = acc; }
+        if (b.accumRound[parity] !== round) { b.accumRound[parity] = round; buf.touched.push(b.id); }
+        const g = e.grad;
+        for (let i = 0; i < acc.length; i++) acc[i] = acc[i]! + w * g[i]!;
+      }
+      for (let k = 0; k < m.sparse.length; k++) {
+        const e = m.sparse[k]!;
+        if (e.ids.length === 0) continue;
+        let c = buf.sparse.get(e.table);
+        if (c === undefined) { c = { ids: [], grads: [], rows: 0 }; buf.sparse.set(e.table, c); }
+        const scaled = new Float32Array(e.grads.length);
+        for (let i = 0; i < scaled.length; i++) scaled[i] = w * e.grads[i]!;
+        // Copies: the decoded arrays are views on the whole message, which should not stay alive for a round.
+        c.ids.push(e.ids.slice());
+        c.grads.push(scaled);
+        c.rows += e.ids.length;
+      }
+    }
+    buf.contributions++;
+    buf.totalWeight += w;
+    if (round !== this.roundValue || buf.contributions < buf.expected) return false;
+    this.completeRounds();
+    return true;
+  }
+
+  /** Applies the open round while it is complete (then the next one, if that completed first). */
+  private completeRounds(): void {
+    for (;;) {
+      const parity = parityOf(this.roundValue);
+      const buf = this.rounds[parity];
+      if (buf === null || buf.round !== this.roundValue || buf.contributions < buf.expected) break;
+      const t0 = this.clock.monotonic();
+      this.applyRound(buf, parity);
+      this.rounds[parity] = null;
+      this.roundValue++;
+      this.versionValue++;
+      this.applyMs += this.clock.monotonic() - t0;
+    }
+    this.releaseWaitingPulls();
+  }
+
+  /** The weighted mean Σ w·g / Σ w of the round, applied once; total weight 0 applies nothing. */
+  private applyRound(buf: RoundBuffer, parity: 0 | 1): void {
+    const total = buf.totalWeight;
+    const scheduleStep = this.versionValue + 1;
+    for (const id of buf.touched) {
+      const b = this.blocks[id]!;
+      const acc = b.accum[parity]!;
+      let mean = b.mean;
+      if (mean === null) { mean = new Float32Array(b.length); b.mean = mean; }
+      for (let i = 0; i < acc.length; i++) mean[i] = acc[i]! / total;
+      acc.fill(0);
+      b.accumRound[parity] = -1;
+      b.step++;
+      this.denseOptimizer.updateDenseChecked(b.values, mean, b.state, b.step, 1, b.name);
+    }
+    for (const [name, c] of buf.sparse) {
+      const t = this.tables.get(name)!;
+      const ids = new Int32Array(c.rows);
+      const grads = new Float32Array(c.rows * t.dim);
+      let row = 0;
+      for (let k = 0; k < c.ids.length; k++) {
+        ids.set(c.ids[k]!, row);
+        grads.set(c.grads[k]!, row * t.dim);
+        row += c.ids[k]!.length;
+      }
+      for (let i = 0; i < grads.length; i++) grads[i] = grads[i]! / total;
+      // Duplicate ids (rows touched by several contributions) are summed by applyGradients.
+      t.table.applyGradients(ids, grads, this.sparseOptimizer, scheduleStep, 1);
+    }
+  }
+
+  private releaseWaitingPulls(): void {
+    if (this.waiting.length === 0) return;
+    const still: WaitingPull[] = [];
+    for (const w of this.waiting) {
+      if (w.minRound > this.roundValue) { still.push(w); continue; }
+      try {
+        // resolve() encodes the reply at once, so the scratch can serve the next one.
+        w.reply.resolve(this.readPull(w.dense, w.sparse));
+      } catch (e) {
+        w.reply.reject(e);
+      }
+    }
+    this.waiting = still;
+  }
+
+  /** Answers every pull still waiting for a round with `error` (the shard is stopping). */
+  rejectWaitingPulls(error: Error): void {
+    const waiting = this.waiting;
+    this.waiting = [];
+    for (const w of waiting) w.reply.reject(error);
+  }
+
+  // ---------------------------------------------------------------- snapshot / restore
+
+  /**
+   * Everything the shard holds, as plain data. `copy` false returns views on
+   * the dense blocks (for a reply encoded at once); the default copies.
+   */
+  snapshot(copy = true): ShardSnapshot {
+    const dense: DenseBlockSnapshot[] = this.ownedBlocks.map((b) => ({
+      id: b.id, param: b.param, offset: b.offset, length: b.length,
+      values: copy ? b.values.slice() : b.values,
+      state: b.state.map((s) => (copy ? s.slice() : s)),
+      step: b.step,
+    }));
+    const sparse: SparseTableSnapshot[] = [...this.tables.values()].map((t) => t.table.snapshot());
+    return {
+      format: 1, shard: this.shard, plan_version: this.plan.version, version: this.versionValue, round: this.roundValue,
+      dense_optimizer: this.denseOptimizer.config.type, sparse_optimizer: this.sparseOptimizer.config.type,
+      dense, sparse,
+    };
+  }
+
+  /**
+   * Replaces the whole state with a snapshot of the same layout (the blocks
+   * this shard owns, the plan's tables and dims, the same optimizer types).
+   * All-or-nothing: a ValidationError naming the mismatch changes nothing.
+   * Open synchronous rounds are dropped; waiting pulls whose round the
+   * snapshot has reached are answered.
+   */
+  restore(raw: unknown): RestoreReply {
+    const parsed = snapshotSchema.safeParse(raw);
+    if (!parsed.success) {
+      const issue = parsed.error.issues[0]!;
+      throw new ValidationError(`shard ${this.shard}: restore: not a shard snapshot: ${issue.path.join('.') || '(root)'}: ${issue.message}`);
+    }
+    const snap = parsed.data;
+    const fail = (what: string): never => { throw new ValidationError(`shard ${this.shard}: restore: ${what}; nothing was restored`); };
+    if (snap.dense_optimizer !== this.denseOptimizer.config.type) fail(`snapshot's dense optimizer is ${snap.dense_optimizer}, this shard's is ${this.denseOptimizer.config.type}`);
+    if (snap.sparse_optimizer !== this.sparseOptimizer.config.type) fail(`snapshot's sparse optimizer is ${snap.sparse_optimizer}, this shard's is ${this.sparseOptimizer.config.type}`);
+    const denseSlots = this.denseOptimizer.stateSlots();
+    const seen = new Set<number>();
+    for (const d of snap.dense) {
+      const b = this.blocks[d.id];
+      if (b === undefined) fail(`dense block ${d.id} is not owned by this shard in plan v${this.plan.version}`);
+      if (b!.param !== d.param || b!.offset !== d.offset || b!.length !== d.length) {
+        fail(`dense block ${d.id} is ${d.param}[${d.offset}..${d.offset + d.length}) in the snapshot, ${b!.name} in plan v${this.plan.version}`);
+      }
+      if (seen.has(d.id)) fail(`dense block ${d.id} appears twice`);
+      seen.add(d.id);
+      if (d.values.length !== b!.length) fail(`dense block ${d.id} has ${d.values.length} values for ${b!.length} elements`);
+      if (d.state.length !== denseSlots) fail(`dense block ${d.id} has ${d.state.length} optimizer state slots, ${this.denseOptimizer.config.type} keeps ${denseSlots}`);
+      for (const s of d.state) if (s.length !== b!.length) fail(`dense block ${d.id} has a state slot of ${s.length} elements for ${b!.length}`);
+    }
+    if (seen.size !== this.ownedBlocks.length) {
+      const missing = this.ownedBlocks.filter((b) => !seen.has(b.id)).map((b) => b.id);
+      fail(`the snapshot lacks dense block(s) ${missing.slice(0, 10).join(', ')}${missing.length > 10 ? ', …' : ''}`);
+    }
+    const sparseSlots = this.sparseOptimizer.stateSlots();
+    const seenTables = new Set<string>();
+    for (const s of snap.sparse) {
+      const t = this.tables.get(s.table);
+      if (t === undefined) fail(`sparse table ${s.table} is not in plan v${this.plan.version}`);
+      if (seenTables.has(s.table)) fail(`sparse table ${s.table} appears twice`);
+      seenTables.add(s.table);
+      if (s.dim !== t!.dim) fail(`sparse table ${s.table} has dim ${s.dim}, the plan says ${t!.dim}`);
+      if (s.stateSlots !== sparseSlots) fail(`sparse table ${s.table} has ${s.stateSlots} state slots, ${this.sparseOptimizer.config.type} keeps ${sparseSlots}`);
+      const n = s.ids.length;
+      if (s.values.length !== n * s.dim || s.state.length !== n * s.dim * s.stateSlots || s.steps.length !== n) {
+        fail(`sparse table ${s.table}: ${n} ids with ${s.values.length} values, ${s.state.length} state floats and ${s.steps.length} steps do not match dim ${s.dim}`);
+      }
+      for (let k = 0; k < n; k++) {
+        const id = s.ids[k]!;
+        if (this.ownsPartition[partitionOf(id, this.plan.partitions)] !== 1) fail(`sparse table ${s.table}: id ${id} is in a partition this shard does not own`);
+      }
+    }
+
+    for (const d of snap.dense) {
+      const b = this.blocks[d.id]!;
+      b.values.set(d.values);
+      for (let k = 0; k < denseSlots; k++) b.state[k]!.set(d.state[k]!);
+      b.step = d.step;
+      for (const p of [0, 1] as const) {
+        if (b.accumRound[p] !== -1) { b.accum[p]!.fill(0); b.accumRound[p] = -1; }
+      }
+    }
+    for (const t of this.tables.values()) t.table = this.newTable(t.name, t.dim);
+    for (const s of snap.sparse) this.tables.get(s.table)!.table.restore(s as SparseTableSnapshot);
+    this.rounds[0] = null;
+    this.rounds[1] = null;
+    this.versionValue = snap.version;
+    this.roundValue = snap.round;
+    this.releaseWaitingPulls();
+    return { version: this.versionValue, round: this.roundValue };
+  }
+
+  // ---------------------------------------------------------------- stats
+
+  stats(duplicates = 0): ShardStats {
+    let bytes = 0;
+    for (const b of this.ownedBlocks) {
+      bytes += b.values.byteLength + (b.mean?.byteLength ?? 0);
+      for (const s of b.state) bytes += s.byteLength;
+      for (const a of b.accum) bytes += a?.byteLength ?? 0;
+    }
+    const sparseRows: Record<string, number> = {};
+    for (const t of this.tables.values()) {
+      sparseRows[t.name] = t.table.size;
+      bytes += t.table.bytes;
+    }
+    let pending = 0;
+    for (const r of this.rounds) pending += r?.contributions ?? 0;
+    const staleness: StalenessHistogram = {
+      le: [...STALENESS_LE], counts: [...this.stalenessCounts], count: this.stalenessCount, sum: this.stalenessSum, max: this.stalenessMax,
+    };
+    return {
+      shard: this.shard, plan_version: this.plan.version, version: this.versionValue, round: this.roundValue,
+      pushes: this.pushes, pulls: this.pulls, duplicates, sparse_rows: sparseRows, dense_blocks: this.ownedBlocks.length, bytes,
+      waiting_pulls: this.waiting.length, pending_contributions: pending, staleness, apply_ms: this.applyMs,
+    };
+  }
+
+  // ---------------------------------------------------------------- helpers
+
+  private slotScratch(n: number): Int32Array {
+    if (this.slots.length < n) this.slots = new Int32Array(Math.max(n, this.slots.length * 2));
+    return this.slots;
+  }
+
+  private newBlock(b: DenseBlock): OwnedBlock {
+    return {
+      id: b.id, param: b.param, offset: b.offset, length: b.length, name: `${b.param}[${b.offset}..${b.offset + b.length})`,
+      values: new Float32Array(b.length), state: this.denseOptimizer.allocateState(b.length), step: 0,
+      accum: [null, null], accumRound: [-1, -1], mean: null,
+    };
+  }
+
+  private newTable(name: string, dim: number): SparseTable {
+    const opt = this.sparseOptimizer;
+    return new SparseTable({
+      table: name, dim, stateSlots: opt.stateSlots(), seed: this.seed, initScale: this.initScaleOf(name), initialCapacity: 1024,
+      initialState: opt.allocateState(1).map((a) => a[0]!),
+    });
+  }
+
+  private checkPlanVersion(version: number, op: string): void {
+    if (version === this.plan.version) return;
+    const newer = version < this.plan.version ? 'the shard has a newer plan: re-read it' : 'the shard has not received that plan yet';
+    throw new StalePlanError(`shard ${this.shard}: ${op} uses shard plan v${version}, the shard serves v${this.plan.version} (${newer})`, {
+      data: { shard: this.shard, shard_plan_version: this.plan.version, request_plan_version: version },
+    });
+  }
+
+  private ownedBlock(id: number, where: string): OwnedBlock {
+    const b = this.blocks[id];
+    if (b !== undefined) return b;
+    if (!Number.isInteger(id) || id < 0 || id >= this.plan.dense.length) {
+      throw new ValidationError(`shard ${this.shard}: ${where}: dense block ${id} is not in shard plan v${this.plan.version} (${this.plan.dense.length} blocks)`, { data: { block: id } });
+    }
+    const pb = this.plan.dense[id]!;
+    throw new ValidationError(`shard ${this.shard}: ${where}: dense block ${id} (${pb.param}) belongs to shard ${pb.shard}, not ${this.shard}`, { data: { block: id, owner: pb.shard } });
+  }
+
+  private ownedTable(name: string, where: string): OwnedTable {
+    const t = this.tables.get(name);
+    if (t !== undefined) return t;
+    const known = [...this.tables.keys()].join(', ') || '(none)';
+    throw new ValidationError(`shard ${this.shard}: ${where}: unknown sparse table ${JSON.stringify(name)} (plan v${this.plan.version} has ${known})`, { data: { table: name } });
+  }
+
+  private checkOwnedIds(t: OwnedTable, ids: Int32Array, where: string): void {
+    const owns = this.ownsPartition;
+    const partitions = this.plan.partitions;
+    for (let i = 0; i < ids.length; i++) {
+      const p = partitionOf(ids[i]!, partitions);
+      if (owns[p] !== 1) {
+        throw new ValidationError(
+          `shard ${this.shard}: ${where}: id ${ids[i]} of table ${t.name} (index ${i}) is in partition ${p}, owned by shard ${this.plan.partitionOwner[p]}`,
+          { data: { table: t.name, index: i, id: ids[i]!, partition: p, owner: this.plan.partitionOwner[p] ?? null } },
+        );
+      }
+    }
+  }
+
+  private nextPushStamp(): number {
+    this.pushStamp = (this.pushStamp + 1) >>> 0;
+    if (this.pushStamp === 0) { this.blockSeen.fill(0); this.pushStamp = 1; }
+    return this.pushStamp;
+  }
+
+  private recordStaleness(s: number): void {
+    const bucket = s === 0 ? 0 : Math.min(STALENESS_LE.length, 33 - Math.clz32(s - 1));
+    this.stalenessCounts[bucket]!++;
+    this.stalenessCount++;
+    this.stalenessSum += s;
+    if (s > this.stalenessMax) this.stalenessMax = s;
+  }
+}
+
+function parityOf(round: number): 0 | 1 {
+  return (round & 1) as 0 | 1;
+}
+
+function describeNonFinite(g: number): string {
+  return Number.isNaN(g) ? 'NaN' : g > 0 ? 'Infinity' : '-Infinity';
+}
+
+const snapshotSchema = z.object({
+  format: z.literal(1),
+  shard: z.string(),
+  plan_version: z.number().int().nonnegative(),
+  version: z.number().int().nonnegative(),
+  round: z.number().int().nonnegative(),
+  dense_optimizer: z.string(),
+  sparse_optimizer: z.string(),
+  dense: z.array(z.object({
+    id: z.number().int().nonnegative(),
+    param: z.string(),
+    offset: z.number().int().nonnegative(),
+    length: z.number().int().positive(),
+    values: zf32(),
+    state: z.array(zf32()),
+    step: z.number().int().nonnegative(),
+  })),
+  sparse: z.array(z.object({
+    table: z.string(),
+    dim: z.number().int().positive(),
+    stateSlots: z.number().int().nonnegative(),
+    ids: zu32(),
+    values: zf32(),
+    state: zf32(),
+    steps: zu32(),
+  })),
+});

@@ -1,0 +1,30 @@
+/**
+ * The shard's own error conditions. Registered with the runtime's wire
+ * registry on import, so a remote caller that imports `actors/mod.ts` gets
+ * the same class back from `request()`.
+ */
+import { HetpsError, registerErrorClass } from '../../runtime/mod.ts';
+
+/**
+ * The request names a shard-plan version other than the shard's. Retryable:
+ * the caller re-reads the plan (or waits until the shard has the new one) and
+ * sends again. `data`: `{ shard, shard_plan_version, request_plan_version }`.
+ */
+export class StalePlanError extends HetpsError {
+  override readonly code: string = 'ERR_STALE_PLAN';
+  override readonly retryable: boolean = true;
+}
+
+/**
+ * A synchronous contribution for a round that is already applied, or for one
+ * further ahead than the next round, or whose `expected` disagrees with the
+ * round's. Not retryable: the sender's view of the rounds is wrong.
+ * `data`: `{ shard, round, current_round }`.
+ */
+export class SyncRoundError extends HetpsError {
+  override readonly code: string = 'ERR_SYNC_ROUND';
+  override readonly retryable: boolean = false;
+}
+
+registerErrorClass(StalePlanError);
+registerErrorClass(SyncRoundError);

@@ -1,0 +1,115 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { ConfigError, SeededRandom } from '../../runtime/mod.ts';
+import {
+  buildShardPlan, denseBlocksByShard, partitionOf, shardOfSparseId, splitIdsByShard, validateShardPlan,
+  type BuildShardPlanOptions, type ShardPlan,
+} from '../../topology/mod.ts';
+
+function options(over: Partial<BuildShardPlanOptions> = {}): BuildShardPlanOptions {
+  return {
+    version: 1, shards: ['a', 'b', 'c'], partitions: null, maxBlockBytes: 4096,
+    denseParams: [{ name: 'fc1.w', size: 10_000 }, { name: 'fc1.b', size: 64 }, { name: 'out.w', size: 3_333 }, { name: 'out.b', size: 1 }],
+    sparseTables: [{ name: 'emb', dim: 16 }, { name: 'wide', dim: 1 }],
+    ...over,
+  };
+}
+
+test('dense blocks stay under maxBlockBytes and cover each parameter exactly once, in order', () => {
+  const rng = new SeededRandom(3);
+  for (let trial = 0; trial < 20; trial++) {
+    const maxBlockBytes = 4 * (1 + Math.floor(rng.next() * 500));
+    const denseParams = Array.from({ length: 1 + Math.floor(rng.next() * 6) }, (_, i) => ({ name: `p${i}`, size: 1 + Math.floor(rng.next() * 5000) }));
+    const plan = buildShardPlan(options({ maxBlockBytes, denseParams, shards: ['x', 'y'] }));
+    validateShardPlan(plan);
+    plan.dense.forEach((b, i) => {
+      assert.equal(b.id, i);
+      assert.ok(b.length * 4 <= maxBlockBytes, `block ${b.id} has ${b.length * 4} bytes > ${maxBlockBytes}`);
+    });
+    for (const p of denseParams) {
+      const blocks = plan.dense.filter((b) => b.param === p.name);
+      let end = 0;
+      for (const b of blocks) { assert.equal(b.offset, end); end += b.length; }
+      assert.equal(end, p.size, `${p.name} covered exactly`);
+    }
+  }
+});
+
+test('dense bytes are balanced over shards: loads differ by at most one block', () => {
+  const plan = buildShardPlan(options({ shards: ['a', 'b', 'c', 'd'], maxBlockBytes: 1024 }));
+  const load = new Map(plan.shards.map((s) => [s, 0]));
+  for (const b of plan.dense) load.set(b.shard, load.get(b.shard)! + b.length);
+  const loads = [...load.values()];
+  assert.ok(Math.max(...loads) - Math.min(...loads) <= 256, `loads ${loads.join(', ')}`);
+  const byShard = denseBlocksByShard(plan);
+  assert.deepEqual([...byShard.keys()], plan.shards);
+  assert.equal([...byShard.values()].reduce((n, l) => n + l.length, 0), plan.dense.length);
+  assert.deepEqual(buildShardPlan(options({ shards: ['a', 'b', 'c', 'd'], maxBlockBytes: 1024 })), plan, 'deterministic');
+});
+
+test('partitions default to 64 per shard, dealt round-robin; partitionOf spreads consecutive ids', () => {
+  const plan = buildShardPlan(options());
+  assert.equal(plan.partitions, 192);
+  assert.deepEqual(plan.partitionOwner.slice(0, 4), ['a', 'b', 'c', 'a']);
+  const counts = new Map(plan.shards.map((s) => [s, 0]));
+  for (let id = 0; id < 30_000; id++) counts.set(shardOfSparseId(plan, id), counts.get(shardOfSparseId(plan, id))! + 1);
+  for (const n of counts.values()) assert.ok(Math.abs(n - 10_000) < 600, `ids per shard ${[...counts.values()].join(', ')}`);
+  assert.equal(partitionOf(-1, 7), partitionOf(0xffffffff, 7), 'an int32 id is its unsigned value');
+});
+
+test('splitIdsByShard keeps positions so rows scatter back to the caller\'s order', () => {
+  const plan = buildShardPlan(options({ partitions: 17 }));
+  const rng = new SeededRandom(9);
+  const ids = Int32Array.from({ length: 1000 }, () => Math.floor((rng.next() - 0.5) * 2 ** 31));
+  ids[10] = ids[20]!; // a duplicate stays at both positions
+  const split = splitIdsByShard(plan, ids);
+  const seen = new Int32Array(ids.length);
+  const back = new Int32Array(ids.length);
+  for (const [shard, part] of split) {
+    assert.equal(part.ids.length, part.positions.length);
+    assert.ok(part.ids.length > 0, 'only shards with ids are listed');
+    for (let k = 0; k < part.ids.length; k++) {
+      assert.equal(shardOfSparseId(plan, part.ids[k]!), shard);
+      const pos = part.positions[k]!;
+      if (k > 0) assert.ok(pos > part.positions[k - 1]!, 'first-seen order');
+      back[pos] = part.ids[k]!;
+      seen[pos]!++;
+    }
+  }
+  assert.deepEqual(back, ids, 'scattering each shard\'s ids to their positions rebuilds the input');
+  assert.ok(seen.every((n) => n === 1), 'every position exactly once');
+  assert.equal(splitIdsByShard(plan, new Int32Array(0)).size, 0);
+});
+
+function plan(): ShardPlan {
+  return buildShardPlan(options({ maxBlockBytes: 16_000 }));
+}
+
+function rejects(mutate: (p: ShardPlan) => void, message: RegExp): void {
+  const p = structuredClone(plan());
+  mutate(p);
+  assert.throws(() => validateShardPlan(p), (e: unknown) => e instanceof ConfigError && message.test(e.message), `expected ${message}`);
+}
+
+test('validateShardPlan accepts built plans and names what is wrong in broken ones', () => {
+  validateShardPlan(plan());
+  rejects((p) => { p.partitionOwner.pop(); }, /191 partition owners for 192 partitions/);
+  rejects((p) => { p.partitionOwner[5] = 'z'; }, /partition owned by unknown shard z/);
+  rejects((p) => { p.dense[1]!.shard = 'z'; }, /dense block 1 owned by unknown shard z/);
+  rejects((p) => { p.dense[0]!.param = 'nope'; }, /dense block 0 of unknown parameter nope/);
+  rejects((p) => { p.dense[0]!.length -= 1; }, /blocks of fc1\.w cover 9999 of 10000 elements/);
+  rejects((p) => { p.dense.pop(); }, /blocks of out\.b cover 0 of 1 elements/);
+  rejects((p) => { p.dense[1]!.id = 7; }, /index 1 has id 7/);
+  rejects((p) => { p.dense[0]!.length += 10; p.dense[1]!.length -= 10; }, /fc1\.w overlap at element 4000/);
+  rejects((p) => { p.dense[2]!.offset += 1; }, /outside its 10000 elements|leave a gap/);
+  rejects((p) => { p.shards.push('a'); }, /shard names must be unique/);
+  rejects((p) => { p.sparseTables.push({ name: 'emb', dim: 3 }); }, /sparse table emb is listed twice/);
+  rejects((p) => { p.sparseTables[0]!.dim = 0; }, /sparse table emb has dim 0/);
+});
+
+test('buildShardPlan refuses impossible inputs with ConfigError', () => {
+  assert.throws(() => buildShardPlan(options({ shards: [] })), ConfigError);
+  assert.throws(() => buildShardPlan(options({ shards: ['a', 'a'] })), /unique/);
+  assert.throws(() => buildShardPlan(options({ partitions: 2 })), /partitions must be an integer ≥ the number of shards \(3\)/);
+  assert.throws(() => buildShardPlan(options({ denseParams: [{ name: 'x', size: 0 }] })), /dense parameter x has size 0/);
+});
