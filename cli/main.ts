@@ -29,6 +29,8 @@ async function loadCommands(): Promise<void> {
     import('./demo.ts').catch(missingModule),
     import('./profile.ts').catch(missingModule),
     import('./train-local.ts').catch(missingModule),
+    import('./launch.ts').catch(missingModule),
+    import('./up.ts').catch(missingModule),
   ]);
   for (const m of mods) if (m && typeof m.register === 'function') commandRegistry.push(m.register as Register);
 }

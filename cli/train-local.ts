@@ -7,90 +7,16 @@
  */
 import type { Command } from 'commander';
 import { performance } from 'node:perf_hooks';
-import { ConfigError, MissingDependencyError } from '../runtime/errors.ts';
-import { loadConfig, type HetpsConfig, type OptimizerSettings, type ScheduleConfig as YamlSchedule } from '../topology/mod.ts';
-import {
-  createOptimizer, createSpamAssassinSource, createSyntheticCtrSource, createSyntheticMlpSource, ctrModel, SPAM_ASSASSIN_PACKAGE, LocalTrainer, mlpModel,
-  type CtrModel, type DataSource, type EpochProgress, type Evaluation, type ExecutionProvider, type MlpModel,
-  type OptimizerConfigInput, type ScheduleConfig,
-} from '../native-bridge/mod.ts';
+import { ConfigError } from '../runtime/errors.ts';
+import { loadConfig } from '../topology/mod.ts';
+import { LocalTrainer, type EpochProgress, type Evaluation, type ExecutionProvider } from '../native-bridge/mod.ts';
+import { EMBEDDING_INIT_SCALE, dataSourceFromConfig, modelFromConfig, optimizersFromConfig } from '../actors/config-bridge.ts';
 
-/**
- * Embedding rows start uniform in ±0.05: small next to the He-initialised
- * tower, so early steps are driven by the wide part and the dense features
- * while the rows grow, and sum pooling over a few hundred tokens stays O(1).
- */
-const EMBEDDING_INIT_SCALE = 0.05;
+// The config → native-bridge helpers moved to actors/config-bridge.ts; re-exported for existing callers.
+export { dataSourceFromConfig, modelFromConfig, optimizerInput } from '../actors/config-bridge.ts';
 
 /** Evaluation batches are larger than training ones: no gradients, fewer session calls. */
 const EVAL_BATCH_MIN = 512;
-
-// ---------------------------------------------------------------- config → native-bridge settings
-
-function scheduleInput(s: YamlSchedule): ScheduleConfig {
-  switch (s.type) {
-    case 'constant': return { type: 'constant' };
-    case 'step': return { type: 'step', stepSize: s.step_size, gamma: s.gamma };
-    case 'exponential': return { type: 'exponential', gamma: s.gamma, decaySteps: s.decay_steps };
-    case 'warmup_cosine': return { type: 'warmup-cosine', warmupSteps: s.warmup_steps, totalSteps: s.total_steps, minMultiplier: s.min_multiplier };
-  }
-}
-
-/** The YAML's snake_case optimizer settings as an `OptimizerConfigInput`. */
-export function optimizerInput(s: OptimizerSettings): OptimizerConfigInput {
-  const base = { learningRate: s.learning_rate, weightDecay: s.weight_decay, schedule: scheduleInput(s.schedule) };
-  switch (s.type) {
-    case 'sgd': return { type: 'sgd', ...base };
-    case 'momentum': return { type: 'momentum', ...base, momentum: s.momentum, nesterov: s.nesterov };
-    case 'adam': return { type: 'adam', ...base, beta1: s.beta1, beta2: s.beta2, epsilon: s.epsilon, decoupledWeightDecay: s.decoupled_weight_decay };
-    case 'adagrad': return { type: 'adagrad', ...base, epsilon: s.epsilon, initialAccumulator: s.initial_accumulator };
-  }
-}
-
-/**
- * The data source a config names. Spam Assassin: `vocab_size` is the hashed
- * id space, `max_tokens` the body words kept per mail, `test_fraction` the
- * held-out share; the split itself does not depend on `seed`, which only
- * shuffles. Synthetic sources generate `samples` / `test_samples`.
- * `spamPackage` exists for tests of the missing-package path.
- */
-export function dataSourceFromConfig(config: HetpsConfig, spamPackage = SPAM_ASSASSIN_PACKAGE): DataSource {
-  const d = config.data;
-  switch (d.source) {
-    case 'spam':
-      try {
-        return createSpamAssassinSource({ seed: d.seed, testFraction: d.test_fraction!, vocabularySize: d.vocab_size!, maxBodyTokens: d.max_tokens! }, spamPackage);
-      } catch (e) {
-        if (e instanceof MissingDependencyError) throw new MissingDependencyError(`data.source spam: ${e.message}`, { cause: e, data: { field: 'data.source', ...e.data } });
-        throw e;
-      }
-    case 'ctr-synthetic':
-      return createSyntheticCtrSource({
-        seed: d.seed, slots: d.slots!, vocabularyPerSlot: d.vocab_size!, zipfExponent: d.zipf_exponent!, denseDim: d.dense_features!,
-        trainSize: d.samples!, testSize: d.test_samples!,
-      });
-    case 'mlp-synthetic': {
-      const m = config.model.mlp;
-      if (m === null) throw new ConfigError('data.source mlp-synthetic needs model.type mlp', { data: { field: 'model.type' } });
-      return createSyntheticMlpSource({ seed: d.seed, featureDim: m.input_dim, numClasses: m.classes, trainSize: d.samples!, testSize: d.test_samples! });
-    }
-  }
-}
-
-/** The model a config names; a ctr model takes its slots and dense width from the data. */
-export function modelFromConfig(config: HetpsConfig, source: DataSource): CtrModel | MlpModel {
-  const desc = source.describe();
-  if (config.model.type === 'ctr') {
-    const c = config.model.ctr!;
-    if (desc.kind !== 'ctr') throw new ConfigError(`model.type ctr needs a ctr data source, data.source ${config.data.source} is ${desc.kind}`, { data: { field: 'model.type' } });
-    return ctrModel({ slots: desc.slots, embeddingDim: c.embedding_dim, denseFeatures: desc.denseDim, hidden: c.hidden, pooling: c.pooling });
-  }
-  const m = config.model.mlp!;
-  if (desc.kind === 'mlp' && desc.featureDim !== m.input_dim) {
-    throw new ConfigError(`model.mlp.input_dim is ${m.input_dim} but the data has ${desc.featureDim} features`, { data: { field: 'model.mlp.input_dim' } });
-  }
-  return mlpModel({ layers: [m.input_dim, ...m.hidden, m.classes] });
-}
 
 // ---------------------------------------------------------------- progress
 
@@ -189,8 +115,7 @@ export async function trainLocal(flags: TrainLocalFlags): Promise<TrainLocalResu
 
   const source = dataSourceFromConfig(config);
   const model = modelFromConfig(config, source);
-  const denseOptimizer = createOptimizer(optimizerInput(config.optimizer));
-  const sparseOptimizer = model.family === 'ctr' ? createOptimizer(optimizerInput(config.optimizer.sparse)) : null;
+  const { dense: denseOptimizer, sparse: sparseOptimizer } = optimizersFromConfig(config, model);
   const ctr = config.model.ctr;
   const trainer = await LocalTrainer.create({
     model, denseOptimizer, sparseOptimizer,

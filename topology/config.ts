@@ -336,10 +336,13 @@ interface InactiveSetting {
  * in the change that makes its setting work.
  */
 const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
+  { path: 'training.mode', when: (c) => c.training.mode === 'hps', instead: 'hierarchical sync (sync inside groups, async between them); every worker trains asynchronously, as in asp' },
+  { path: 'training.max_staleness', when: () => true, instead: 'stale gradients are applied as they come; staleness is only measured' },
   { path: 'communication.backend', when: (c) => c.communication.backend === 'nccl' || c.communication.backend === 'gloo', instead: 'every tensor goes over NATS' },
   { path: 'communication.compression', when: (c) => c.communication.compression !== 'none', instead: 'gradients are sent uncompressed' },
   { path: 'communication.compression_threshold', when: () => true, instead: 'gradients are sent uncompressed' },
-  { path: 'fault_tolerance.worker_recovery_timeout', when: () => true, instead: 'no worker failover' },
+  // In asp it is the work queue's ack_wait: a dead worker's batches are delivered again after it.
+  { path: 'fault_tolerance.worker_recovery_timeout', when: (c) => c.training.mode !== 'asp', instead: 'no worker failover' },
   { path: 'fault_tolerance.server_recovery_timeout', when: () => true, instead: 'no server failover' },
   { path: 'fault_tolerance.backup_factor', when: (c) => c.fault_tolerance.backup_factor > 0, instead: 'shards have no backups' },
   { path: 'fault_tolerance.preheat_backup', when: (c) => c.fault_tolerance.preheat_backup, instead: 'shards have no backups' },

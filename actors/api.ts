@@ -1,0 +1,294 @@
+/**
+ * The reference article's Python API, in TypeScript: a training script runs
+ * as one node of a job that `hetps up` drives.
+ *
+ *   const hps = new HeterogeneousParameterServer({ configFile: 'job.yaml', role: 'worker', groupName: 'fast', nodeRank: 0 });
+ *   await hps.init();
+ *   const optimizer = hps.wrapOptimizer({ type: 'adam', learningRate: 0.002 });
+ *   for await (const batch of hps.shardDataloader({ dataset: hps.dataset, batchSize: 32 })) {
+ *     const loss = await optimizer.step(batch);
+ *   }
+ *   await hps.saveCheckpoint({ path: './checkpoints/epoch_2', sync: true });
+ *   await hps.close();
+ *
+ * The servers apply the updates, so the optimizer is the config's
+ * (`optimizer:`); `wrapOptimizer` checks that the script asks for the same
+ * one. `shardDataloader` hands out this worker's share of the job's batches:
+ * it takes them from the job's work queue when the script is ready for the
+ * next, so a fast node trains more of them. Each batch is acknowledged by
+ * `optimizer.step` once every shard has its gradients.
+ */
+import { mkdir, writeFile } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import {
+  ActorSystem, ConfigError, SeededRandom, connectTransport, controlSubject, createLogger, decode, encode, hashString, systemClock,
+  type Logger, type Transport,
+} from '../runtime/mod.ts';
+import { loadConfig, natsConnection, nodeOverrides, type HetpsConfig, type OptimizerType, type ShardPlan, type WorkerNode } from '../topology/mod.ts';
+import { StepSession, type Batch, type DataSource } from '../native-bridge/mod.ts';
+import { natsBatchQueue, type BatchDescriptor, type BatchQueue, type QueuedBatch } from './batch-queue.ts';
+import { sparseLayoutFromConfig } from './config-bridge.ts';
+import { natsJobInfoStore, waitForJobInfo, type JobInfo } from './job-info.ts';
+import { DEFAULT_NODE_WAIT_MS, modelAndData, startServerNode, waitForPlan, workerNodeOf, type ModelAndData } from './nodes.ts';
+import { natsConnectionOf, natsPlanStore } from './plan-store.ts';
+import type { ShardSnapshot } from './shard/shard.messages.ts';
+import { publishTelemetry } from './telemetry.ts';
+import { ShardClient, waitForShards } from './worker/shard-client.ts';
+import { WorkerStepper, batchFromDescriptor } from './worker/step.ts';
+
+export interface HeterogeneousParameterServerOptions {
+  configFile: string;
+  role: 'worker' | 'server';
+  /** Worker: the group in `cluster.worker_groups`. */
+  groupName?: string;
+  /** Worker: position in the group, from 0. */
+  nodeRank?: number;
+  /** Server: one of `cluster.server_nodes`. */
+  serverId?: string;
+  /** NATS URLs; default: `nats.servers` of the config, else the `HETPS_NATS` environment variable (comma-separated). */
+  natsServers?: string[];
+  /** Job name; default: `job.name` of the config. */
+  job?: string;
+  /** How long `init` waits for the driver and the shards. Default 120 s. */
+  waitMs?: number;
+  logger?: Logger;
+}
+
+/** A batch handed out by `shardDataloader`, trained and acknowledged by `optimizer.step`. */
+export interface WorkBatch {
+  readonly desc: BatchDescriptor;
+  readonly batch: Batch;
+  /** bsp round, null otherwise. */
+  readonly round: number | null;
+  /** @internal */
+  readonly item: QueuedBatch;
+}
+
+export interface WrapOptimizerOptions {
+  type: OptimizerType;
+  learningRate: number;
+}
+
+export interface DistributedOptimizer {
+  readonly type: OptimizerType;
+  readonly learningRate: number;
+  /** Pulls, runs the step, pushes to every owning shard, acknowledges the batch; returns the batch loss. */
+  step(batch: WorkBatch): Promise<number>;
+}
+
+export interface CheckpointManifest {
+  format: 1;
+  job: string;
+  plan_version: number;
+  created_at: string;
+  shards: { shard: string; file: string; version: number; round: number; bytes: number }[];
+}
+
+export class HeterogeneousParameterServer {
+  private cfg: HetpsConfig | null = null;
+  private transport: Transport | null = null;
+  private system: ActorSystem | null = null;
+  private log: Logger;
+  private md: ModelAndData | null = null;
+  private plan: ShardPlan | null = null;
+  private info: JobInfo | null = null;
+  private queue: BatchQueue | null = null;
+  private client: ShardClient | null = null;
+  private stepper: WorkerStepper | null = null;
+  private session: StepSession | null = null;
+  private workerNode: WorkerNode | null = null;
+  private pendingCheckpoints: Promise<unknown>[] = [];
+  private stats = { steps: 0, samples: 0, acked: 0 };
+  private closed = false;
+
+  constructor(private readonly opts: HeterogeneousParameterServerOptions) {
+    this.log = opts.logger ?? createLogger({ name: opts.serverId ?? `${opts.groupName ?? 'worker'}-${opts.nodeRank ?? 0}`, stderr: true });
+  }
+
+  get config(): HetpsConfig { return this.need(this.cfg, 'config'); }
+  /** This node's name in the YAML. */
+  get node(): string { return this.opts.role === 'server' ? this.opts.serverId! : this.need(this.workerNode, 'node').name; }
+  /** The job's data source (the config's `data:`), for `shardDataloader`. */
+  get dataset(): DataSource { return this.need(this.md, 'dataset').source; }
+  get job(): JobInfo { return this.need(this.info, 'job'); }
+
+  /** Connects, and waits for the driver: a server starts serving its shard, a worker for the job, the plan and every shard. */
+  async init(): Promise<void> {
+    const o = this.opts;
+    let config = await loadConfig(resolve(o.configFile));
+    if (o.job) config = { ...config, job: { ...config.job, name: o.job } };
+    this.cfg = config;
+    const servers = o.natsServers ?? config.nats.servers ?? (process.env.HETPS_NATS ? process.env.HETPS_NATS.split(',').map((s) => s.trim()).filter(Boolean) : null);
+    if (!servers || servers.length === 0) throw new ConfigError('HeterogeneousParameterServer needs NATS: pass natsServers, set nats.servers in the config or HETPS_NATS (the URLs `hetps up` prints)');
+    let node: string;
+    if (o.role === 'server') {
+      if (!o.serverId) throw new ConfigError('role server needs serverId');
+      node = o.serverId;
+    } else if (o.role === 'worker') {
+      if (!o.groupName) throw new ConfigError('role worker needs groupName');
+      this.workerNode = workerNodeOf(config, o.groupName, o.nodeRank ?? 0);
+      node = this.workerNode.name;
+    } else {
+      throw new ConfigError(`role must be worker or server, got ${JSON.stringify(o.role)}`);
+    }
+    const conn = natsConnection(config);
+    this.transport = await connectTransport({ servers, name: `hetps-api-${node}`, auth: conn.auth, tls: conn.tls, logger: this.log, connectTimeoutMs: conn.connectTimeoutMs });
+    const nc = natsConnectionOf(this.transport)!;
+    const job = config.job.name;
+    this.system = new ActorSystem({
+      transport: this.transport, job, node, clock: systemClock, random: new SeededRandom(hashString(node, config.training.random_seed)), logger: this.log,
+    });
+    const planStore = natsPlanStore(nc, job);
+    const waitMs = o.waitMs ?? DEFAULT_NODE_WAIT_MS;
+    this.md = modelAndData(config);
+    this.client = new ShardClient(this.system, { requestTimeoutMs: 10_000, log: this.log, shouldStop: () => this.closed });
+    if (o.role === 'server') {
+      ({ plan: this.plan } = await startServerNode({ config, server: node, system: this.system, planStore, log: this.log, md: this.md, waitMs }));
+      return;
+    }
+    this.info = await waitForJobInfo(natsJobInfoStore(nc, job), {
+      clock: systemClock, timeoutMs: waitMs,
+      onWait: (ms) => this.log.info(ms === 0 ? `worker ${node} ready; waiting for the job` : `worker ${node} still waiting for the job`),
+    });
+    if (!this.info.workers.includes(node)) throw new ConfigError(`worker ${node} is not one of the job's workers (${this.info.workers.join(', ')})`);
+    this.plan = await waitForPlan(planStore, { clock: systemClock, timeoutMs: waitMs, log: this.log });
+    await waitForShards(this.system, this.plan.shards, { timeoutMs: waitMs, log: this.log });
+    this.queue = natsBatchQueue(nc, job);
+    const overrides = nodeOverrides(config, node);
+    this.session = await StepSession.create(this.md.model, { provider: overrides.provider ?? 'cpu', intraOpNumThreads: overrides.threads ?? 1, graph: 'step' });
+    this.stepper = new WorkerStepper({
+      client: this.client, plan: this.plan, model: this.md.model, layout: sparseLayoutFromConfig(config, this.md.model), session: this.session,
+      clock: systemClock, log: this.log, emulateSpeed: overrides.emulate?.speed ?? null,
+    });
+    publishTelemetry(this.transport, job, 'start', node, { node, group: this.workerNode!.group, mode: this.info.mode === 'bsp' ? 'bsp' : 'asp', emulated_speed: overrides.emulate?.speed ?? null });
+  }
+
+  /**
+   * The optimizer as the servers run it. The servers apply the updates with
+   * the config's `optimizer:` settings, so a script asking for another type
+   * or learning rate is told so rather than silently overruled.
+   */
+  wrapOptimizer(o: WrapOptimizerOptions): DistributedOptimizer {
+    const config = this.config;
+    const want = config.optimizer;
+    if (o.type !== want.type || Math.abs(o.learningRate - want.learning_rate) > 1e-12 * Math.max(1, want.learning_rate)) {
+      throw new ConfigError(`wrapOptimizer({ type: ${o.type}, learningRate: ${o.learningRate} }): the servers apply the config's optimizer `
+        + `(type ${want.type}, learning_rate ${want.learning_rate} in ${config.source.file}); set it there`, { data: { field: 'optimizer' } });
+    }
+    return { type: o.type, learningRate: o.learningRate, step: (b) => this.trainStep(b) };
+  }
+
+  /**
+   * This worker's batches: taken from the job's work queue when the loop asks
+   * for the next one, until every batch of the job is acknowledged (asp) or
+   * every round is done (bsp; a round without a batch for this worker is
+   * contributed empty here, so it never reaches the loop).
+   */
+  async *shardDataloader(o: { dataset?: DataSource; batchSize: number }): AsyncGenerator<WorkBatch> {
+    const info = this.job;
+    if (o.batchSize !== info.batch_size) {
+      throw new ConfigError(`shardDataloader({ batchSize: ${o.batchSize} }): the job's batches have ${info.batch_size} samples (data.batch_size); the driver queued them that way`);
+    }
+    const source = o.dataset ?? this.dataset;
+    const queue = this.need(this.queue, 'queue');
+    if (info.mode === 'bsp') {
+      for (let r = 0; r < info.rounds && !this.closed; r++) {
+        const item = await queue.next(1_500);
+        if (item === null) { await this.stepper!.run(null, { round: r, expected: info.workers.length }); continue; }
+        yield { desc: item.desc, batch: batchFromDescriptor(source, item.desc), round: r, item };
+      }
+      return;
+    }
+    while (!this.closed) {
+      const item = await queue.next(1_000);
+      if (item === null) {
+        if ((await queue.pending().catch(() => 1)) === 0) return;
+        continue;
+      }
+      yield { desc: item.desc, batch: batchFromDescriptor(source, item.desc), round: null, item };
+    }
+  }
+
+  private async trainStep(b: WorkBatch): Promise<number> {
+    const info = this.job;
+    const sync = b.round === null ? null : { round: b.round, expected: info.workers.length };
+    let out;
+    try {
+      out = await this.need(this.stepper, 'stepper').run(b.batch, sync);
+    } catch (e) {
+      b.item.nak();
+      throw e;
+    }
+    const confirmed = await b.item.ack();
+    this.stats.steps++;
+    this.stats.samples += out.samples;
+    if (confirmed) this.stats.acked++;
+    publishTelemetry(this.transport!, info.job, 'batch', this.node, {
+      node: this.node, batch_id: b.desc.batch_id, samples: out.samples, loss: out.loss ?? 0, redelivered: b.item.redelivered,
+      ack_confirmed: confirmed, staleness: out.staleness, round: b.round,
+    });
+    return out.loss ?? NaN;
+  }
+
+  /**
+   * Asks every shard for a snapshot and writes `<path>/<shard>.msgpack` plus
+   * `manifest.json`. `sync: true` resolves once every file is written;
+   * `sync: false` returns at once (`close` waits for it).
+   */
+  async saveCheckpoint(o: { path: string; sync?: boolean }): Promise<CheckpointManifest | null> {
+    const work = this.writeCheckpoint(resolve(o.path));
+    if (o.sync ?? true) return work;
+    this.pendingCheckpoints.push(work.catch((e: unknown) => this.log.error({ err: e }, 'checkpoint failed')));
+    return null;
+  }
+
+  private async writeCheckpoint(dir: string): Promise<CheckpointManifest> {
+    const plan = this.need(this.plan, 'plan');
+    const client = this.need(this.client, 'client');
+    await mkdir(dir, { recursive: true });
+    const shards = await Promise.all(plan.shards.map(async (shard) => {
+      const snap: ShardSnapshot = await client.snapshot(shard);
+      const bytes = encode(snap);
+      const file = `${shard}.msgpack`;
+      await writeFile(join(dir, file), bytes);
+      return { shard, file, version: snap.version, round: snap.round, bytes: bytes.byteLength };
+    }));
+    const manifest: CheckpointManifest = { format: 1, job: this.config.job.name, plan_version: plan.version, created_at: new Date().toISOString(), shards };
+    await writeFile(join(dir, 'manifest.json'), `${JSON.stringify(manifest, null, 2)}\n`);
+    return manifest;
+  }
+
+  /** Server role: serves until the driver ends the job (or `close`). */
+  async serve(): Promise<void> {
+    const transport = this.need(this.transport, 'transport');
+    await new Promise<void>((resolveServe) => {
+      const sub = transport.subscribe(controlSubject(this.config.job.name, 'shutdown'), (m) => {
+        try { decode(m.data); } catch { /* any shutdown message counts */ }
+        sub.unsubscribe();
+        resolveServe();
+      });
+      const check = setInterval(() => { if (this.closed) { clearInterval(check); sub.unsubscribe(); resolveServe(); } }, 200);
+      check.unref();
+    });
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await Promise.all(this.pendingCheckpoints);
+    if (this.workerNode && this.transport && this.info) {
+      publishTelemetry(this.transport, this.info.job, 'done', this.node, {
+        node: this.node, steps: this.stats.steps, samples: this.stats.samples, batches_acked: this.stats.acked, empty_rounds: 0, reason: 'done',
+      });
+    }
+    await this.queue?.close();
+    await this.system?.stop().catch(() => undefined);
+    await this.session?.dispose().catch(() => undefined);
+    await this.transport?.close().catch(() => undefined);
+  }
+
+  private need<T>(v: T | null, what: string): T {
+    if (v === null) throw new ConfigError(`HeterogeneousParameterServer: call init() first (${what} is not ready)`);
+    return v;
+  }
+}

@@ -1,0 +1,93 @@
+/**
+ * What the driver tells every node about the job before training starts: the
+ * mode, the workers, and how many batches (and, for bsp, rounds) there are.
+ * Written once the batch descriptors are queued, so a worker that sees it
+ * knows every batch of the job is already in the queue. Lives in a JetStream
+ * KV bucket (NATS) or in memory (embedded mode); nodes poll it, so nodes and
+ * driver may start in any order.
+ */
+import { z } from 'zod';
+import { Kvm, type KV } from '@nats-io/kv';
+import type { NatsConnection } from '@nats-io/nats-core';
+import { TimeoutError, decode, encode, streamName, type Clock } from '../runtime/mod.ts';
+
+export const jobInfoSchema = z.object({
+  job: z.string().min(1),
+  /** Distinguishes runs of the same job name. */
+  run_id: z.string().min(1),
+  mode: z.enum(['bsp', 'asp', 'hps']),
+  /** Worker node names in file order; bsp rounds expect one contribution from each. */
+  workers: z.array(z.string().min(1)).min(1),
+  total_batches: z.number().int().nonnegative(),
+  /** bsp: ceil(total_batches / workers); every worker takes part in each round. */
+  rounds: z.number().int().nonnegative(),
+  epochs: z.number().int().positive(),
+  batch_size: z.number().int().positive(),
+  ack_wait_ms: z.number().int().positive(),
+});
+export type JobInfo = z.infer<typeof jobInfoSchema>;
+
+export interface JobInfoStore {
+  put(info: JobInfo): Promise<void>;
+  /** null until the driver has written it. */
+  get(): Promise<JobInfo | null>;
+}
+
+export function memoryJobInfoStore(): JobInfoStore {
+  let info: JobInfo | null = null;
+  return {
+    async put(i) { info = jobInfoSchema.parse(i); },
+    async get() { return info; },
+  };
+}
+
+export function jobInfoBucket(job: string): string { return streamName(job, 'job'); }
+const KEY = 'info';
+
+/** The job info in the KV bucket `HPS_<job>_job`; `create` (the driver) makes the bucket, readers only open it. */
+export function natsJobInfoStore(nc: NatsConnection, job: string): JobInfoStore {
+  let kv: KV | null = null;
+  const bucket = jobInfoBucket(job);
+  return {
+    async put(info) {
+      kv ??= await new Kvm(nc).create(bucket, { history: 1 });
+      await kv.put(KEY, encode(jobInfoSchema.parse(info)));
+    },
+    async get() {
+      try {
+        kv ??= await new Kvm(nc).open(bucket);
+        const e = await kv.get(KEY);
+        if (!e || e.operation !== 'PUT' || e.value.byteLength === 0) return null;
+        return jobInfoSchema.parse(decode(e.value));
+      } catch {
+        kv = null; // bucket not there yet (or being recreated): look again next time
+        return null;
+      }
+    },
+  };
+}
+
+/** Removes an earlier run's job info (driver, before it queues a new run). */
+export async function resetNatsJobInfo(nc: NatsConnection, job: string): Promise<void> {
+  try {
+    const kv = await new Kvm(nc).open(jobInfoBucket(job));
+    await kv.destroy();
+  } catch { /* not there */ }
+}
+
+/** Polls until the job info is there; the error says what is missing. */
+export async function waitForJobInfo(store: JobInfoStore, opts: { clock: Clock; timeoutMs: number; runId?: string | null; onWait?: (waitedMs: number) => void }): Promise<JobInfo> {
+  const start = opts.clock.monotonic();
+  let lastNote = start;
+  for (let first = true; ; first = false) {
+    const info = await store.get();
+    if (info && (opts.runId == null || info.run_id === opts.runId)) return info;
+    if (first) opts.onWait?.(0);
+    const now = opts.clock.monotonic();
+    if (now - start >= opts.timeoutMs) {
+      throw new TimeoutError(`no job info after ${Math.round(opts.timeoutMs / 1000)} s: the driver (hetps up) has not queued this job's batches yet`);
+    }
+    if (now - lastNote >= 5_000) { lastNote = now; opts.onWait?.(now - start); }
+    await opts.clock.sleep(200);
+  }
+}

@@ -1,0 +1,125 @@
+/**
+ * A node of the YAML brought up inside an ActorSystem: a server node hosts
+ * its shard, a worker node its worker actor. The same code runs in a
+ * `hetps launch` process (over NATS), inside `hetps up` in embedded mode (all
+ * nodes in one process on the in-process bus) and under the API. Each waits
+ * for what it needs (plan, job info, shards), so nodes and driver may start
+ * in any order.
+ */
+import { ConfigError, TimeoutError, type ActorSystem, type Clock, type Logger } from '../runtime/mod.ts';
+import { allWorkerNodes, nodeOverrides, type HetpsConfig, type ShardPlan, type WorkerNode } from '../topology/mod.ts';
+import { initDenseParams, type CtrModel, type DataSource, type MlpModel } from '../native-bridge/mod.ts';
+import type { BatchQueue } from './batch-queue.ts';
+import {
+  EMBEDDING_INIT_SCALE, WIDE_TABLE, dataSourceFromConfig, modelFromConfig, optimizerInput, sparseLayoutFromConfig,
+} from './config-bridge.ts';
+import { waitForJobInfo, type JobInfo, type JobInfoStore } from './job-info.ts';
+import type { PlanStore } from './plan-store.ts';
+import { createShardActor } from './shard/shard.actor.ts';
+import { waitForShards } from './worker/shard-client.ts';
+import { createWorkerActor, type WorkerActorDefinition } from './worker/worker.actor.ts';
+
+/** How long a node waits for the driver (plan, job info) and for the shards, by default. */
+export const DEFAULT_NODE_WAIT_MS = 120_000;
+
+/** Polls the plan store until a plan is there. */
+export async function waitForPlan(store: PlanStore, opts: { clock: Clock; timeoutMs: number; log: Logger | null }): Promise<ShardPlan> {
+  const start = opts.clock.monotonic();
+  let lastNote = start;
+  for (;;) {
+    const plan = await store.get().catch((e: unknown) => {
+      opts.log?.debug({ err: (e as Error).message }, 'plan store not readable yet');
+      return null;
+    });
+    if (plan) return plan;
+    const now = opts.clock.monotonic();
+    if (now - start >= opts.timeoutMs) {
+      throw new TimeoutError(`no shard plan after ${Math.round(opts.timeoutMs / 1000)} s: the driver (hetps up) has not created this job yet`);
+    }
+    if (now - lastNote >= 5_000) { lastNote = now; opts.log?.info('waiting for the shard plan (start `hetps up` for this job)'); }
+    await opts.clock.sleep(200);
+  }
+}
+
+/** The model and data a config describes, built once per process (the spam corpus loads in about a second). */
+export interface ModelAndData {
+  source: DataSource;
+  model: CtrModel | MlpModel;
+}
+
+export function modelAndData(config: HetpsConfig): ModelAndData {
+  const source = dataSourceFromConfig(config);
+  return { source, model: modelFromConfig(config, source) };
+}
+
+/** Spawns the shard of `server` once the plan is there. */
+export async function startServerNode(o: {
+  config: HetpsConfig; server: string; system: ActorSystem; planStore: PlanStore; log: Logger; md?: ModelAndData; waitMs?: number;
+}): Promise<{ plan: ShardPlan }> {
+  const { config, server, system } = o;
+  if (!config.cluster.server_nodes.includes(server)) {
+    throw new ConfigError(`server "${server}" is not in cluster.server_nodes of ${config.source.file} (${config.cluster.server_nodes.join(', ')})`);
+  }
+  const { model } = o.md ?? modelAndData(config);
+  const plan = await waitForPlan(o.planStore, { clock: system.clock, timeoutMs: o.waitMs ?? DEFAULT_NODE_WAIT_MS, log: o.log });
+  if (!plan.shards.includes(server)) throw new ConfigError(`server "${server}" has no shard in plan v${plan.version} (shards: ${plan.shards.join(', ')})`);
+  // The same initial values as train-local: He-initialised from training.random_seed, rows from (seed, table, id).
+  const initialDense = initDenseParams(model, config.training.random_seed);
+  const sparseSettings = model.family === 'ctr' ? config.optimizer.sparse : config.optimizer;
+  await system.spawn(createShardActor({
+    shard: server, plan, initialDense,
+    denseOptimizer: optimizerInput(config.optimizer),
+    sparseOptimizer: optimizerInput(sparseSettings),
+    sparseInitScale: EMBEDDING_INIT_SCALE,
+    sparseInitScaleByTable: { [WIDE_TABLE]: 0 },
+    seed: config.training.random_seed,
+    clock: system.clock,
+  }));
+  o.log.info({ shard: server, plan_version: plan.version, blocks: plan.dense.filter((b) => b.shard === server).length }, 'shard serving');
+  return { plan };
+}
+
+export function workerNodeOf(config: HetpsConfig, group: string, rank: number): WorkerNode {
+  const g = config.cluster.worker_groups.find((x) => x.name === group);
+  if (!g) throw new ConfigError(`group "${group}" is not in cluster.worker_groups of ${config.source.file} (${config.cluster.worker_groups.map((x) => x.name).join(', ')})`);
+  if (!Number.isInteger(rank) || rank < 0 || rank >= g.nodes.length) {
+    throw new ConfigError(`--node-rank ${rank} is out of range: group "${group}" has ${g.nodes.length} node(s) (ranks 0..${g.nodes.length - 1})`);
+  }
+  return allWorkerNodes(config).find((n) => n.group === group && n.rank === rank)!;
+}
+
+export interface StartedWorker {
+  def: WorkerActorDefinition;
+  info: JobInfo;
+  plan: ShardPlan;
+}
+
+/** Waits for the job info, the plan and every shard, then spawns the worker actor (its loop starts at once). */
+export async function startWorkerNode(o: {
+  config: HetpsConfig; node: WorkerNode; system: ActorSystem; planStore: PlanStore; jobStore: JobInfoStore; queue: BatchQueue;
+  log: Logger; md?: ModelAndData; runId?: string | null; waitMs?: number;
+}): Promise<StartedWorker> {
+  const { config, node, system, log } = o;
+  const waitMs = o.waitMs ?? DEFAULT_NODE_WAIT_MS;
+  // Data and model first, so a node started early is ready the moment the job appears.
+  const { source, model } = o.md ?? modelAndData(config);
+  const info = await waitForJobInfo(o.jobStore, {
+    clock: system.clock, timeoutMs: waitMs, runId: o.runId ?? null,
+    onWait: (ms) => log.info(ms === 0 ? `worker ${node.name} ready; waiting for the job` : `worker ${node.name} still waiting for the job (start \`hetps up\` for it)`),
+  });
+  if (!info.workers.includes(node.name)) throw new ConfigError(`worker ${node.name} is not one of the job's workers (${info.workers.join(', ')}): a different config than the driver's?`);
+  const plan = await waitForPlan(o.planStore, { clock: system.clock, timeoutMs: waitMs, log });
+  await waitForShards(system, plan.shards, { timeoutMs: waitMs, log });
+  const overrides = nodeOverrides(config, node.name);
+  const def = createWorkerActor({
+    node: node.name, group: node.group, job: info, plan, queue: o.queue, source, model,
+    layout: sparseLayoutFromConfig(config, model),
+    provider: overrides.provider ?? 'cpu',
+    // One thread per worker by default: several workers share a machine here, and small towers gain nothing from more.
+    threads: overrides.threads ?? 1,
+    emulateSpeed: overrides.emulate?.speed ?? null,
+  });
+  await system.spawn(def);
+  log.info({ node: node.name, group: node.group, mode: info.mode, rounds: info.mode === 'bsp' ? info.rounds : null }, 'worker training');
+  return { def, info, plan };
+}

@@ -1,0 +1,88 @@
+/**
+ * What workers report on `hps.<job>.tel.<kind>.<node>` (msgpack), and what
+ * the driver reads back: one `batch` message per acknowledged batch (the
+ * exactly-once accounting and the progress line), a `progress` message every
+ * few seconds, and one `done` message when a worker's training loop ends.
+ */
+import { z } from 'zod';
+import { decode, encode, telemetrySubject, telemetryWildcard, type Transport } from '../runtime/mod.ts';
+
+export const TELEMETRY_KINDS = { start: 'start', batch: 'batch', progress: 'progress', done: 'done' } as const;
+
+export const batchTelemetrySchema = z.object({
+  node: z.string(),
+  batch_id: z.string(),
+  samples: z.number().int().nonnegative(),
+  loss: z.number(),
+  /** The batch had been delivered before (a worker died or was too slow with it). */
+  redelivered: z.boolean(),
+  /** The queue confirmed the acknowledgement (false: the delivery had expired and the batch went back). */
+  ack_confirmed: z.boolean(),
+  /** Largest shard staleness of the push (versions the gradient lagged). */
+  staleness: z.number().int().nonnegative(),
+  /** bsp round, null in asp. */
+  round: z.number().int().nonnegative().nullable(),
+});
+export type BatchTelemetry = z.infer<typeof batchTelemetrySchema>;
+
+export const progressTelemetrySchema = z.object({
+  node: z.string(),
+  group: z.string(),
+  steps: z.number().int().nonnegative(),
+  samples: z.number().int().nonnegative(),
+  /** Mean loss since the previous progress message; null when no step ran. */
+  loss: z.number().nullable(),
+  samples_per_s: z.number().nonnegative(),
+  round: z.number().int().nonnegative().nullable(),
+  /** Emulated speed factor (nodes.<name>.emulate.speed), null when the node runs at its own speed. */
+  emulated_speed: z.number().nullable(),
+});
+export type ProgressTelemetry = z.infer<typeof progressTelemetrySchema>;
+
+/** A worker's training loop has started (it has the job, the plan and every shard). */
+export const startTelemetrySchema = z.object({
+  node: z.string(),
+  group: z.string(),
+  mode: z.enum(['bsp', 'asp']),
+  emulated_speed: z.number().nullable(),
+});
+export type StartTelemetry = z.infer<typeof startTelemetrySchema>;
+
+export const doneTelemetrySchema = z.object({
+  node: z.string(),
+  steps: z.number().int().nonnegative(),
+  samples: z.number().int().nonnegative(),
+  batches_acked: z.number().int().nonnegative(),
+  empty_rounds: z.number().int().nonnegative(),
+  reason: z.string(),
+});
+export type DoneTelemetry = z.infer<typeof doneTelemetrySchema>;
+
+export function publishTelemetry(transport: Transport, job: string, kind: keyof typeof TELEMETRY_KINDS, node: string, body: object): void {
+  try {
+    transport.publish(telemetrySubject(job, TELEMETRY_KINDS[kind], node), encode(body));
+  } catch {
+    // Telemetry is best effort: a closed connection at shutdown must not fail a step.
+  }
+}
+
+export interface TelemetryHandlers {
+  start?: (t: StartTelemetry) => void;
+  batch?: (t: BatchTelemetry) => void;
+  progress?: (t: ProgressTelemetry) => void;
+  done?: (t: DoneTelemetry) => void;
+}
+
+/** Subscribes to a job's worker telemetry; malformed messages are skipped. Returns the unsubscribe function. */
+export function subscribeTelemetry(transport: Transport, job: string, handlers: TelemetryHandlers): () => void {
+  const subs = (Object.keys(TELEMETRY_KINDS) as (keyof typeof TELEMETRY_KINDS)[]).filter((k) => handlers[k]).map((kind) =>
+    transport.subscribe(telemetryWildcard(job, TELEMETRY_KINDS[kind]), (m) => {
+      let v: unknown;
+      try { v = decode(m.data); } catch { return; }
+      if (kind === 'start') { const r = startTelemetrySchema.safeParse(v); if (r.success) handlers.start!(r.data); }
+      else if (kind === 'batch') { const r = batchTelemetrySchema.safeParse(v); if (r.success) handlers.batch!(r.data); }
+      else if (kind === 'progress') { const r = progressTelemetrySchema.safeParse(v); if (r.success) handlers.progress!(r.data); }
+      else { const r = doneTelemetrySchema.safeParse(v); if (r.success) handlers.done!(r.data); }
+    }));
+  return () => { for (const s of subs) s.unsubscribe(); };
+}

@@ -1,0 +1,45 @@
+/**
+ * The worker actor's control messages, on `hps.<job>.worker.<node>.<op>`.
+ * The training loop runs as a task the actor starts; these let the driver
+ * (or any NATS client, in JSON) look at it and stop it.
+ */
+import { z } from 'zod';
+
+export const workerMessages = {
+  /** Counters and the loop's state. */
+  stats: z.object({}),
+  /** Ends the training loop after the step in progress (its batch is pushed and acknowledged, or left to be redelivered). */
+  stop: z.object({ reason: z.string().nullable().default(null) }),
+};
+export type WorkerMessages = typeof workerMessages;
+
+/**
+ * Lifecycle of a worker's training loop:
+ * - `starting`: creating its step session
+ * - `training`: taking and training batches
+ * - `done`: the job has no batches left for it (asp: all acknowledged; bsp: every round taken part in)
+ * - `stopped`: told to stop
+ * - `failed`: the loop threw (see `error`)
+ */
+export type WorkerLoopState = 'starting' | 'training' | 'done' | 'stopped' | 'failed';
+
+export interface WorkerStats {
+  node: string;
+  group: string;
+  state: WorkerLoopState;
+  mode: 'bsp' | 'asp';
+  steps: number;
+  samples: number;
+  batches_acked: number;
+  /** Acknowledgements the queue did not confirm (the delivery had expired; the batch was redelivered). */
+  ack_failures: number;
+  /** Batches this worker took that had been delivered before. */
+  redelivered_taken: number;
+  /** bsp rounds this worker took part in without a batch. */
+  empty_rounds: number;
+  /** bsp: the round in progress; null in asp. */
+  round: number | null;
+  mean_loss: number | null;
+  emulated_speed: number | null;
+  error: string | null;
+}

@@ -1,0 +1,175 @@
+/**
+ * `hetps launch --role server|worker`: one node of a job in this process, the
+ * article's launch command. A server node serves its shard; a worker node
+ * trains until the job has no batches left for it. Both connect to NATS
+ * (`--nats` or `nats.servers`), wait for the driver (`hetps up`) to create the
+ * job — start order does not matter — and exit when the driver says the job
+ * is over, on SIGTERM / SIGINT, or when the process that started them dies.
+ */
+import type { Command } from 'commander';
+import {
+  ActorSystem, ConfigError, SeededRandom, connectTransport, controlSubject, createLogger, decode, hashString, systemClock, token,
+  type Logger, type Transport,
+} from '../runtime/mod.ts';
+import { loadConfig, natsConnection, type HetpsConfig } from '../topology/mod.ts';
+import { natsBatchQueue } from '../actors/batch-queue.ts';
+import { natsJobInfoStore } from '../actors/job-info.ts';
+import { DEFAULT_NODE_WAIT_MS, startServerNode, startWorkerNode, workerNodeOf } from '../actors/nodes.ts';
+import { natsConnectionOf, natsPlanStore } from '../actors/plan-store.ts';
+
+export interface LaunchFlags {
+  role: string;
+  config: string;
+  serverId?: string;
+  group?: string;
+  nodeRank?: string;
+  nats?: string;
+  job?: string;
+  runId?: string;
+  wait?: string;
+}
+
+/** The config with `--job` applied (the job name is the subject and stream prefix). */
+export function withJobName(config: HetpsConfig, job: string | undefined): HetpsConfig {
+  if (job === undefined) return config;
+  return { ...config, job: { ...config.job, name: token(job, '--job') } };
+}
+
+export function natsServersFrom(flag: string | undefined, config: HetpsConfig): string[] {
+  const servers = flag !== undefined ? flag.split(',').map((s) => s.trim()).filter(Boolean) : config.nats.servers;
+  if (!servers || servers.length === 0) {
+    throw new ConfigError(`hetps launch needs NATS: give --nats URL[,URL…] or nats.servers in ${config.source.file} (\`hetps up\` prints the URLs of the cluster it starts)`, { data: { field: 'nats.servers' } });
+  }
+  return servers;
+}
+
+/** Resolves when the driver broadcasts the end of the job (for `runId`, when given), on SIGTERM/SIGINT, or when the parent process is gone. */
+function shutdownSignal(transport: Transport, job: string, runId: string | null, log: Logger): { promise: Promise<string>; dispose: () => void } {
+  let resolve!: (why: string) => void;
+  const promise = new Promise<string>((r) => { resolve = r; });
+  const sub = transport.subscribe(controlSubject(job, 'shutdown'), (m) => {
+    let body: { run_id?: unknown; reason?: unknown } = {};
+    try { body = (decode(m.data) ?? {}) as typeof body; } catch { /* any shutdown message counts */ }
+    if (runId !== null && typeof body.run_id === 'string' && body.run_id !== runId) return;
+    resolve(`the driver ended the job${typeof body.reason === 'string' ? ` (${body.reason})` : ''}`);
+  });
+  const onSignal = (sig: NodeJS.Signals) => {
+    resolve(`got ${sig}`);
+    // A second signal while shutting down: exit now.
+    process.once(sig, () => process.exit(1));
+  };
+  process.once('SIGTERM', onSignal);
+  process.once('SIGINT', onSignal);
+  const parent = Number(process.env.HETPS_PARENT_PID);
+  // Children of `hetps up` must not outlive it (a SIGKILLed driver cannot clean up).
+  const watchdog = Number.isInteger(parent) && parent > 1
+    ? setInterval(() => {
+      try { process.kill(parent, 0); } catch {
+        log.warn(`parent process ${parent} is gone; exiting`);
+        resolve('parent gone');
+        // Whatever clean-up is still running (NATS may be gone with the parent), do not outlive it by much.
+        setTimeout(() => process.exit(1), 5_000).unref();
+      }
+    }, 1_000)
+    : null;
+  watchdog?.unref();
+  return {
+    promise,
+    dispose: () => {
+      sub.unsubscribe();
+      process.removeListener('SIGTERM', onSignal);
+      process.removeListener('SIGINT', onSignal);
+      if (watchdog) clearInterval(watchdog);
+    },
+  };
+}
+
+export async function runLaunch(flags: LaunchFlags): Promise<number> {
+  if (flags.role !== 'server' && flags.role !== 'worker') throw new ConfigError(`--role must be server or worker, got ${JSON.stringify(flags.role)}`, { data: { field: '--role' } });
+  const config = withJobName(await loadConfig(flags.config), flags.job);
+  const job = config.job.name;
+  let node: string;
+  let workerNode: ReturnType<typeof workerNodeOf> | null = null;
+  if (flags.role === 'server') {
+    if (!flags.serverId) throw new ConfigError('--role server needs --server-id NAME (one of cluster.server_nodes)', { data: { field: '--server-id' } });
+    node = flags.serverId;
+    if (!config.cluster.server_nodes.includes(node)) throw new ConfigError(`--server-id ${node} is not in cluster.server_nodes (${config.cluster.server_nodes.join(', ')})`, { data: { field: '--server-id' } });
+  } else {
+    if (!flags.group) throw new ConfigError('--role worker needs --group NAME and --node-rank N', { data: { field: '--group' } });
+    const rank = Number(flags.nodeRank ?? '0');
+    workerNode = workerNodeOf(config, flags.group, rank);
+    node = workerNode.name;
+  }
+  const servers = natsServersFrom(flags.nats, config);
+  const waitMs = flags.wait !== undefined ? Number(flags.wait) * 1000 : DEFAULT_NODE_WAIT_MS;
+  if (!(waitMs > 0)) throw new ConfigError(`--wait must be a positive number of seconds, got ${JSON.stringify(flags.wait)}`, { data: { field: '--wait' } });
+  const log = createLogger({ level: process.env.HETPS_LOG_LEVEL ?? config.logging.level, name: node, stderr: true });
+  const conn = natsConnection(config);
+  const transport = await connectTransport({
+    servers, name: `hetps-${node}`, auth: conn.auth, tls: conn.tls, logger: log,
+    pingIntervalMs: conn.pingIntervalMs, connectTimeoutMs: conn.connectTimeoutMs,
+  });
+  const nc = natsConnectionOf(transport)!;
+  const system = new ActorSystem({
+    transport, job, node, clock: systemClock, random: new SeededRandom(hashString(node, config.training.random_seed)), logger: log,
+  });
+  const shutdown = shutdownSignal(transport, job, flags.runId ?? null, log);
+  const planStore = natsPlanStore(nc, job);
+  let code = 0;
+  try {
+    if (flags.role === 'server') {
+      log.info({ job, servers }, `server ${node}: waiting for the shard plan`);
+      const started = await Promise.race([startServerNode({ config, server: node, system, planStore, log, waitMs }), shutdown.promise]);
+      if (typeof started === 'string') { log.info(`${started} before the shard started`); return 0; }
+      log.info(`shard ${node} stopped: ${await shutdown.promise}`);
+    } else {
+      const queue = natsBatchQueue(nc, job, { log: (m) => log.debug(m) });
+      const jobStore = natsJobInfoStore(nc, job);
+      log.info({ job, servers, group: workerNode!.group }, `worker ${node}: connected; loading data and model`);
+      const started = await Promise.race([
+        startWorkerNode({ config, node: workerNode!, system, planStore, jobStore, queue, log, runId: flags.runId ?? null, waitMs }),
+        shutdown.promise,
+      ]);
+      if (typeof started === 'string') { log.info(`${started} before training started`); return 0; }
+      const end = await Promise.race([started.def.done, shutdown.promise]);
+      if (typeof end === 'string') log.info(`worker ${node} stopping: ${end}`);
+      await queue.close();
+      const final = started.def.stats();
+      if (final.state === 'failed') code = 1;
+    }
+  } catch (e) {
+    log.error({ err: e }, `${flags.role} ${node} failed`);
+    code = e instanceof ConfigError ? 2 : 1;
+  } finally {
+    shutdown.dispose();
+    // Bounded: with NATS gone (a driver that stopped its cluster) a drain would wait for a reconnect forever.
+    const cleanup = (async () => {
+      await system.stop({ timeoutMs: 10_000 }).catch(() => undefined);
+      await transport.close().catch(() => undefined);
+    })();
+    const gaveUp = await Promise.race([cleanup.then(() => false), new Promise<boolean>((r) => setTimeout(() => r(true), 12_000).unref())]);
+    if (gaveUp) log.warn('clean shutdown took too long (NATS unreachable?); exiting anyway');
+    log.flush?.();
+  }
+  return code;
+}
+
+export function register(program: Command): void {
+  program
+    .command('launch')
+    .description('run one node of a job (a server\'s shard or a worker) in this process; the driver is `hetps up`')
+    .requiredOption('--role <role>', 'server or worker')
+    .requiredOption('--config <file>', 'job YAML')
+    .option('--server-id <name>', 'server node to run (role server), e.g. server-1')
+    .option('--group <name>', 'worker group (role worker)')
+    .option('--node-rank <n>', 'position of the node in its group, from 0 (role worker)', '0')
+    .option('--nats <urls>', 'NATS URLs, comma-separated (default: nats.servers of the config)')
+    .option('--job <name>', 'job name (default: job.name of the config)')
+    .option('--run-id <id>', 'take part in this run of the job only (set by hetps up)')
+    .option('--wait <seconds>', 'how long to wait for the driver and the shards', String(DEFAULT_NODE_WAIT_MS / 1000))
+    .action(async (flags: LaunchFlags) => {
+      const code = await runLaunch(flags);
+      // Open handles (onnxruntime's thread pool) must not keep a finished node alive.
+      process.exit(code);
+    });
+}

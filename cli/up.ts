@@ -1,0 +1,440 @@
+/**
+ * `hetps up --config FILE`: the whole job on this machine. Reads and
+ * validates the config, says which settings are not active yet, starts a
+ * local 3-node NATS cluster (unless `nats.servers` is given), creates the job
+ * (shard plan, the batch work queue with every epoch's batches, job info),
+ * starts one `hetps launch` process per node of the YAML, shows training
+ * progress, evaluates the trained parameters on the test split, stops
+ * everything and writes a summary.
+ *
+ * Without a `nats-server` binary (and without `nats.servers`), or with
+ * `--embedded`, the same actors run in this one process on the in-process
+ * bus, with an in-memory work queue and plan store.
+ */
+import type { Command } from 'commander';
+import { mkdir, writeFile } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { randomUUID } from 'node:crypto';
+import { findNatsServer, startLocalCluster, type LocalCluster } from '../deploy/local-cluster.ts';
+import {
+  ActorSystem, ConfigError, HetpsError, InProcessBroker, MissingDependencyError, SeededRandom, connectTransport, controlSubject,
+  encode, hashString, systemClock, type Logger, type Transport,
+} from '../runtime/mod.ts';
+import { allWorkerNodes, inactiveSettings, loadConfig, natsConnection, type HetpsConfig } from '../topology/mod.ts';
+import type { Evaluation } from '../native-bridge/mod.ts';
+import { ackWaitFromConfig, createBatchStream, memoryBatchQueue, natsBatchQueue, type BatchQueue } from '../actors/batch-queue.ts';
+import { sparseLayoutFromConfig } from '../actors/config-bridge.ts';
+import { TrainingMonitor, prepareJob, type PreparedJob, type TrainingProgress, type TrainingReport } from '../actors/driver.ts';
+import { EVAL_BATCH_MIN, evaluateOnShards } from '../actors/evaluate.ts';
+import { memoryJobInfoStore, natsJobInfoStore, resetNatsJobInfo, type JobInfoStore } from '../actors/job-info.ts';
+import { modelAndData, startServerNode, startWorkerNode, type ModelAndData } from '../actors/nodes.ts';
+import { memoryPlanStore, natsConnectionOf, natsPlanStore, type PlanStore } from '../actors/plan-store.ts';
+import { ShardClient } from '../actors/worker/shard-client.ts';
+import { withJobName } from './launch.ts';
+import { NodeProcesses, lineLogger } from './node-processes.ts';
+
+export interface UpFlags {
+  config: string;
+  summary?: string;
+  embedded: boolean;
+  /** commander's `--no-launch` */
+  launch: boolean;
+  skip?: string;
+  job?: string;
+  json: boolean;
+}
+
+export interface UpSummary {
+  mode: 'bsp' | 'asp' | 'hps';
+  samples: number;
+  samples_per_s: number;
+  test_auc: number | null;
+  test_logloss: number;
+  test_accuracy?: number;
+  wall_s: number;
+  transport: 'nats' | 'embedded';
+  batches: number;
+  batches_acked: number;
+  duplicate_acks: number;
+  job: string;
+  run_id: string;
+  run_dir: string;
+  train_s: number;
+  unconfirmed_acks: number;
+  redelivered: number;
+  /** Batches acknowledged per worker: faster workers take more. */
+  per_worker: Record<string, number>;
+  /** nodes.<name>.emulate.speed of the emulated nodes. */
+  emulated: Record<string, number>;
+  nats: string[] | null;
+  not_active: string[];
+}
+
+/** Progress on stderr: a redrawn line on a terminal, a plain line every few seconds otherwise; other lines print above it. */
+class Console {
+  private bar: string | null = null;
+  private lastLine = 0;
+  constructor(private readonly out: NodeJS.WriteStream = process.stderr) {}
+  private get tty(): boolean { return Boolean(this.out.isTTY); }
+  line(s: string): void {
+    if (this.tty && this.bar !== null) this.out.write('\r\x1b[2K');
+    this.out.write(`${s}\n`);
+    if (this.tty && this.bar !== null) this.out.write(this.bar);
+  }
+  progress(s: string, final = false): void {
+    if (this.tty) {
+      this.bar = s;
+      this.out.write(`\r\x1b[2K${s}`);
+      if (final) { this.out.write('\n'); this.bar = null; }
+      return;
+    }
+    const now = performance.now();
+    if (final || now - this.lastLine >= 5_000) { this.lastLine = now; this.out.write(`${s}\n`); }
+  }
+  end(): void {
+    if (this.tty && this.bar !== null) this.out.write('\n');
+    this.bar = null;
+  }
+}
+
+function progressText(p: TrainingProgress, mode: string): string {
+  const pct = p.total_samples > 0 ? Math.floor((100 * p.samples) / p.total_samples) : 100;
+  return `training (${mode}): ${p.samples}/${p.total_samples} samples (${pct}%)  ${Math.round(p.samples_per_s)} samples/s  `
+    + `loss ${p.loss === null ? '   -  ' : p.loss.toFixed(4)}  batches ${p.batches_acked}/${p.total_batches}  ${p.elapsed_s.toFixed(0)} s`;
+}
+
+/** The not-active report: the file's inactive settings, plus the default mode when it is hps. */
+export function notActiveReport(config: HetpsConfig): string[] {
+  const lines = inactiveSettings(config);
+  if (config.training.mode === 'hps' && !lines.some((l) => l.startsWith('training.mode='))) {
+    lines.unshift('training.mode=hps (the default; not active yet: hierarchical sync (sync inside groups, async between them); every worker trains asynchronously, as in asp)');
+  }
+  return lines;
+}
+
+interface JobBackend {
+  transport: Transport;
+  system: ActorSystem;
+  queue: BatchQueue;
+  planStore: PlanStore;
+  jobStore: JobInfoStore;
+  /** Starts the nodes (processes or in-process actors); may be called before the job exists. */
+  startNodes(): Promise<void>;
+  /** A reason to give up, checked while training runs. */
+  check(): string | null;
+  /** Ends the nodes after training and evaluation. */
+  stopNodes(): Promise<void>;
+  /** On Ctrl-C: ends the nodes at once (a few seconds' grace for processes). */
+  kill(): Promise<void>;
+  close(): Promise<void>;
+}
+
+export async function runUp(flags: UpFlags): Promise<UpSummary> {
+  const t0 = performance.now();
+  const configPath = resolve(flags.config);
+  const config = withJobName(await loadConfig(configPath), flags.job);
+  const job = config.job.name;
+  const level = process.env.HETPS_LOG_LEVEL ?? config.logging.level;
+  const con = new Console();
+  const log = lineLogger(level, 'driver', (l) => con.line(l));
+  const notActive = notActiveReport(config);
+  if (notActive.length) {
+    con.line('settings accepted but not active yet:');
+    for (const l of notActive) con.line(`  - ${l}`);
+  }
+  const runId = `${new Date().toISOString().replace(/[:.]/g, '-')}-${randomUUID().slice(0, 6)}`;
+  const runDir = resolve(config.job.run_dir, runId);
+  await mkdir(runDir, { recursive: true });
+  const workers = allWorkerNodes(config);
+  const emulated: Record<string, number> = {};
+  for (const w of workers) { const s = config.nodes[w.name]?.emulate?.speed; if (s !== undefined) emulated[w.name] = s; }
+  con.line(`hetps up: job ${job} (${config.training.mode}), ${config.cluster.server_nodes.length} server(s), ${workers.length} worker(s) in ${config.cluster.worker_groups.length} group(s); run dir ${runDir}`);
+  if (Object.keys(emulated).length) {
+    con.line(`emulated heterogeneity: ${Object.entries(emulated).map(([n, s]) => `${n} at speed ${s}`).join(', ')} (compute time stretched; not real hardware)`);
+  }
+
+  const md = modelAndData(config);
+  const ackWaitMs = ackWaitFromConfig(config.fault_tolerance.worker_recovery_timeout);
+
+  let servers = config.nats.servers;
+  let cluster: LocalCluster | null = null;
+  let embedded = flags.embedded;
+  if (embedded && servers) con.line('hetps up: --embedded given: ignoring nats.servers, running every node in this process');
+  if (!embedded && !servers) {
+    try {
+      findNatsServer();
+      con.line('starting a local 3-node NATS cluster (random ports)');
+      cluster = await startLocalCluster({
+        nodes: 3, dir: join(runDir, 'nats'), clientPort: null, clusterPort: null, httpPort: null,
+        maxPayload: config.nats.max_payload, jetstream: true, readyTimeoutMs: 60_000,
+      });
+      servers = cluster.urls;
+      con.line(`NATS cluster up: ${servers.join(',')}`);
+    } catch (e) {
+      if (!(e instanceof MissingDependencyError)) throw e;
+      con.line(`WARNING: ${e.message}`);
+      con.line('WARNING: running the job embedded: every node in this one process on the in-process bus (no NATS)');
+      embedded = true;
+    }
+  }
+
+  let backend: JobBackend;
+  try {
+    backend = embedded
+      ? await embeddedBackend(config, md, log, ackWaitMs, runId)
+      : await natsBackend(config, servers!, log, ackWaitMs, runId, configPath, runDir, con, flags, level);
+  } catch (e) {
+    await cluster?.stop().catch(() => undefined);
+    throw e;
+  }
+
+  let interrupted = false;
+  const onSignal = (sig: NodeJS.Signals) => {
+    if (interrupted) return;
+    interrupted = true;
+    con.end();
+    con.line(`hetps up: got ${sig}; stopping every node${cluster ? ' and the NATS cluster' : ''}`);
+    void (async () => {
+      await backend.kill().catch(() => undefined);
+      await cluster?.stop().catch(() => undefined);
+      process.exit(sig === 'SIGINT' ? 130 : 143);
+    })();
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+
+  const monitor = new TrainingMonitor(backend.transport, job, systemClock, log);
+  let report: TrainingReport;
+  let evaluation: Evaluation;
+  let prepared: PreparedJob;
+  try {
+    await backend.startNodes();
+    prepared = await prepareJob({
+      config, runId, maxPayload: backend.transport.bus.maxPayload, md, planStore: backend.planStore, jobStore: backend.jobStore, queue: backend.queue, ackWaitMs,
+    });
+    con.line(`job created: plan v${prepared.plan.version} (${prepared.plan.dense.length} dense blocks, ${prepared.plan.partitions} sparse partitions over ${prepared.plan.shards.join(', ')}), `
+      + `${prepared.descriptors.length} batches of ${config.data.batch_size} over ${config.data.epochs} epoch(s) queued`
+      + (prepared.info.mode === 'bsp' ? `, ${prepared.info.rounds} bsp rounds` : ''));
+    report = await monitor.supervise({
+      queue: backend.queue, prepared,
+      onProgress: (p) => con.progress(progressText(p, config.training.mode)),
+      check: () => backend.check(),
+    });
+    con.end();
+    con.line(`training done: ${report.batches_acked}/${report.batches} batches acknowledged (${report.duplicate_acks} duplicate acks), `
+      + `${report.samples} samples in ${report.train_s.toFixed(1)} s (${Math.round(report.samples_per_s)} samples/s)`);
+    con.line(`batches per worker: ${Object.entries(report.per_worker).sort().map(([n, c]) => `${n} ${c}${emulated[n] !== undefined ? ` (emulated speed ${emulated[n]})` : ''}`).join(', ')}`);
+    con.line('evaluating the shards\' parameters on the test split');
+    evaluation = await evaluateOnShards({
+      client: new ShardClient(backend.system, { requestTimeoutMs: 30_000, log, shouldStop: () => false }),
+      plan: prepared.plan, model: md.model, layout: sparseLayoutFromConfig(config, md.model), source: md.source,
+      batchSize: Math.max(config.data.batch_size, EVAL_BATCH_MIN), threads: null,
+    });
+    // A worker script may still be saving a checkpoint from the shards: let every live worker finish first.
+    const gone = await monitor.waitForWorkers({ timeoutMs: 30_000, silenceMs: 5_000 });
+    if (gone.length) con.line(`workers that never reported the end of their loop (gone?): ${gone.join(', ')}`);
+  } finally {
+    monitor.dispose();
+    con.end();
+    await backend.stopNodes().catch((e: unknown) => log.warn({ err: (e as Error).message }, 'stopping the nodes failed'));
+    await backend.close().catch(() => undefined);
+    await cluster?.stop().catch(() => undefined);
+    process.removeListener('SIGINT', onSignal);
+    process.removeListener('SIGTERM', onSignal);
+  }
+
+  const summary: UpSummary = {
+    mode: config.training.mode,
+    samples: report.samples,
+    samples_per_s: report.samples_per_s,
+    test_auc: evaluation.kind === 'ctr' ? evaluation.auc : null,
+    test_logloss: evaluation.logloss,
+    ...(evaluation.kind === 'mlp' ? { test_accuracy: evaluation.accuracy } : {}),
+    wall_s: (performance.now() - t0) / 1000,
+    transport: embedded ? 'embedded' : 'nats',
+    batches: report.batches,
+    batches_acked: report.batches_acked,
+    duplicate_acks: report.duplicate_acks,
+    job, run_id: runId, run_dir: runDir,
+    train_s: report.train_s,
+    unconfirmed_acks: report.unconfirmed_acks,
+    redelivered: report.redelivered,
+    per_worker: report.per_worker,
+    emulated,
+    nats: embedded ? null : servers,
+    not_active: notActive,
+  };
+  const text = `${JSON.stringify(summary, null, 2)}\n`;
+  await writeFile(join(runDir, 'summary.json'), text);
+  if (flags.summary) await writeFile(resolve(flags.summary), text);
+  return summary;
+}
+
+// ---------------------------------------------------------------- NATS: one process per node
+
+async function natsBackend(
+  config: HetpsConfig, servers: string[], log: Logger, ackWaitMs: number, runId: string, configPath: string, runDir: string,
+  con: Console, flags: UpFlags, level: string,
+): Promise<JobBackend> {
+  const job = config.job.name;
+  const conn = natsConnection(config);
+  const transport = await connectTransport({
+    servers, name: 'hetps-driver', auth: conn.auth, tls: conn.tls, logger: log, pingIntervalMs: conn.pingIntervalMs, connectTimeoutMs: conn.connectTimeoutMs,
+  });
+  const nc = natsConnectionOf(transport)!;
+  const system = new ActorSystem({ transport, job, node: 'driver', clock: systemClock, random: new SeededRandom(config.training.random_seed), logger: log });
+  // A run of the same job name before this one (on a long-running NATS) must not feed this one.
+  await resetNatsJobInfo(nc, job);
+  const { replicas } = await createBatchStream(nc, job, { ackWaitMs, replicas: servers.length >= 3 ? 3 : 1, reset: true });
+  log.debug({ replicas }, 'batch stream created');
+  const queue = natsBatchQueue(nc, job);
+  const skip = new Set((flags.skip ?? '').split(',').map((s) => s.trim()).filter(Boolean));
+  const allNodes = [...config.cluster.server_nodes, ...allWorkerNodes(config).map((w) => w.name)];
+  for (const s of skip) if (!allNodes.includes(s)) throw new ConfigError(`--skip ${s}: no such node in ${config.source.file} (${allNodes.join(', ')})`, { data: { field: '--skip' } });
+  const procs = new NodeProcesses(join(runDir, 'logs'), (l) => con.line(l), { HETPS_LOG_LEVEL: level });
+  const reported = new Set<string>();
+  const common = ['--config', configPath, '--nats', servers.join(','), '--job', job, '--run-id', runId];
+  const describeExit = (e: { code: number | null; signal: NodeJS.Signals | null }) => (e.signal ? `signal ${e.signal}` : `code ${e.code}`);
+
+  return {
+    transport, system, queue, planStore: natsPlanStore(nc, job), jobStore: natsJobInfoStore(nc, job),
+    async startNodes() {
+      if (!flags.launch) {
+        con.line(`--no-launch: start the nodes yourself, e.g. hetps launch --role server --config ${flags.config} --server-id ${config.cluster.server_nodes[0]} --nats ${servers.join(',')} --job ${job}`);
+        return;
+      }
+      for (const s of config.cluster.server_nodes) {
+        if (skip.has(s)) continue;
+        procs.start({ name: s, role: 'server', args: ['--role', 'server', '--server-id', s, ...common] });
+      }
+      for (const w of allWorkerNodes(config)) {
+        if (skip.has(w.name)) continue;
+        procs.start({ name: w.name, role: 'worker', args: ['--role', 'worker', '--group', w.group, '--node-rank', String(w.rank), ...common] });
+      }
+      if (skip.size) con.line(`--skip: not starting ${[...skip].join(', ')}; start them yourself (hetps launch … --nats ${servers.join(',')} --job ${job})`);
+    },
+    check() {
+      for (const n of procs.nodes) {
+        if (n.exit === null || reported.has(n.spec.name)) continue;
+        const abnormal = n.exit.signal !== null || n.exit.code !== 0;
+        if (n.spec.role === 'server') return `server ${n.spec.name} exited (${describeExit(n.exit)}); shards have no failover yet`;
+        if (abnormal && config.training.mode === 'bsp') {
+          return `worker ${n.spec.name} exited (${describeExit(n.exit)}) and bsp rounds need every worker (no worker failover yet)`;
+        }
+        if (abnormal) {
+          reported.add(n.spec.name);
+          con.line(`worker ${n.spec.name} exited (${describeExit(n.exit)}): the batch it held goes back to the queue after ack_wait (${ackWaitMs / 1000} s)`);
+        }
+      }
+      const launchedWorkers = procs.nodes.filter((n) => n.spec.role === 'worker');
+      if (launchedWorkers.length > 0 && launchedWorkers.length === allWorkerNodes(config).length
+        && launchedWorkers.every((n) => n.exit !== null) && launchedWorkers.some((n) => n.exit!.signal !== null || n.exit!.code !== 0)) {
+        return 'every worker process has exited';
+      }
+      return null;
+    },
+    async stopNodes() {
+      transport.publish(controlSubject(job, 'shutdown'), encode({ run_id: runId, reason: 'the job is done' }));
+      await transport.flush().catch(() => undefined);
+      await procs.stop(15_000);
+    },
+    async kill() {
+      procs.killAll('SIGTERM');
+      await Promise.race([Promise.all(procs.nodes.map((n) => n.exited)), new Promise((r) => setTimeout(r, 3_000).unref())]);
+      procs.killAll('SIGKILL');
+    },
+    async close() {
+      await queue.close();
+      await system.stop();
+      await transport.close();
+    },
+  };
+}
+
+// ---------------------------------------------------------------- embedded: every node in this process
+
+async function embeddedBackend(config: HetpsConfig, md: ModelAndData, log: Logger, ackWaitMs: number, runId: string): Promise<JobBackend> {
+  const job = config.job.name;
+  const broker = new InProcessBroker(1 << 20);
+  const transports: Transport[] = [];
+  const systems: ActorSystem[] = [];
+  const mk = async (name: string): Promise<ActorSystem> => {
+    const t = await connectTransport({ servers: null, broker, name: `hetps-${name}` });
+    transports.push(t);
+    const s = new ActorSystem({
+      transport: t, job, node: name, clock: systemClock, random: new SeededRandom(hashString(name, config.training.random_seed)), logger: log.child({ node: name }),
+    });
+    systems.push(s);
+    return s;
+  };
+  const system = await mk('driver');
+  const queue = memoryBatchQueue({ clock: systemClock, ackWaitMs });
+  const planStore = memoryPlanStore();
+  const jobStore = memoryJobInfoStore();
+  const failures: string[] = [];
+  const starts: Promise<unknown>[] = [];
+  const track = (what: string, p: Promise<unknown>) => {
+    starts.push(p.catch((e: unknown) => { failures.push(`${what}: ${(e as Error).message}`); }));
+  };
+  return {
+    transport: system.transport, system, queue, planStore, jobStore,
+    async startNodes() {
+      for (const s of config.cluster.server_nodes) {
+        track(`server ${s}`, mk(s).then((sys) => startServerNode({ config, server: s, system: sys, planStore, log: sys.log, md })));
+      }
+      for (const w of allWorkerNodes(config)) {
+        track(`worker ${w.name}`, mk(w.name).then(async (sys) => {
+          const started = await startWorkerNode({ config, node: w, system: sys, planStore, jobStore, queue, log: sys.log, md, runId });
+          const end = await started.def.done;
+          if (end.state === 'failed') failures.push(`worker ${w.name} failed: ${end.error}`);
+        }));
+      }
+    },
+    check() { return failures.length ? failures.join('; ') : null; },
+    async stopNodes() {
+      // Workers first (their loops end), then shards, then the driver.
+      await Promise.all(systems.slice(1).map((s) => s.stop({ timeoutMs: 15_000 })));
+    },
+    async kill() { await queue.close(); },
+    async close() {
+      await queue.close();
+      await system.stop();
+      await Promise.all(transports.map((t) => t.close()));
+      void starts;
+    },
+  };
+}
+
+// ---------------------------------------------------------------- command
+
+export function register(program: Command): void {
+  program
+    .command('up')
+    .description('run a whole job on this machine: a local NATS cluster (or the embedded bus), one process per node, training, evaluation, summary')
+    .requiredOption('--config <file>', 'job YAML')
+    .option('--summary <file>', 'also write the summary JSON here (it always goes to <job.run_dir>/<run>/summary.json)')
+    .option('--embedded', 'run every node in this process on the in-process bus, even when nats-server is installed', false)
+    .option('--no-launch', 'start no node processes (start them with hetps launch; start order does not matter)')
+    .option('--skip <nodes>', 'comma-separated nodes not to start (e.g. one you run through the API example)')
+    .option('--job <name>', 'job name (default: job.name of the config)')
+    .option('--json', 'print the summary as one JSON line on stdout', false)
+    .action(async (flags: UpFlags) => {
+      let s: UpSummary;
+      try {
+        s = await runUp(flags);
+      } catch (e) {
+        if (e instanceof HetpsError) throw e;
+        throw new HetpsError(`hetps up failed: ${(e as Error).message}`, { cause: e });
+      }
+      if (flags.json) process.stdout.write(`${JSON.stringify(s)}\n`);
+      else {
+        const metric = s.test_auc !== null ? `test AUC ${s.test_auc.toFixed(4)}` : `test accuracy ${((s.test_accuracy ?? NaN) * 100).toFixed(2)}%`;
+        process.stdout.write(`done (${s.mode} over ${s.transport}): ${metric}, test logloss ${s.test_logloss.toFixed(4)}; ${s.samples} samples, `
+          + `${Math.round(s.samples_per_s)} samples/s, ${s.batches_acked}/${s.batches} batches acknowledged (${s.duplicate_acks} duplicates), ${s.wall_s.toFixed(1)} s in all\n`
+          + `summary: ${join(s.run_dir, 'summary.json')}\n`);
+      }
+      // onnxruntime's thread pool must not keep a finished job alive.
+      process.exit(0);
+    });
+}

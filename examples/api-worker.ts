@@ -1,0 +1,43 @@
+/**
+ * A training script that takes part in a job as one of its workers, through
+ * the API that mirrors the reference article's `HeterogeneousParameterServer`.
+ *
+ * Start the job without this node, then this script (any order works):
+ *
+ *   npx hetps up --config examples/quickstart.yaml --skip fast-1
+ *   # hetps up prints "NATS cluster up: nats://127.0.0.1:…"; with those URLs:
+ *   HETPS_NATS=nats://127.0.0.1:… node --import tsx examples/api-worker.ts examples/quickstart.yaml fast 0
+ *
+ * Arguments: config file, group, node rank (default: quickstart, fast, 0).
+ * `HETPS_JOB` overrides the job name, `HETPS_CHECKPOINT` the checkpoint
+ * directory (default: <job.run_dir>/api-checkpoint).
+ */
+import { join } from 'node:path';
+import { HeterogeneousParameterServer } from '../actors/api.ts';
+
+const [configFile = 'examples/quickstart.yaml', groupName = 'fast', rank = '0'] = process.argv.slice(2);
+
+const hps = new HeterogeneousParameterServer({
+  configFile,
+  role: 'worker',
+  groupName,
+  nodeRank: Number(rank),
+  ...(process.env.HETPS_JOB ? { job: process.env.HETPS_JOB } : {}),
+});
+await hps.init();
+
+// The servers apply the config's optimizer; ask for the same one.
+const { type, learning_rate: learningRate } = hps.config.optimizer;
+const optimizer = hps.wrapOptimizer({ type, learningRate });
+
+let steps = 0;
+for await (const batch of hps.shardDataloader({ dataset: hps.dataset, batchSize: hps.config.data.batch_size })) {
+  const loss = await optimizer.step(batch);
+  if (++steps % 20 === 0) console.log(`${hps.node}: step ${steps}, ${batch.desc.batch_id}, loss ${loss.toFixed(4)}`);
+}
+
+const path = process.env.HETPS_CHECKPOINT ?? join(hps.config.job.run_dir, 'api-checkpoint');
+const manifest = await hps.saveCheckpoint({ path, sync: true });
+console.log(`${hps.node}: trained ${steps} batches; checkpoint of ${manifest!.shards.length} shards in ${path}`);
+await hps.close();
+process.exit(0);

@@ -1,0 +1,46 @@
+/**
+ * `hetps up` without NATS: every node of the YAML in one process on the
+ * in-process bus, forced with --embedded or chosen because no nats-server is
+ * installed (with a warning).
+ */
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { hetps, writeJobConfig } from '../support/ps.ts';
+
+let dir: string;
+before(async () => { dir = await mkdtemp(join(tmpdir(), 'hetps-embedded-')); });
+after(async () => { await rm(dir, { recursive: true, force: true }); });
+
+test('hetps up --embedded (bsp) runs the shards and workers in one process and writes the summary', { timeout: 60_000 }, async () => {
+  const cfg = await writeJobConfig(dir, { job: 'embbsp', mode: 'bsp', servers: null, runDir: join(dir, 'runs'), samples: 640, epochs: 1, workerRecoveryTimeoutS: 10 });
+  const summaryFile = join(dir, 'bsp.json');
+  const r = await hetps(['up', '--config', cfg, '--embedded', '--summary', summaryFile], { timeoutMs: 50_000 }).exited;
+  assert.equal(r.code, 0, r.stderr.slice(-3000));
+  const s = JSON.parse(await readFile(summaryFile, 'utf8')) as Record<string, unknown>;
+  assert.equal(s.transport, 'embedded');
+  assert.equal(s.mode, 'bsp');
+  assert.equal(s.batches, 20);
+  assert.equal(s.batches_acked, 20);
+  assert.equal(s.duplicate_acks, 0);
+  assert.equal(s.samples, 640);
+  assert.ok((s.test_auc as number) > 0.9, `AUC ${String(s.test_auc)}`);
+  for (const k of ['samples_per_s', 'test_logloss', 'wall_s']) assert.ok(typeof s[k] === 'number' && (s[k] as number) > 0, k);
+  assert.match(r.stdout, /done \(bsp over embedded\)/);
+  const inRunDir = JSON.parse(await readFile(join(s.run_dir as string, 'summary.json'), 'utf8')) as Record<string, unknown>;
+  assert.equal(inRunDir.run_id, s.run_id, 'the summary is also written to the run dir');
+});
+
+test('without a nats-server binary hetps up falls back to the embedded bus and warns', { timeout: 60_000 }, async () => {
+  const cfg = await writeJobConfig(dir, { job: 'embasp', mode: 'asp', servers: null, runDir: join(dir, 'runs'), samples: 320, epochs: 1, workerRecoveryTimeoutS: 10 });
+  const env = { PATH: dirname(process.execPath), NATS_SERVER_BIN: '' };
+  const r = await hetps(['up', '--config', cfg, '--json'], { env, timeoutMs: 50_000 }).exited;
+  assert.equal(r.code, 0, r.stderr.slice(-3000));
+  assert.match(r.stderr, /WARNING: .*nats-server was not found/);
+  assert.match(r.stderr, /WARNING: running the job embedded/);
+  const s = JSON.parse(r.stdout.trim().split('\n').pop()!) as Record<string, unknown>;
+  assert.equal(s.transport, 'embedded');
+  assert.equal(s.batches_acked, s.batches);
+});

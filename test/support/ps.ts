@@ -1,0 +1,109 @@
+/**
+ * Process helpers for the parameter-server tests: the `hetps` CLI (and the
+ * API example) as child processes, each killed if the test process exits
+ * first, plus a small job config written to a temp dir.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export const ROOT = fileURLToPath(new URL('../../', import.meta.url));
+export const BIN = join(ROOT, 'bin', 'hetps.mjs');
+
+export interface Exited { code: number | null; signal: NodeJS.Signals | null; stdout: string; stderr: string }
+
+export interface Child {
+  readonly child: ChildProcess;
+  readonly pid: number;
+  /** Output so far. */
+  stdout(): string;
+  stderr(): string;
+  readonly exited: Promise<Exited>;
+  kill(signal?: NodeJS.Signals): void;
+}
+
+const live = new Set<ChildProcess>();
+let hooked = false;
+function killOnExit(c: ChildProcess): void {
+  live.add(c);
+  c.once('exit', () => live.delete(c));
+  if (hooked) return;
+  hooked = true;
+  process.on('exit', () => { for (const p of live) { try { p.kill('SIGKILL'); } catch { /* gone */ } } });
+}
+
+/** `node <args>` in the repository root; stdout and stderr are collected. */
+export function node(args: string[], opts: { env?: NodeJS.ProcessEnv; timeoutMs?: number } = {}): Child {
+  const child = spawn(process.execPath, args, { cwd: ROOT, env: { ...process.env, ...opts.env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  killOnExit(child);
+  let out = ''; let err = '';
+  child.stdout!.on('data', (d: Buffer) => { out += d.toString(); });
+  child.stderr!.on('data', (d: Buffer) => { err += d.toString(); });
+  const timer = opts.timeoutMs ? setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs) : null;
+  const exited = new Promise<Exited>((resolve) => {
+    child.once('exit', (code, signal) => {
+      if (timer) clearTimeout(timer);
+      // Let the pipes drain before reporting.
+      setImmediate(() => resolve({ code, signal, stdout: out, stderr: err }));
+    });
+  });
+  return {
+    child, pid: child.pid!, exited,
+    stdout: () => out, stderr: () => err,
+    kill: (signal: NodeJS.Signals = 'SIGTERM') => { try { child.kill(signal); } catch { /* gone */ } },
+  };
+}
+
+/** `hetps <args>` as a user runs it. */
+export function hetps(args: string[], opts: { env?: NodeJS.ProcessEnv; timeoutMs?: number } = {}): Child {
+  return node([BIN, ...args], opts);
+}
+
+export interface JobConfigOptions {
+  job: string;
+  mode: 'bsp' | 'asp' | 'hps';
+  servers: string[] | null;
+  runDir: string;
+  /** Spam mails per epoch. */
+  samples: number;
+  epochs: number;
+  /** ack_wait of the batch queue, seconds. */
+  workerRecoveryTimeoutS: number;
+}
+
+/**
+ * Spam Assassin with a small Wide & Deep model on 2 servers and 4 workers in
+ * two groups; small enough that a whole run takes seconds once the nodes are up.
+ */
+export async function writeJobConfig(dir: string, o: JobConfigOptions): Promise<string> {
+  const text = `job: { name: ${o.job}, run_dir: ${JSON.stringify(o.runDir)} }
+${o.servers ? `nats: { servers: [${o.servers.map((s) => JSON.stringify(s)).join(', ')}] }\n` : ''}cluster:
+  worker_groups:
+    - name: g1
+      nodes: [w1, w2]
+    - name: g2
+      nodes: [w3, w4]
+  server_nodes: [s1, s2]
+model:
+  type: ctr
+  ctr: { embedding_dim: 8, hidden: [32, 16], pooling: mean, wide: true, hash_buckets: 65536 }
+data: { source: spam, batch_size: 32, epochs: ${o.epochs}, samples: ${o.samples}, test_fraction: 0.2, vocab_size: 65536, max_tokens: 256 }
+optimizer:
+  type: adam
+  learning_rate: 0.003
+  sparse: { type: adagrad, learning_rate: 0.05 }
+training: { mode: ${o.mode}, random_seed: 42 }
+fault_tolerance: { worker_recovery_timeout: ${o.workerRecoveryTimeoutS} }
+logging: { level: info }
+`;
+  const file = join(dir, `${o.job}.yaml`);
+  await writeFile(file, text);
+  return file;
+}
+
+/** The last line of stdout as JSON (commands run with --json print one object there). */
+export function lastJson(stdout: string): Record<string, unknown> {
+  const lines = stdout.trim().split('\n').filter(Boolean);
+  return JSON.parse(lines[lines.length - 1] ?? 'null') as Record<string, unknown>;
+}
