@@ -1,3 +1,4 @@
 /** The topology layer's public entry: what actors and cli import. */
 export * from './config.ts';
 export * from './shard-plan.ts';
+export * from './staleness.ts';
