@@ -128,7 +128,8 @@ test('an idempotent actor applies each (from, seq) once and replays the reply on
   await a.stop();
 });
 
-test('a crash loop pauses the mailbox with growing back-off (simulated clock)', async () => {
+/** A system on a simulated clock whose crash-loop threshold is 3 errors per second. */
+function supervisedSystem() {
   const broker = new InProcessBroker();
   const clock = new SimulatedClock(0);
   const transport = new Transport(broker.client(), { clientId: 'a', clock });
@@ -136,6 +137,11 @@ test('a crash loop pauses the mailbox with growing back-off (simulated clock)', 
     transport, job: 'test', node: 'a', clock, random: new SeededRandom(1),
     supervision: { crashLoopThreshold: 3, crashLoopWindowMs: 1_000, initialBackoffMs: 500, maxBackoffMs: 4_000 },
   });
+  return { broker, clock, a };
+}
+
+test('a crash loop pauses the mailbox with growing back-off (simulated clock)', async () => {
+  const { broker, clock, a } = supervisedSystem();
   let calls = 0;
   const actor = await a.spawn({
     kind: 'actor', id: 'crashy', messages: { go: z.object({}) },
@@ -155,13 +161,7 @@ test('a crash loop pauses the mailbox with growing back-off (simulated clock)', 
 });
 
 test('refusals (a HetpsError thrown on purpose) are answered but do not count towards a crash loop', async () => {
-  const broker = new InProcessBroker();
-  const clock = new SimulatedClock(0);
-  const transport = new Transport(broker.client(), { clientId: 'a', clock });
-  const a = new ActorSystem({
-    transport, job: 'test', node: 'a', clock, random: new SeededRandom(1),
-    supervision: { crashLoopThreshold: 3, crashLoopWindowMs: 1_000, initialBackoffMs: 500, maxBackoffMs: 4_000 },
-  });
+  const { broker, clock, a } = supervisedSystem();
   let calls = 0;
   const actor = await a.spawn({
     kind: 'actor', id: 'strict', messages: { go: z.object({}) },
