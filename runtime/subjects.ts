@@ -6,8 +6,10 @@
  *   hps.<job>.ctl.<command>              control commands (request/reply)
  *   hps.<job>.tel.<kind>.<source>        telemetry
  *   hps.<job>.<actorKind>.<id>.<op>      an actor's mailbox (shard, group, worker, …)
+ *   hps.<job>.group.<group>@<member>.<op> a group member's reduce-scatter mailbox
  *   hps.<job>.hb.<node>                  heartbeats
  *   _INBOX_hps.<client>.<token>          replies
+ *   _INBOX_hps.<client>.probe.<op>      a client's own network probe (node profiling)
  */
 import { InvalidSubjectError } from './errors.ts';
 
@@ -81,10 +83,31 @@ export function groupSubject(job: string, group: string, op: string): string {
   return actorOpSubject(actorAddress(job, 'group', group), op);
 }
 
+/**
+ * The actor id of one member's mailbox for its group's intra-group reduce
+ * (`hps.<job>.group.<group>@<member>.<op>`): each member needs an address of
+ * its own, and a sibling of the group's address (not a token below it) keeps
+ * it out of reach of a `hps.<job>.group.<group>.>` subscription.
+ */
+export function groupMemberId(group: string, member: string): string {
+  return token(`${token(group, 'group name')}@${token(member, 'member name')}`, 'group member id');
+}
+export function groupMemberSubject(job: string, group: string, member: string, op: string): string {
+  return actorOpSubject(actorAddress(job, 'group', groupMemberId(group, member)), op);
+}
+
 export const INBOX_ROOT = '_INBOX_hps';
 export function inboxPrefix(clientId: string): string { return join(INBOX_ROOT, token(clientId, 'client id')); }
 export function inboxSubject(prefix: string, tok: string): string { return join(prefix, token(tok, 'inbox token')); }
 export function inboxWildcard(prefix: string): string { return join(prefix, '*'); }
+/**
+ * A client's network probe (node profiling: round trips and bandwidth to the
+ * server it is connected to). Under its own inbox and two tokens deep, so no
+ * other client's subjects and not its reply wildcard (`<inbox>.*`) match it.
+ */
+export function probeSubject(clientId: string, op: 'echo' | 'bandwidth'): string {
+  return join(inboxPrefix(clientId), 'probe', token(op, 'probe op'));
+}
 
 /** JetStream names may not contain '.', '*', '>' or whitespace either. */
 export function streamName(job: string, what: string): string {

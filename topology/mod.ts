@@ -2,3 +2,5 @@
 export * from './config.ts';
 export * from './shard-plan.ts';
 export * from './staleness.ts';
+export * from './grouping.ts';
+export * from './regroup.ts';

@@ -1,0 +1,156 @@
+/**
+ * A node's profile for grouping: the device profile (ONNX Runtime matmul and
+ * gather, memory, variance) plus the network as this node sees it.
+ *
+ * Network, measured against the server this transport is connected to:
+ * - `rtt_ms`: median of small request/reply round trips to an echo this node
+ *   subscribes itself. Both legs go through the server, so it is the latency
+ *   of a request to a peer exactly as near to the server as this node.
+ * - `bandwidth_mbps`: a few MiB in 256 KiB messages published to a subject
+ *   this node subscribes itself, bytes over time until the last one is back.
+ *   Every byte goes up to the server and down again over the same link, so
+ *   this is client↔server bandwidth (the node's own link, full duplex), not
+ *   node-to-node bandwidth across a cluster route.
+ * On the in-process bus the same code runs; rtt is ~0 and bandwidth is memory
+ * speed, and `link: 'embedded'` says so.
+ *
+ * Emulation (`nodes.<name>.emulate` in the YAML): `speed` scales matmul and
+ * gather (a speed-0.5 node is half as fast as a speed-1 node on the same
+ * box), `bandwidth_mbps` replaces the measured bandwidth (`link: 'emulated'`);
+ * either sets `emulated: true`.
+ */
+import type { Clock, Transport } from '../runtime/mod.ts';
+import { probeSubject, systemClock } from '../runtime/mod.ts';
+import type { EmulateConfig, NodeProfile } from '../topology/mod.ts';
+import { medianOf } from '../topology/mod.ts';
+import type { DeviceProfile, ProfileOptions } from '../native-bridge/mod.ts';
+
+export interface NetworkProbeOptions {
+  clock: Clock;
+  /** Round trips for the rtt median. */
+  rttSamples: number;
+  /** Bytes sent for the bandwidth estimate. */
+  bandwidthBytes: number;
+  messageBytes: number;
+  /** Upper bound on the whole network probe; bandwidth is what arrived by then if it runs out. */
+  timeoutMs: number;
+}
+
+export const DEFAULT_NETWORK_PROBE: Omit<NetworkProbeOptions, 'clock'> = {
+  rttSamples: 25,
+  bandwidthBytes: 8 * 1024 * 1024,
+  messageBytes: 256 * 1024,
+  timeoutMs: 1_500,
+};
+
+export interface NetworkProbe {
+  rtt_ms: number;
+  bandwidth_mbps: number;
+  link: 'nats' | 'embedded';
+}
+
+/** Shortest time we divide by: the in-process bus can deliver 8 MiB in less than a timer tick. */
+const MIN_ELAPSED_MS = 0.001;
+
+/** Round trips and bandwidth between this transport and its server (see the file comment). */
+export async function measureNetwork(transport: Transport, options: Partial<NetworkProbeOptions> = {}): Promise<NetworkProbe> {
+  const o: NetworkProbeOptions = { clock: systemClock, ...DEFAULT_NETWORK_PROBE, ...options };
+  const { clock } = o;
+  const started = clock.monotonic();
+  const left = () => Math.max(1, o.timeoutMs - (clock.monotonic() - started));
+
+  const echoSubject = probeSubject(transport.clientId, 'echo');
+  const echo = transport.subscribe(echoSubject, (m) => { if (m.reply) transport.publish(m.reply, m.data); });
+  const rtts: number[] = [];
+  try {
+    await transport.flush(); // the server has the subscription before the first request
+    const ping = new Uint8Array(16);
+    await transport.request(echoSubject, ping, { timeoutMs: left() }); // warm-up, not counted
+    // A third of the time at most, so bandwidth gets the rest; always one sample.
+    for (let i = 0; i < o.rttSamples && (i === 0 || clock.monotonic() - started < o.timeoutMs / 3); i++) {
+      const t0 = clock.monotonic();
+      await transport.request(echoSubject, ping, { timeoutMs: left() });
+      rtts.push(clock.monotonic() - t0);
+    }
+  } finally {
+    echo.unsubscribe();
+  }
+
+  const bwSubject = probeSubject(transport.clientId, 'bandwidth');
+  const count = Math.max(1, Math.ceil(o.bandwidthBytes / o.messageBytes));
+  const payload = new Uint8Array(o.messageBytes);
+  let received = 0;
+  let receivedBytes = 0;
+  let target = Infinity;
+  let wake: (() => void) | null = null;
+  const sink = transport.subscribe(bwSubject, (m) => {
+    received++;
+    receivedBytes += m.data.byteLength;
+    if (wake && received >= target) wake();
+  });
+  /** Resolves once `n` messages are in, or when the probe's time is up. */
+  const arrived = (n: number) => new Promise<void>((resolve) => {
+    if (received >= n) { resolve(); return; }
+    const timer = clock.setTimeout(() => { wake = null; resolve(); }, left());
+    target = n;
+    wake = () => { wake = null; timer.cancel(); resolve(); };
+  });
+  let elapsed: number;
+  let bytes: number;
+  try {
+    await transport.flush();
+    // One message first, not timed, so the subscription's set-up is not counted.
+    transport.publish(bwSubject, payload);
+    await arrived(1);
+    const before = receivedBytes;
+    const t0 = clock.monotonic();
+    const all = arrived(received + count);
+    for (let i = 0; i < count; i++) transport.publish(bwSubject, payload);
+    await transport.flush();
+    await all;
+    elapsed = Math.max(MIN_ELAPSED_MS, clock.monotonic() - t0);
+    bytes = receivedBytes - before;
+  } finally {
+    sink.unsubscribe();
+  }
+  return {
+    rtt_ms: +medianOf(rtts.length ? rtts : [NaN]).toFixed(4),
+    bandwidth_mbps: +((bytes * 8) / 1e6 / (elapsed / 1000)).toPrecision(4),
+    link: transport.kind,
+  };
+}
+
+export const DEFAULT_DEVICE_PROBE: Partial<ProfileOptions> = { repeats: 3, secondsPerRepeat: 0.25 };
+
+export interface NodeProfileOptions {
+  transport: Transport;
+  node: string;
+  emulate: EmulateConfig | null;
+  /** A device profile measured earlier; null: measure now (about 1 s of ONNX Runtime, see DEFAULT_DEVICE_PROBE). */
+  device: DeviceProfile | null;
+  deviceOptions: Partial<ProfileOptions>;
+  network: Partial<NetworkProbeOptions>;
+}
+
+/** profileDevice + measureNetwork, with the node's emulation applied and labelled. */
+export async function measureNodeProfile(opts: Partial<NodeProfileOptions> & { transport: Transport; node: string }): Promise<NodeProfile> {
+  // Shorter than `hetps profile`'s default (5 × 0.3 s) so joining stays under ~2 s; lazy so a given device skips onnxruntime.
+  const device = opts.device ?? await (await import('../native-bridge/mod.ts')).profileDevice({ ...DEFAULT_DEVICE_PROBE, ...opts.deviceOptions, node: opts.node });
+  const net = await measureNetwork(opts.transport, opts.network ?? {});
+  const emulate = opts.emulate ?? null;
+  const speed = emulate?.speed ?? 1;
+  return {
+    node: opts.node,
+    matmul_gflops: +(device.matmul_gflops * speed).toFixed(2),
+    gather_rows_per_s: Math.round(device.gather_rows_per_s * speed),
+    memory_gb: device.memory_gb,
+    cpus: device.cpus,
+    providers: [...device.providers],
+    variance: device.variance,
+    bandwidth_mbps: emulate?.bandwidth_mbps ?? net.bandwidth_mbps,
+    rtt_ms: net.rtt_ms,
+    step_ms_variance: null,
+    emulated: emulate !== null && (speed !== 1 || emulate.bandwidth_mbps !== null),
+    link: emulate?.bandwidth_mbps != null ? 'emulated' : net.link,
+  };
+}

@@ -1,0 +1,59 @@
+/** A node's profile on the in-process bus: network measured and labelled, emulation applied and labelled. */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { InProcessBroker, Transport } from '../../runtime/mod.ts';
+import { measureNetwork, measureNodeProfile } from '../../actors/node-profile.ts';
+import { parseNodeProfiles } from '../../topology/grouping.ts';
+
+const device = {
+  node: 'n1', matmul_gflops: 100, gather_rows_per_s: 2_000_000, memory_gb: 32, cpus: 8, providers: ['cpu' as const], variance: 0.03,
+};
+
+function transport(broker = new InProcessBroker()) {
+  return new Transport(broker.client(), { clientId: 'probe-n1' });
+}
+
+test('network probe on the in-process bus: rtt ≥ 0, bandwidth > 0, labelled embedded', async () => {
+  const t = transport();
+  const net = await measureNetwork(t, { rttSamples: 5, bandwidthBytes: 1024 * 1024 });
+  assert.equal(net.link, 'embedded');
+  assert.ok(net.rtt_ms >= 0 && Number.isFinite(net.rtt_ms));
+  assert.ok(net.bandwidth_mbps > 0 && Number.isFinite(net.bandwidth_mbps));
+  await t.close();
+});
+
+test('messages larger than max_payload are chunked by the transport and still counted', async () => {
+  const t = transport(new InProcessBroker(64 * 1024));
+  const net = await measureNetwork(t, { rttSamples: 3, bandwidthBytes: 1024 * 1024, messageBytes: 256 * 1024 });
+  assert.ok(net.bandwidth_mbps > 0);
+  assert.ok(t.stats.chunksSent >= 4 * 5, `256 KiB messages split, ${t.stats.chunksSent} chunks`);
+  await t.close();
+});
+
+test('measureNodeProfile: device profile plus network, a valid NodeProfile, not emulated', async () => {
+  const t = transport();
+  const p = await measureNodeProfile({ transport: t, node: 'n1', device, network: { rttSamples: 3, bandwidthBytes: 512 * 1024 } });
+  assert.equal(p.emulated, false);
+  assert.equal(p.link, 'embedded');
+  assert.equal(p.matmul_gflops, 100);
+  assert.equal(p.step_ms_variance, null);
+  assert.deepEqual(parseNodeProfiles([p], 'measured'), [p], 'what it measures passes the profile file checks');
+  await t.close();
+});
+
+test('emulate.speed scales compute, emulate.bandwidth_mbps replaces bandwidth, and the profile says emulated', async () => {
+  const t = transport();
+  const p = await measureNodeProfile({
+    transport: t, node: 'n1', device, emulate: { speed: 0.25, bandwidth_mbps: 100 }, network: { rttSamples: 3, bandwidthBytes: 512 * 1024 },
+  });
+  assert.equal(p.matmul_gflops, 25);
+  assert.equal(p.gather_rows_per_s, 500_000);
+  assert.equal(p.bandwidth_mbps, 100);
+  assert.equal(p.emulated, true);
+  assert.equal(p.link, 'emulated');
+  const speedOnly = await measureNodeProfile({ transport: t, node: 'n1', device, emulate: { speed: 0.5, bandwidth_mbps: null }, network: { rttSamples: 3, bandwidthBytes: 512 * 1024 } });
+  assert.equal(speedOnly.emulated, true);
+  assert.notEqual(speedOnly.bandwidth_mbps, 100);
+  assert.equal(speedOnly.link, 'embedded', 'bandwidth still measured in-process');
+  await t.close();
+});
