@@ -14,3 +14,6 @@ export * from './api.ts';
 export * from './worker/worker.actor.ts';
 export * from './worker/worker.messages.ts';
 export * from './worker/shard-client.ts';
+export * from './group/group.machine.ts';
+export * from './group/group.events.ts';
+export * from './group/sync-policy.ts';
