@@ -2,14 +2,17 @@
  * The driver's side of a run (`hetps up`): create the job — shard plan,
  * batch descriptors of every epoch, job info, in that order — then follow
  * training through the workers' telemetry until every batch is acknowledged,
- * keeping the exactly-once accounting (each batch id acknowledged once).
+ * keeping the exactly-once accounting (each batch id acknowledged once),
+ * each worker's busy time (utilisation) and, when asked, a test-loss curve
+ * from evaluations that run while training does.
  * Transport-neutral: the same code drives a NATS job and an embedded one.
  */
 import { HetpsError, type Clock, type Logger, type Transport } from '../runtime/mod.ts';
 import { allWorkerNodes, type HetpsConfig, type ShardPlan } from '../topology/mod.ts';
 import { ackWaitFromConfig, type BatchDescriptor, type BatchQueue } from './batch-queue.ts';
 import { batchDescriptors, shardPlanFromConfig } from './config-bridge.ts';
-import type { JobInfo, JobInfoStore } from './job-info.ts';
+import type { Evaluation } from '../native-bridge/mod.ts';
+import { jobGroupsFromConfig, type JobInfo, type JobInfoStore } from './job-info.ts';
 import type { ModelAndData } from './nodes.ts';
 import type { PlanStore } from './plan-store.ts';
 import { subscribeTelemetry } from './telemetry.ts';
@@ -47,6 +50,7 @@ export async function prepareJob(o: {
     epochs: config.data.epochs,
     batch_size: config.data.batch_size,
     ack_wait_ms: o.ackWaitMs ?? ackWaitFromConfig(config.fault_tolerance.worker_recovery_timeout),
+    groups: jobGroupsFromConfig(config),
   };
   await o.jobStore.put(info);
   return { plan, descriptors, info };
@@ -63,6 +67,48 @@ export interface TrainingProgress {
   elapsed_s: number;
   /** Per worker: batches acknowledged, for the "fast workers take more" view. */
   per_worker: Record<string, number>;
+  /** Latest test loss of the periodic evaluation; null before the first (or without it). */
+  test_loss: number | null;
+}
+
+/** One periodic evaluation: the parameters the shards held `t_s` seconds into training, after `samples` acknowledged samples. */
+export interface CurvePoint {
+  t_s: number;
+  samples: number;
+  test_loss: number;
+  /** ctr models; null for mlp. */
+  test_auc: number | null;
+  /** mlp models; null for ctr. */
+  test_accuracy: number | null;
+}
+
+/** Time spent on steps over the training window, per worker. */
+export interface NodeUtilisation {
+  /**
+   * Seconds the (emulated) device spent in steps: the batches' `emulated_step_ms`
+   * telemetry (= real compute on a node that is not emulated), or steps × nominal
+   * step time when the telemetry has none; see `busy_from`.
+   */
+  busy_s: number;
+  /** busy_s / the training window. */
+  utilisation: number;
+  /** Real compute of the step graphs (the host's share), seconds; null when not reported. */
+  compute_s: number | null;
+  steps: number;
+  samples: number;
+  emulated_speed: number | null;
+  /** hps: batches whose update a shard refused as too stale. */
+  dropped_stale: number;
+  /** `telemetry`: the worker's own step times; `nominal`: steps × the node's nominal step time; `none`: neither was available. */
+  busy_from: 'telemetry' | 'nominal' | 'none';
+}
+
+export interface UtilisationReport {
+  /** The training window every worker is measured against: first worker loop start to last acknowledgement. */
+  wall_s: number;
+  /** Mean over the workers. */
+  mean: number;
+  per_node: Record<string, NodeUtilisation>;
 }
 
 export interface TrainingReport {
@@ -82,6 +128,15 @@ export interface TrainingReport {
   per_worker: Record<string, number>;
   /** Batch ids never acknowledged (empty on success). */
   missing: string[];
+  /** The periodic evaluations, in time order (empty without `evaluation`). */
+  curve: CurvePoint[];
+  utilisation: UtilisationReport;
+}
+
+export interface PeriodicEvaluation {
+  /** Between evaluation starts; one also runs as training starts and one when it has ended. */
+  everyMs: number;
+  run: () => Promise<Evaluation>;
 }
 
 export interface SuperviseOptions {
@@ -95,6 +150,32 @@ export interface SuperviseOptions {
   telemetryGraceMs?: number;
   /** Warn when no batch was acknowledged for this long. Default 30 s. */
   stallWarnMs?: number;
+  /** Evaluate while training runs (the `curve` of the report). */
+  evaluation?: PeriodicEvaluation;
+  /**
+   * A worker's nominal step time in ms (an emulated node's reference step time
+   * / speed), for its busy time when its telemetry carries none (an older
+   * worker); null: unknown.
+   */
+  nominalStepMs?: (node: string) => number | null;
+  /** Called once when the first worker loop has started (seen within a poll) and once when the last batch is in, before the final evaluation. */
+  onTrainingStart?: () => void;
+  onTrainingEnd?: () => void;
+}
+
+interface WorkerActivity {
+  steps: number;
+  samples: number;
+  emulatedSpeed: number | null;
+  /** Sum of the step times the worker reported (emulated, else real); null while it reports none. */
+  stepMs: number | null;
+  /** Sum of the real compute it reported; null while it reports none. */
+  computeMs: number | null;
+  droppedStale: number;
+}
+
+function newActivity(): WorkerActivity {
+  return { steps: 0, samples: 0, emulatedSpeed: null, stepMs: null, computeMs: null, droppedStale: 0 };
 }
 
 /**
@@ -117,6 +198,13 @@ export class TrainingMonitor {
 
   /** Last telemetry of any kind per worker (monotonic ms): a liveness hint until heartbeats exist. */
   private readonly lastSeen = new Map<string, number>();
+  private readonly activity = new Map<string, WorkerActivity>();
+
+  private activityOf(node: string): WorkerActivity {
+    let a = this.activity.get(node);
+    if (!a) { a = newActivity(); this.activity.set(node, a); }
+    return a;
+  }
 
   constructor(transport: Transport, job: string, private readonly clock: Clock, private readonly log: Logger) {
     const seen = (node: string) => { this.lastSeen.set(node, this.clock.monotonic()); };
@@ -124,6 +212,12 @@ export class TrainingMonitor {
       progress: (t) => seen(t.node),
       batch: (t) => {
         seen(t.node);
+        const a = this.activityOf(t.node);
+        a.steps++; a.samples += t.samples;
+        const stepMs = t.emulated_step_ms ?? t.busy_ms;
+        if (stepMs !== null) a.stepMs = (a.stepMs ?? 0) + stepMs;
+        if (t.busy_ms !== null) a.computeMs = (a.computeMs ?? 0) + t.busy_ms;
+        if (t.dropped_stale) a.droppedStale++;
         if (t.redelivered) this.redelivered++;
         if (!t.ack_confirmed) { this.unconfirmed++; return; }
         const n = (this.acks.get(t.batch_id) ?? 0) + 1;
@@ -133,7 +227,7 @@ export class TrainingMonitor {
         this.batchTelemetry.push({ id: t.batch_id, node: t.node, samples: t.samples, loss: t.loss });
         this.lastAck = this.clock.monotonic();
       },
-      start: (t) => { seen(t.node); this.firstStart ??= this.clock.monotonic(); },
+      start: (t) => { seen(t.node); this.firstStart ??= this.clock.monotonic(); this.activityOf(t.node).emulatedSpeed = t.emulated_speed; },
       done: (t) => { seen(t.node); this.done.set(t.node, t.reason); },
     });
   }
@@ -180,13 +274,34 @@ export class TrainingMonitor {
         lastAckAt = clock.monotonic();
       }
     };
+    // Periodic evaluation: points keep their monotonic start time until the training window is known.
+    const evaluated: { at: number; samples: number; e: Evaluation }[] = [];
+    let evalInFlight: Promise<void> | null = null;
+    let lastEvalAt = Number.NEGATIVE_INFINITY;
+    const startEvaluation = (): Promise<void> => {
+      absorb();
+      const at = clock.monotonic();
+      const samplesAt = samples;
+      lastEvalAt = at;
+      const p = o.evaluation!.run().then(
+        (e) => { evaluated.push({ at, samples: samplesAt, e }); },
+        (e: unknown) => { log.warn({ err: (e as Error).message }, 'periodic evaluation failed; training goes on'); },
+      ).finally(() => { evalInFlight = null; });
+      evalInFlight = p;
+      return p;
+    };
+    const maybeEvaluate = (now: number) => {
+      if (o.evaluation && evalInFlight === null && now - lastEvalAt >= o.evaluation.everyMs) void startEvaluation();
+    };
+
     const report = (): TrainingProgress => {
       absorb();
       const elapsed = (clock.monotonic() - (this.firstStart ?? clock.monotonic())) / 1000;
+      const latest = evaluated.length ? evaluated[evaluated.length - 1]!.e.logloss : null;
       const p: TrainingProgress = {
         samples, total_samples: totalSamples, batches_acked: this.acks.size, total_batches: total,
         samples_per_s: elapsed > 0 ? samples / elapsed : 0, loss: windowSamples > 0 ? windowLoss / windowSamples : null,
-        elapsed_s: elapsed, per_worker: { ...this.perWorker },
+        elapsed_s: elapsed, per_worker: { ...this.perWorker }, test_loss: latest,
       };
       windowLoss = 0; windowSamples = 0;
       return p;
@@ -196,10 +311,17 @@ export class TrainingMonitor {
     let lastStallNote = start;
     let emptySince: number | null = null;
     const stallWarnMs = o.stallWarnMs ?? 30_000;
+    let startNoted = false;
     for (;;) {
       await clock.sleep(250);
       absorb();
       const now = clock.monotonic();
+      if (!startNoted && this.firstStart !== null) {
+        // Workers start once every shard serves: the first point is the parameters at (about) the start of training.
+        startNoted = true;
+        o.onTrainingStart?.();
+      }
+      if (startNoted) maybeEvaluate(now);
       if (now - lastProgress >= (o.progressEveryMs ?? 1_000)) { lastProgress = now; o.onProgress(report()); }
       const reason = o.check?.() ?? null;
       if (reason !== null) throw new HetpsError(`training cannot finish: ${reason} (${this.acks.size}/${total} batches acknowledged)`);
@@ -224,9 +346,21 @@ export class TrainingMonitor {
           + (prepared.info.mode === 'bsp' ? ' (bsp waits for every worker each round)' : ''));
       }
     }
+    if (!startNoted) o.onTrainingStart?.();
+    o.onTrainingEnd?.();
+    // The trained parameters, on the same subset as the points before.
+    if (o.evaluation) {
+      await evalInFlight;
+      await startEvaluation();
+    }
     o.onProgress(report());
     // Training time: from the first worker loop to the last acknowledgement (node start-up is not training).
     const trainS = this.firstStart !== null && this.lastAck !== null ? Math.max(0, this.lastAck - this.firstStart) / 1000 : (clock.monotonic() - start) / 1000;
+    const origin = this.firstStart ?? start;
+    const curve: CurvePoint[] = evaluated.map(({ at, samples: n, e }) => ({
+      t_s: Math.max(0, at - origin) / 1000, samples: n, test_loss: e.logloss,
+      test_auc: e.kind === 'ctr' ? e.auc : null, test_accuracy: e.kind === 'mlp' ? e.accuracy : null,
+    }));
     let duplicate = 0;
     for (const n of this.acks.values()) duplicate += n - 1;
     const tail = this.batchTelemetry.slice(Math.floor(this.batchTelemetry.length * 0.9));
@@ -236,6 +370,25 @@ export class TrainingMonitor {
       samples, batches: total, batches_acked: this.acks.size, duplicate_acks: duplicate, unconfirmed_acks: this.unconfirmed, redelivered: this.redelivered,
       train_s: trainS, samples_per_s: trainS > 0 ? samples / trainS : 0, final_loss: ts > 0 ? tl / ts : null,
       per_worker: { ...this.perWorker }, missing: prepared.descriptors.filter((d) => !this.acks.has(d.batch_id)).map((d) => d.batch_id),
+      curve, utilisation: this.utilisation(prepared.info.workers, trainS, o.nominalStepMs ?? (() => null)),
     };
   }
+
+  /** Busy time over the training window per worker: its reported step times where telemetry has them, else steps × nominal step time. */
+  private utilisation(workers: readonly string[], wallS: number, nominalStepMs: (node: string) => number | null): UtilisationReport {
+    const perNode: Record<string, NodeUtilisation> = {};
+    for (const w of workers) {
+      const a = this.activity.get(w) ?? newActivity();
+      const nominal = nominalStepMs(w);
+      const busyFrom: NodeUtilisation['busy_from'] = a.stepMs !== null ? 'telemetry' : nominal !== null ? 'nominal' : 'none';
+      const busyS = (a.stepMs ?? (nominal !== null ? a.steps * nominal : 0)) / 1000;
+      perNode[w] = {
+        busy_s: busyS, utilisation: wallS > 0 ? busyS / wallS : 0, compute_s: a.computeMs === null ? null : a.computeMs / 1000,
+        steps: a.steps, samples: a.samples, emulated_speed: a.emulatedSpeed, dropped_stale: a.droppedStale, busy_from: busyFrom,
+      };
+    }
+    const values = Object.values(perNode).map((n) => n.utilisation);
+    return { wall_s: wallS, mean: values.length ? values.reduce((x, y) => x + y, 0) / values.length : 0, per_node: perNode };
+  }
 }
+

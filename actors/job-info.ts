@@ -9,7 +9,19 @@
 import { z } from 'zod';
 import { Kvm, type KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/nats-core';
-import { TimeoutError, decode, encode, streamName, type Clock } from '../runtime/mod.ts';
+import { ConfigError, TimeoutError, decode, encode, streamName, type Clock } from '../runtime/mod.ts';
+import { SYNC_MODES, type HetpsConfig, type WorkerGroupConfig } from '../topology/mod.ts';
+
+/** A worker group as the job runs it: `cluster.worker_groups[]` of the config, or the scheduler's regrouping. */
+export const jobGroupSchema = z.object({
+  name: z.string().min(1),
+  /** Members in rank order. */
+  nodes: z.array(z.string().min(1)).min(1),
+  sync_mode: z.enum(SYNC_MODES),
+  sync_steps: z.number().int().positive().nullable(),
+  accumulation_steps: z.number().int().positive().nullable(),
+  adaptive_threshold: z.number().int().positive().nullable(),
+});
 
 export const jobInfoSchema = z.object({
   job: z.string().min(1),
@@ -24,8 +36,26 @@ export const jobInfoSchema = z.object({
   epochs: z.number().int().positive(),
   batch_size: z.number().int().positive(),
   ack_wait_ms: z.number().int().positive(),
+  /**
+   * The worker groups of the run (hps syncs inside each); null: the config's
+   * `cluster.worker_groups` (an older driver, or a job without regrouping).
+   */
+  groups: z.array(jobGroupSchema).nullable().default(null),
 });
 export type JobInfo = z.infer<typeof jobInfoSchema>;
+
+/** The config's worker groups, as the driver writes them into the job info. */
+export function jobGroupsFromConfig(config: HetpsConfig): WorkerGroupConfig[] {
+  return config.cluster.worker_groups.map((g) => ({ ...g, nodes: [...g.nodes] }));
+}
+
+/** The group `node` trains in: the job info's groups when the driver wrote them, else the config's. */
+export function groupOfWorker(info: JobInfo, config: HetpsConfig, node: string): WorkerGroupConfig {
+  const groups = info.groups ?? config.cluster.worker_groups;
+  const g = groups.find((x) => x.nodes.includes(node));
+  if (g === undefined) throw new ConfigError(`worker ${node} is in none of the job's groups (${groups.map((x) => `${x.name}: ${x.nodes.join(', ')}`).join('; ')})`);
+  return g;
+}
 
 export interface JobInfoStore {
   put(info: JobInfo): Promise<void>;

@@ -7,13 +7,13 @@
  * in any order.
  */
 import { ConfigError, TimeoutError, type ActorSystem, type Clock, type Logger } from '../runtime/mod.ts';
-import { allWorkerNodes, nodeOverrides, type HetpsConfig, type ShardPlan, type WorkerNode } from '../topology/mod.ts';
+import { allWorkerNodes, nodeOverrides, type HetpsConfig, type ShardPlan, type StalenessPolicy, type WorkerNode } from '../topology/mod.ts';
 import { initDenseParams, type CtrModel, type DataSource, type MlpModel } from '../native-bridge/mod.ts';
 import type { BatchQueue } from './batch-queue.ts';
 import {
   EMBEDDING_INIT_SCALE, WIDE_TABLE, dataSourceFromConfig, modelFromConfig, optimizerInput, sparseLayoutFromConfig,
 } from './config-bridge.ts';
-import { waitForJobInfo, type JobInfo, type JobInfoStore } from './job-info.ts';
+import { groupOfWorker, waitForJobInfo, type JobInfo, type JobInfoStore } from './job-info.ts';
 import type { PlanStore } from './plan-store.ts';
 import { createShardActor } from './shard/shard.actor.ts';
 import { waitForShards } from './worker/shard-client.ts';
@@ -52,6 +52,15 @@ export function modelAndData(config: HetpsConfig): ModelAndData {
   return { source, model: modelFromConfig(config, source) };
 }
 
+/**
+ * How the shards judge stale pushes: in hps (async between groups) they
+ * scale by 1/(1 + staleness) and refuse beyond training.max_staleness; asp
+ * and bsp keep measuring only.
+ */
+export function stalenessPolicyFromConfig(config: HetpsConfig): StalenessPolicy | null {
+  return config.training.mode === 'hps' ? { maxStaleness: config.training.max_staleness, scaling: 'inverse' } : null;
+}
+
 /** Spawns the shard of `server` once the plan is there. */
 export async function startServerNode(o: {
   config: HetpsConfig; server: string; system: ActorSystem; planStore: PlanStore; log: Logger; md?: ModelAndData; waitMs?: number;
@@ -74,8 +83,11 @@ export async function startServerNode(o: {
     sparseInitScaleByTable: { [WIDE_TABLE]: 0 },
     seed: config.training.random_seed,
     clock: system.clock,
+    staleness: stalenessPolicyFromConfig(config),
   }));
-  o.log.info({ shard: server, plan_version: plan.version, blocks: plan.dense.filter((b) => b.shard === server).length }, 'shard serving');
+  const policy = stalenessPolicyFromConfig(config);
+  o.log.info({ shard: server, plan_version: plan.version, blocks: plan.dense.filter((b) => b.shard === server).length, max_staleness: policy?.maxStaleness ?? null },
+    policy === null ? 'shard serving' : `shard serving (hps: stale pushes at lr/(1+s), refused beyond ${policy.maxStaleness})`);
   return { plan };
 }
 
@@ -111,13 +123,17 @@ export async function startWorkerNode(o: {
   const plan = await waitForPlan(o.planStore, { clock: system.clock, timeoutMs: waitMs, log });
   await waitForShards(system, plan.shards, { timeoutMs: waitMs, log });
   const overrides = nodeOverrides(config, node.name);
+  const groupSync = info.mode === 'hps' ? groupOfWorker(info, config, node.name) : null;
   const def = createWorkerActor({
-    node: node.name, group: node.group, job: info, plan, queue: o.queue, source, model,
+    node: node.name, group: groupSync?.name ?? node.group, job: info, plan, queue: o.queue, source, model,
     layout: sparseLayoutFromConfig(config, model),
     provider: overrides.provider ?? 'cpu',
     // One thread per worker by default: several workers share a machine here, and small towers gain nothing from more.
     threads: overrides.threads ?? 1,
     emulateSpeed: overrides.emulate?.speed ?? null,
+    referenceStepMs: config.training.emulation_reference_step_ms,
+    bandwidthMbps: overrides.emulate?.bandwidth_mbps ?? null,
+    groupSync,
   });
   await system.spawn(def);
   log.info({ node: node.name, group: node.group, mode: info.mode, rounds: info.mode === 'bsp' ? info.rounds : null }, 'worker training');

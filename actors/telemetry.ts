@@ -3,9 +3,20 @@
  * the driver reads back: one `batch` message per acknowledged batch (the
  * exactly-once accounting and the progress line), a `progress` message every
  * few seconds, and one `done` message when a worker's training loop ends.
+ *
+ * Time accounting (for utilisation = busy / wall): `busy_ms` is the real
+ * compute of the step graph; `emulated_step_ms` is the step as the emulated
+ * device took it (max(real, emulation_reference_step_ms / emulate.speed)),
+ * equal to `busy_ms` on a node that is not emulated. An emulated node's
+ * device utilisation is therefore emulated_step_ms / wall, its host's CPU use
+ * busy_ms / wall. Fields added after the first version default when absent,
+ * so older senders (and the API worker) still validate.
  */
 import { z } from 'zod';
 import { decode, encode, telemetrySubject, telemetryWildcard, type Transport } from '../runtime/mod.ts';
+import { SYNC_MODES } from '../topology/mod.ts';
+
+const msOrNull = () => z.number().nonnegative().nullable().default(null);
 
 export const TELEMETRY_KINDS = { start: 'start', batch: 'batch', progress: 'progress', done: 'done' } as const;
 
@@ -22,6 +33,14 @@ export const batchTelemetrySchema = z.object({
   staleness: z.number().int().nonnegative(),
   /** bsp round, null in asp. */
   round: z.number().int().nonnegative().nullable(),
+  /** Real compute of this batch's step graph; null when not reported. */
+  busy_ms: msOrNull(),
+  /** The step as the (emulated) device took it; = busy_ms when not emulated. */
+  emulated_step_ms: msOrNull(),
+  /** hps: (part of) the update this batch went into was refused by a shard as too stale and dropped; the batch still counts as trained. */
+  dropped_stale: z.boolean().default(false),
+  /** hps: the worker's sync window the batch was trained in; null otherwise. */
+  window: z.number().int().nonnegative().nullable().default(null),
 });
 export type BatchTelemetry = z.infer<typeof batchTelemetrySchema>;
 
@@ -36,6 +55,12 @@ export const progressTelemetrySchema = z.object({
   round: z.number().int().nonnegative().nullable(),
   /** Emulated speed factor (nodes.<name>.emulate.speed), null when the node runs at its own speed. */
   emulated_speed: z.number().nullable(),
+  /** The node's compute (and link) are emulated: its times are not real hardware's. */
+  emulated: z.boolean().default(false),
+  /** Since the previous progress message: real compute, emulated step time, and the wall time of the window. */
+  busy_ms: z.number().nonnegative().default(0),
+  emulated_step_ms: z.number().nonnegative().default(0),
+  window_ms: z.number().nonnegative().default(0),
 });
 export type ProgressTelemetry = z.infer<typeof progressTelemetrySchema>;
 
@@ -43,8 +68,13 @@ export type ProgressTelemetry = z.infer<typeof progressTelemetrySchema>;
 export const startTelemetrySchema = z.object({
   node: z.string(),
   group: z.string(),
-  mode: z.enum(['bsp', 'asp']),
+  mode: z.enum(['bsp', 'asp', 'hps']),
   emulated_speed: z.number().nullable(),
+  emulated: z.boolean().default(false),
+  /** hps: the group's sync mode; null in asp / bsp. */
+  sync_mode: z.enum(SYNC_MODES).nullable().default(null),
+  /** An emulated node's step time (emulation_reference_step_ms / speed); null when not emulated. */
+  emulated_step_target_ms: msOrNull(),
 });
 export type StartTelemetry = z.infer<typeof startTelemetrySchema>;
 
@@ -55,6 +85,16 @@ export const doneTelemetrySchema = z.object({
   batches_acked: z.number().int().nonnegative(),
   empty_rounds: z.number().int().nonnegative(),
   reason: z.string(),
+  /** Whole loop: real compute, emulated step time, wall time from the loop's start. */
+  busy_ms: z.number().nonnegative().default(0),
+  emulated_step_ms: z.number().nonnegative().default(0),
+  wall_ms: z.number().nonnegative().default(0),
+  emulated: z.boolean().default(false),
+  emulated_speed: z.number().nullable().default(null),
+  /** hps: batches whose update was (partly) refused as too stale and dropped. */
+  dropped_stale_batches: z.number().int().nonnegative().default(0),
+  /** hps: sync windows the worker went through. */
+  windows: z.number().int().nonnegative().default(0),
 });
 export type DoneTelemetry = z.infer<typeof doneTelemetrySchema>;
 

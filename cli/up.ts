@@ -25,14 +25,17 @@ import { allWorkerNodes, inactiveSettings, loadConfig, natsConnection, type Hetp
 import type { Evaluation } from '../native-bridge/mod.ts';
 import { ackWaitFromConfig, createBatchStream, memoryBatchQueue, natsBatchQueue, type BatchQueue } from '../actors/batch-queue.ts';
 import { sparseLayoutFromConfig } from '../actors/config-bridge.ts';
-import { TrainingMonitor, prepareJob, type PreparedJob, type TrainingProgress, type TrainingReport } from '../actors/driver.ts';
-import { EVAL_BATCH_MIN, evaluateOnShards } from '../actors/evaluate.ts';
+import {
+  TrainingMonitor, prepareJob, type CurvePoint, type PreparedJob, type TrainingProgress, type TrainingReport, type UtilisationReport,
+} from '../actors/driver.ts';
+import { EVAL_BATCH_MIN, ShardEvaluator, evaluateOnShards } from '../actors/evaluate.ts';
 import { memoryJobInfoStore, natsJobInfoStore, resetNatsJobInfo, type JobInfoStore } from '../actors/job-info.ts';
 import { modelAndData, startServerNode, startWorkerNode, type ModelAndData } from '../actors/nodes.ts';
 import { memoryPlanStore, natsConnectionOf, natsPlanStore, type PlanStore } from '../actors/plan-store.ts';
-import { ShardClient } from '../actors/worker/shard-client.ts';
+import { ShardClient, shardStalenessSummary, type StalenessSummary } from '../actors/worker/shard-client.ts';
 import { withJobName } from './launch.ts';
 import { NodeProcesses, lineLogger } from './node-processes.ts';
+import { cpuBetween, cpuSnapshot, type CpuProcess, type CpuReport, type CpuSnapshot } from './process-cpu.ts';
 
 export interface UpFlags {
   config: string;
@@ -43,7 +46,14 @@ export interface UpFlags {
   skip?: string;
   job?: string;
   json: boolean;
+  /** Seconds between evaluations on a test subset while training runs (commander passes a string); unset or 0: off. */
+  evalEvery?: string;
+  /** Test samples of those evaluations. */
+  evalSamples?: string;
 }
+
+/** Test samples of the periodic evaluation unless --eval-samples says otherwise. */
+export const DEFAULT_EVAL_SAMPLES = 4096;
 
 export interface UpSummary {
   mode: 'bsp' | 'asp' | 'hps';
@@ -69,6 +79,18 @@ export interface UpSummary {
   emulated: Record<string, number>;
   nats: string[] | null;
   not_active: string[];
+  /** Seconds between the periodic evaluations; null: none ran. */
+  eval_every_s: number | null;
+  /** Test samples each periodic evaluation scored (the first of the test split). */
+  eval_samples: number | null;
+  /** Test loss on that subset during training: one point at the start, every eval_every_s, one at the end. Empty without --eval-every. */
+  curve: CurvePoint[];
+  /** Busy time / training window per worker. */
+  utilisation: UtilisationReport;
+  /** CPU time of the job's processes over the training window. */
+  cpu: CpuReport | null;
+  /** The shards' push staleness histogram (hps: with the pushes scaled and refused); null when the shards did not answer. */
+  staleness: StalenessSummary | null;
 }
 
 /** Progress on stderr: a redrawn line on a terminal, a plain line every few seconds otherwise; other lines print above it. */
@@ -101,16 +123,13 @@ class Console {
 function progressText(p: TrainingProgress, mode: string): string {
   const pct = p.total_samples > 0 ? Math.floor((100 * p.samples) / p.total_samples) : 100;
   return `training (${mode}): ${p.samples}/${p.total_samples} samples (${pct}%)  ${Math.round(p.samples_per_s)} samples/s  `
-    + `loss ${p.loss === null ? '   -  ' : p.loss.toFixed(4)}  batches ${p.batches_acked}/${p.total_batches}  ${p.elapsed_s.toFixed(0)} s`;
+    + `loss ${p.loss === null ? '   -  ' : p.loss.toFixed(4)}${p.test_loss === null ? '' : `  test loss ${p.test_loss.toFixed(4)}`}  `
+    + `batches ${p.batches_acked}/${p.total_batches}  ${p.elapsed_s.toFixed(0)} s`;
 }
 
-/** The not-active report: the file's inactive settings, plus the default mode when it is hps. */
+/** The not-active report: the file's inactive settings. */
 export function notActiveReport(config: HetpsConfig): string[] {
-  const lines = inactiveSettings(config);
-  if (config.training.mode === 'hps' && !lines.some((l) => l.startsWith('training.mode='))) {
-    lines.unshift('training.mode=hps (the default; not active yet: hierarchical sync (sync inside groups, async between them); every worker trains asynchronously, as in asp)');
-  }
-  return lines;
+  return inactiveSettings(config);
 }
 
 interface JobBackend {
@@ -123,6 +142,8 @@ interface JobBackend {
   startNodes(): Promise<void>;
   /** A reason to give up, checked while training runs. */
   check(): string | null;
+  /** The processes whose CPU time counts as the job's (this one included). */
+  cpuProcesses(): CpuProcess[];
   /** Ends the nodes after training and evaluation. */
   stopNodes(): Promise<void>;
   /** On Ctrl-C: ends the nodes at once (a few seconds' grace for processes). */
@@ -151,8 +172,13 @@ export async function runUp(flags: UpFlags): Promise<UpSummary> {
   for (const w of workers) { const s = config.nodes[w.name]?.emulate?.speed; if (s !== undefined) emulated[w.name] = s; }
   con.line(`hetps up: job ${job} (${config.training.mode}), ${config.cluster.server_nodes.length} server(s), ${workers.length} worker(s) in ${config.cluster.worker_groups.length} group(s); run dir ${runDir}`);
   if (Object.keys(emulated).length) {
-    con.line(`emulated heterogeneity: ${Object.entries(emulated).map(([n, s]) => `${n} at speed ${s}`).join(', ')} (compute time stretched; not real hardware)`);
+    con.line(`emulated heterogeneity: ${Object.entries(emulated).map(([n, s]) => `${n} at speed ${s}`).join(', ')} (each step takes ${config.training.emulation_reference_step_ms} ms / speed; not real hardware)`);
   }
+
+  const evalEveryS = flags.evalEvery === undefined ? 0 : Number(flags.evalEvery);
+  if (!(evalEveryS >= 0)) throw new ConfigError(`--eval-every must be a number of seconds ≥ 0, got ${flags.evalEvery}`, { data: { field: '--eval-every' } });
+  const evalSamples = flags.evalSamples === undefined ? DEFAULT_EVAL_SAMPLES : Number(flags.evalSamples);
+  if (!Number.isInteger(evalSamples) || evalSamples <= 0) throw new ConfigError(`--eval-samples must be a positive integer, got ${flags.evalSamples}`, { data: { field: '--eval-samples' } });
 
   const md = modelAndData(config);
   const ackWaitMs = ackWaitFromConfig(config.fault_tolerance.worker_recovery_timeout);
@@ -183,7 +209,7 @@ export async function runUp(flags: UpFlags): Promise<UpSummary> {
   try {
     backend = embedded
       ? await embeddedBackend(config, md, log, ackWaitMs, runId)
-      : await natsBackend(config, servers!, log, ackWaitMs, runId, configPath, runDir, con, flags, level);
+      : await natsBackend(config, servers!, log, ackWaitMs, runId, configPath, runDir, con, flags, level, cluster);
   } catch (e) {
     await cluster?.stop().catch(() => undefined);
     throw e;
@@ -208,6 +234,10 @@ export async function runUp(flags: UpFlags): Promise<UpSummary> {
   let report: TrainingReport;
   let evaluation: Evaluation;
   let prepared: PreparedJob;
+  let cpu: CpuReport | null = null;
+  let staleness: StalenessSummary | null = null;
+  let periodic: ShardEvaluator | null = null;
+  const shardClient = new ShardClient(backend.system, { requestTimeoutMs: 30_000, log, shouldStop: () => false });
   try {
     await backend.startNodes();
     prepared = await prepareJob({
@@ -216,26 +246,57 @@ export async function runUp(flags: UpFlags): Promise<UpSummary> {
     con.line(`job created: plan v${prepared.plan.version} (${prepared.plan.dense.length} dense blocks, ${prepared.plan.partitions} sparse partitions over ${prepared.plan.shards.join(', ')}), `
       + `${prepared.descriptors.length} batches of ${config.data.batch_size} over ${config.data.epochs} epoch(s) queued`
       + (prepared.info.mode === 'bsp' ? `, ${prepared.info.rounds} bsp rounds` : ''));
+    if (evalEveryS > 0) {
+      // One thread: the evaluation shares the machine with the nodes it measures.
+      periodic = await ShardEvaluator.create({
+        client: shardClient, plan: prepared.plan, model: md.model, layout: sparseLayoutFromConfig(config, md.model), source: md.source,
+        batchSize: Math.max(config.data.batch_size, EVAL_BATCH_MIN), threads: 1, maxSamples: evalSamples,
+      });
+    }
+    const evaluator = periodic;
+    let cpuStart: CpuSnapshot | null = null;
     report = await monitor.supervise({
       queue: backend.queue, prepared,
       onProgress: (p) => con.progress(progressText(p, config.training.mode)),
       check: () => backend.check(),
+      ...(evaluator ? { evaluation: { everyMs: evalEveryS * 1000, run: () => evaluator.evaluate() } } : {}),
+      // Emulated nodes step at reference / speed: their busy time while their telemetry does not report one.
+      nominalStepMs: (node) => (emulated[node] !== undefined ? config.training.emulation_reference_step_ms / emulated[node]! : null),
+      onTrainingStart: () => { cpuStart = cpuSnapshot(backend.cpuProcesses()); },
+      onTrainingEnd: () => { if (cpuStart) cpu = cpuBetween(cpuStart, cpuSnapshot(backend.cpuProcesses())); },
     });
     con.end();
     con.line(`training done: ${report.batches_acked}/${report.batches} batches acknowledged (${report.duplicate_acks} duplicate acks), `
       + `${report.samples} samples in ${report.train_s.toFixed(1)} s (${Math.round(report.samples_per_s)} samples/s)`);
     con.line(`batches per worker: ${Object.entries(report.per_worker).sort().map(([n, c]) => `${n} ${c}${emulated[n] !== undefined ? ` (emulated speed ${emulated[n]})` : ''}`).join(', ')}`);
+    const util = report.utilisation;
+    if (Object.values(util.per_node).some((n) => n.busy_from !== 'none')) {
+      con.line(`utilisation (busy / ${util.wall_s.toFixed(1)} s of training): mean ${(util.mean * 100).toFixed(0)}%; `
+        + Object.entries(util.per_node).map(([n, u]) => `${n} ${(u.utilisation * 100).toFixed(0)}%`).join(', '));
+    }
+    // Assigned in onTrainingEnd above, which TypeScript's narrowing does not follow.
+    const c = cpu as CpuReport | null;
+    if (c) {
+      con.line(`CPU while training: the job's processes used ${c.process_cpu_s.toFixed(1)} CPU-s in ${c.window_s.toFixed(1)} s on ${c.cores} cores `
+        + `(${(c.cpu_busy_fraction * 100).toFixed(0)}% of the machine${c.machine_busy_fraction === null ? '' : `; whole machine ${(c.machine_busy_fraction * 100).toFixed(0)}% busy`})`);
+    }
     con.line('evaluating the shards\' parameters on the test split');
     evaluation = await evaluateOnShards({
-      client: new ShardClient(backend.system, { requestTimeoutMs: 30_000, log, shouldStop: () => false }),
+      client: shardClient,
       plan: prepared.plan, model: md.model, layout: sparseLayoutFromConfig(config, md.model), source: md.source,
       batchSize: Math.max(config.data.batch_size, EVAL_BATCH_MIN), threads: null,
     });
+    staleness = await shardStalenessSummary(shardClient, prepared.plan.shards, log);
+    if (staleness.count > 0) {
+      con.line(`push staleness (updates behind the shard): mean ${staleness.mean.toFixed(2)}, max ${staleness.max}`
+        + (staleness.max_staleness === null ? ' (measured only)' : `; ${staleness.scaled} applied at lr/(1+s), ${staleness.refused} refused beyond max_staleness ${staleness.max_staleness}`));
+    }
     // A worker script may still be saving a checkpoint from the shards: let every live worker finish first.
     const gone = await monitor.waitForWorkers({ timeoutMs: 30_000, silenceMs: 5_000 });
     if (gone.length) con.line(`workers that never reported the end of their loop (gone?): ${gone.join(', ')}`);
   } finally {
     monitor.dispose();
+    await periodic?.dispose().catch(() => undefined);
     con.end();
     await backend.stopNodes().catch((e: unknown) => log.warn({ err: (e as Error).message }, 'stopping the nodes failed'));
     await backend.close().catch(() => undefined);
@@ -264,6 +325,12 @@ export async function runUp(flags: UpFlags): Promise<UpSummary> {
     emulated,
     nats: embedded ? null : servers,
     not_active: notActive,
+    eval_every_s: evalEveryS > 0 ? evalEveryS : null,
+    eval_samples: evalEveryS > 0 ? Math.min(evalSamples, md.source.describe().testSize) : null,
+    curve: report.curve,
+    utilisation: report.utilisation,
+    cpu,
+    staleness,
   };
   const text = `${JSON.stringify(summary, null, 2)}\n`;
   await writeFile(join(runDir, 'summary.json'), text);
@@ -275,7 +342,7 @@ export async function runUp(flags: UpFlags): Promise<UpSummary> {
 
 async function natsBackend(
   config: HetpsConfig, servers: string[], log: Logger, ackWaitMs: number, runId: string, configPath: string, runDir: string,
-  con: Console, flags: UpFlags, level: string,
+  con: Console, flags: UpFlags, level: string, cluster: LocalCluster | null,
 ): Promise<JobBackend> {
   const job = config.job.name;
   const conn = natsConnection(config);
@@ -313,6 +380,13 @@ async function natsBackend(
         procs.start({ name: w.name, role: 'worker', args: ['--role', 'worker', '--group', w.group, '--node-rank', String(w.rank), ...common] });
       }
       if (skip.size) con.line(`--skip: not starting ${[...skip].join(', ')}; start them yourself (hetps launch … --nats ${servers.join(',')} --job ${job})`);
+    },
+    cpuProcesses() {
+      const out: CpuProcess[] = [{ name: 'driver', pid: null }];
+      for (const n of procs.nodes) if (n.child.pid !== undefined) out.push({ name: n.spec.name, pid: n.child.pid });
+      // The nats-servers this run started (a cluster given in nats.servers is not the job's own).
+      for (const n of cluster?.nodes ?? []) out.push({ name: `nats:${n.name}`, pid: n.pid });
+      return out;
     },
     check() {
       for (const n of procs.nodes) {
@@ -392,6 +466,8 @@ async function embeddedBackend(config: HetpsConfig, md: ModelAndData, log: Logge
       }
     },
     check() { return failures.length ? failures.join('; ') : null; },
+    // Every node runs in this process.
+    cpuProcesses() { return [{ name: 'driver', pid: null }]; },
     async stopNodes() {
       // Workers first (their loops end), then shards, then the driver.
       await Promise.all(systems.slice(1).map((s) => s.stop({ timeoutMs: 15_000 })));
@@ -419,6 +495,8 @@ export function register(program: Command): void {
     .option('--skip <nodes>', 'comma-separated nodes not to start (e.g. one you run through the API example)')
     .option('--job <name>', 'job name (default: job.name of the config)')
     .option('--json', 'print the summary as one JSON line on stdout', false)
+    .option('--eval-every <seconds>', 'evaluate a test subset every this many seconds while training runs (the summary\'s curve); 0: off', '0')
+    .option('--eval-samples <n>', 'test samples of each of those evaluations', String(DEFAULT_EVAL_SAMPLES))
     .action(async (flags: UpFlags) => {
       let s: UpSummary;
       try {

@@ -93,9 +93,14 @@ export interface ClusterConfig {
 }
 
 export interface EmulateConfig {
-  /** Fraction of the measured compute speed, in (0, 1]; 0.5 doubles every step's compute time. */
+  /**
+   * Emulated speed in (0, 1]: every training step of the node takes
+   * `training.emulation_reference_step_ms / speed` (the real compute runs
+   * inside that time), so 0.5 is half as fast as a speed-1 node, whatever
+   * else shares the machine.
+   */
   speed: number;
-  /** Emulated link bandwidth; null: not limited. */
+  /** Emulated link bandwidth: each pull, push and intra-group transfer takes bytes·8 / bandwidth longer; null: not limited. */
   bandwidth_mbps: number | null;
 }
 
@@ -190,10 +195,19 @@ export interface TrainingConfig {
   mode: TrainingMode;
   random_seed: number;
   sync_initial_params: boolean;
-  /** Most versions a pushed gradient may lag the server (asp, hps). */
+  /**
+   * Most versions a pushed gradient may lag the server (hps; the shard refuses
+   * a push staler than this and scales the rest by 1/(1 + staleness)).
+   */
   max_staleness: number;
   /** Evaluate every this many steps. */
   eval_every: number;
+  /**
+   * Step time of an emulated node at `emulate.speed` 1, in milliseconds; a
+   * node at speed s takes this / s per step. Should exceed the real step
+   * time, or emulation cannot keep up (the node says so once).
+   */
+  emulation_reference_step_ms: number;
 }
 
 export interface CommunicationConfig {
@@ -277,6 +291,8 @@ const DEFAULT_LR: Record<OptimizerType, number> = { sgd: 0.01, momentum: 0.01, a
 const DEFAULT_SYNC_STEPS = 4; // the article: 4–8 works for most groups
 const DEFAULT_ACCUMULATION_STEPS = 4;
 const DEFAULT_ADAPTIVE_THRESHOLD = 4;
+/** Above the real step of the example models here (a few ms to a few tens), so emulated nodes keep their pace. */
+export const DEFAULT_EMULATION_REFERENCE_STEP_MS = 100;
 
 type SourceDefaults = Pick<DataConfig, 'batch_size' | 'test_fraction' | 'samples' | 'test_samples' | 'vocab_size' | 'zipf_exponent' | 'slots' | 'dense_features' | 'max_tokens'>;
 
@@ -336,8 +352,8 @@ interface InactiveSetting {
  * in the change that makes its setting work.
  */
 const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
-  { path: 'training.mode', when: (c) => c.training.mode === 'hps', instead: 'hierarchical sync (sync inside groups, async between them); every worker trains asynchronously, as in asp' },
-  { path: 'training.max_staleness', when: () => true, instead: 'stale gradients are applied as they come; staleness is only measured' },
+  // hps: the shards scale stale pushes by 1/(1 + staleness) and refuse those beyond max_staleness; asp only measures.
+  { path: 'training.max_staleness', when: (c) => c.training.mode === 'asp', instead: 'in asp stale gradients are applied as they come; staleness is only measured (training.mode hps enforces it)' },
   { path: 'communication.backend', when: (c) => c.communication.backend === 'nccl' || c.communication.backend === 'gloo', instead: 'every tensor goes over NATS' },
   { path: 'communication.compression', when: (c) => c.communication.compression !== 'none', instead: 'gradients are sent uncompressed' },
   { path: 'communication.compression_threshold', when: () => true, instead: 'gradients are sent uncompressed' },
@@ -543,6 +559,7 @@ const configSchema = section({
     sync_initial_params: bool().optional(),
     max_staleness: nonNegInt().optional(),
     eval_every: posInt().optional(),
+    emulation_reference_step_ms: posNum().optional(),
   }).optional(),
   communication: section({
     backend: oneOf(['auto', 'nats', 'nccl', 'gloo']).optional(),
@@ -1047,6 +1064,7 @@ function resolve(p: Parsed, file: string, given: string[]): HetpsConfig {
       sync_initial_params: p.training?.sync_initial_params ?? true,
       max_staleness: p.training?.max_staleness ?? 8,
       eval_every: p.training?.eval_every ?? 100,
+      emulation_reference_step_ms: p.training?.emulation_reference_step_ms ?? DEFAULT_EMULATION_REFERENCE_STEP_MS,
     },
     communication: {
       backend: p.communication?.backend ?? 'auto',

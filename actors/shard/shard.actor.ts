@@ -19,7 +19,7 @@ import {
   ActorStoppedError, ConfigError, DeferredReply, InvalidTensorError, ValidationError, zf32, zu32,
   type ActorDefinition, type Clock,
 } from '../../runtime/mod.ts';
-import { partitionOf, type DenseBlock, type ShardPlan } from '../../topology/mod.ts';
+import { decideStaleness, partitionOf, type DenseBlock, type ShardPlan, type StalenessPolicy } from '../../topology/mod.ts';
 import {
   createOptimizer, firstNonFinite, SparseTable, type Optimizer, type OptimizerConfigInput, type SparseTableSnapshot,
 } from '../../native-bridge/mod.ts';
@@ -27,7 +27,7 @@ import {
   shardMessages, type DenseBlockSnapshot, type PullReply, type PullRequest, type PushReply, type PushRequest,
   type RestoreReply, type ShardMessages, type ShardSnapshot, type ShardStats, type StalenessHistogram,
 } from './shard.messages.ts';
-import { StalePlanError, SyncRoundError } from './shard.errors.ts';
+import { StalePlanError, StaleUpdateError, SyncRoundError } from './shard.errors.ts';
 
 export interface ShardStateOptions {
   /** This shard's name in the plan (also the actor id). */
@@ -44,6 +44,12 @@ export interface ShardStateOptions {
   /** Seeds the deterministic row initialiser of (seed, table, id): every shard and replica agrees on a new row. */
   seed: number;
   clock: Clock;
+  /**
+   * How asynchronous pushes are judged by their staleness (hps: lr/(1+s),
+   * refused beyond max_staleness). Null or absent: measured only, every push
+   * applied at full rate (asp, bsp).
+   */
+  staleness?: StalenessPolicy | null;
 }
 
 export type ShardActorDefinition = ActorDefinition<ShardMessages> & { readonly state: ShardState };
@@ -135,6 +141,7 @@ export class ShardState {
   readonly sparseOptimizer: Optimizer;
   private readonly clock: Clock;
   private readonly seed: number;
+  private readonly stalenessPolicy: StalenessPolicy | null;
   private readonly initScaleOf: (table: string) => number;
   /** By plan block id; undefined where another shard owns the block. */
   private readonly blocks: (OwnedBlock | undefined)[];
@@ -161,6 +168,8 @@ export class ShardState {
   private stalenessCount = 0;
   private stalenessSum = 0;
   private stalenessMax = 0;
+  private staleRefused = 0;
+  private staleScaled = 0;
 
   constructor(opts: ShardStateOptions) {
     const { plan, shard } = opts;
@@ -169,6 +178,7 @@ export class ShardState {
     this.plan = plan;
     this.clock = opts.clock;
     this.seed = opts.seed;
+    this.stalenessPolicy = opts.staleness ?? null;
     this.denseOptimizer = createOptimizer(opts.denseOptimizer);
     this.sparseOptimizer = createOptimizer(opts.sparseOptimizer);
     const byTable = opts.sparseInitScaleByTable ?? null;
@@ -265,7 +275,12 @@ export class ShardState {
 
   // ---------------------------------------------------------------- push
 
-  /** Validates the whole push (nothing changes on any error), then applies it (async) or adds it to its round (sync). */
+  /**
+   * Validates the whole push (nothing changes on any error), then applies it
+   * (async) or adds it to its round (sync). Under a staleness policy an
+   * async push is applied at lr·lrScale (1/(1+staleness)), or refused with
+   * StaleUpdateError beyond the bound.
+   */
   push(m: PushRequest): PushReply {
     this.checkPlanVersion(m.plan_version, 'push');
     if (m.round !== null) this.checkRound(m.round, m.expected);
@@ -275,14 +290,29 @@ export class ShardState {
     this.recordStaleness(staleness);
     this.pushes++;
     if (m.round === null) {
+      let lrScale = 1;
+      const policy = this.stalenessPolicy;
+      if (policy !== null) {
+        const d = decideStaleness(this.versionValue, m.base_version, policy);
+        if (!d.admit) {
+          this.staleRefused++;
+          throw new StaleUpdateError(
+            `shard ${this.shard}: push is ${d.staleness} updates stale (computed from version ${m.base_version}, the shard is at ${this.versionValue}); `
+            + `training.max_staleness is ${policy.maxStaleness}: nothing was applied — pull fresh parameters`,
+            { data: { shard: this.shard, staleness: d.staleness, max_staleness: policy.maxStaleness, version: this.versionValue, base_version: m.base_version } },
+          );
+        }
+        lrScale = d.lrScale;
+        if (lrScale < 1) this.staleScaled++;
+      }
       const t0 = this.clock.monotonic();
-      this.applyGradients(m.dense, m.sparse, 1);
+      this.applyGradients(m.dense, m.sparse, lrScale);
       this.versionValue++;
       this.applyMs += this.clock.monotonic() - t0;
-      return { version: this.versionValue, applied: true, staleness };
+      return { version: this.versionValue, applied: true, staleness, lr_scale: lrScale };
     }
     const applied = this.contribute(m);
-    return { version: this.versionValue, applied, staleness };
+    return { version: this.versionValue, applied, staleness, lr_scale: 1 };
   }
 
   private checkRound(round: number, expected: number | null): void {
@@ -578,7 +608,8 @@ export class ShardState {
     return {
       shard: this.shard, plan_version: this.plan.version, version: this.versionValue, round: this.roundValue,
       pushes: this.pushes, pulls: this.pulls, duplicates, sparse_rows: sparseRows, dense_blocks: this.ownedBlocks.length, bytes,
-      waiting_pulls: this.waiting.length, pending_contributions: pending, staleness, apply_ms: this.applyMs,
+      waiting_pulls: this.waiting.length, pending_contributions: pending, staleness,
+      max_staleness: this.stalenessPolicy?.maxStaleness ?? null, stale_refused: this.staleRefused, stale_scaled: this.staleScaled, apply_ms: this.applyMs,
     };
   }
 

@@ -26,5 +26,19 @@ export class SyncRoundError extends HetpsError {
   override readonly retryable: boolean = false;
 }
 
+/**
+ * An asynchronous push computed from parameters more than `max_staleness`
+ * updates behind the shard (hps). Nothing was applied. Not retryable as it
+ * is: the same gradient is only staler later. The sender drops it, pulls
+ * fresh parameters and goes on (hetps workers acknowledge the batches and
+ * count them as dropped stale). `data`: `{ shard, staleness, max_staleness,
+ * version, base_version }`.
+ */
+export class StaleUpdateError extends HetpsError {
+  override readonly code: string = 'ERR_STALE_UPDATE';
+  override readonly retryable: boolean = false;
+}
+
 registerErrorClass(StalePlanError);
 registerErrorClass(SyncRoundError);
+registerErrorClass(StaleUpdateError);

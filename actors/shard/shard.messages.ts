@@ -7,6 +7,17 @@
  * asynchronous mode each push is one update; in synchronous (bsp) mode a
  * round is one update, applied when `expected` contributions of that round
  * have arrived (weighted by their sample counts).
+ *
+ * Staleness = shard version at the push − the push's `base_version` (the
+ * version its gradient was computed from), i.e. how many updates other
+ * senders applied to this shard meanwhile. In hps one update is one group
+ * sync of a `sync`/`adaptive` group (its member owning this shard pushes the
+ * group's reduced slice once per sync), one step of an `async` group member,
+ * or one window of an `accumulation` member — so staleness 3 means three
+ * other groups' (or members') updates landed on this shard since the group
+ * pulled. With a staleness policy (hps) the shard applies a push at
+ * lr / (1 + staleness) and refuses one staler than `max_staleness` with
+ * StaleUpdateError.
  */
 import { z } from 'zod';
 import { zf32, zi32 } from '../../runtime/mod.ts';
@@ -71,6 +82,8 @@ export interface PushReply {
   applied: boolean;
   /** Shard version minus `base_version` at the time of the push. */
   staleness: number;
+  /** Learning-rate multiplier the push was applied with (1 / (1 + staleness) under the hps policy; 1 otherwise). */
+  lr_scale: number;
 }
 
 /** One dense block in a snapshot, with its optimizer state. */
@@ -136,7 +149,14 @@ export interface ShardStats {
   waiting_pulls: number;
   /** Contributions received so far to synchronous rounds not yet applied. */
   pending_contributions: number;
+  /** Staleness of every push received (refused ones included). */
   staleness: StalenessHistogram;
+  /** The policy's bound (hps); null: staleness is only measured. */
+  max_staleness: number | null;
+  /** Async pushes refused as staler than `max_staleness` (StaleUpdateError). */
+  stale_refused: number;
+  /** Async pushes applied at a reduced learning rate (staleness > 0 under the policy). */
+  stale_scaled: number;
   /** Time spent applying updates (optimizer steps), in milliseconds. */
   apply_ms: number;
 }

@@ -120,3 +120,49 @@ export async function waitForShards(system: ActorSystem, shards: readonly string
     await clock.sleep(250);
   }
 }
+
+/** Every shard's staleness histogram merged (same bucket bounds), plus the policy's counters: for the run's summary. */
+export interface StalenessSummary {
+  /** Bucket upper bounds; `counts[i]` counts pushes with staleness ≤ `le[i]` (and above the previous bound); the last count is above the last bound. */
+  le: number[];
+  counts: number[];
+  /** Pushes measured, their mean and largest staleness. */
+  count: number;
+  mean: number;
+  max: number;
+  /** hps: pushes refused as staler than max_staleness, and applied at a reduced rate. */
+  refused: number;
+  scaled: number;
+  /** The bound the shards enforce; null: measured only (asp, bsp). */
+  max_staleness: number | null;
+  per_shard: Record<string, { count: number; mean: number; max: number; refused: number; scaled: number }>;
+}
+
+/**
+ * Asks every shard for its stats and merges their staleness histograms. A
+ * shard that does not answer is left out (and named in the log), so a
+ * summary never fails on it.
+ */
+export async function shardStalenessSummary(client: ShardClient, shards: readonly string[], log: Logger | null = null): Promise<StalenessSummary> {
+  const stats = await Promise.all(shards.map((s) => client.stats(s).catch((e: unknown) => {
+    log?.warn({ shard: s, err: (e as Error).message }, 'shard stats not available for the staleness summary');
+    return null;
+  })));
+  const out: StalenessSummary = { le: [], counts: [], count: 0, mean: 0, max: 0, refused: 0, scaled: 0, max_staleness: null, per_shard: {} };
+  let sum = 0;
+  stats.forEach((st, i) => {
+    if (st === null) return;
+    const h = st.staleness;
+    if (out.le.length === 0) { out.le = [...h.le]; out.counts = h.counts.map(() => 0); }
+    h.counts.forEach((c, k) => { out.counts[k] = (out.counts[k] ?? 0) + c; });
+    out.count += h.count;
+    sum += h.sum;
+    out.max = Math.max(out.max, h.max);
+    out.refused += st.stale_refused;
+    out.scaled += st.stale_scaled;
+    out.max_staleness = st.max_staleness;
+    out.per_shard[shards[i]!] = { count: h.count, mean: h.count ? h.sum / h.count : 0, max: h.max, refused: st.stale_refused, scaled: st.stale_scaled };
+  });
+  out.mean = out.count ? sum / out.count : 0;
+  return out;
+}

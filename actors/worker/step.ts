@@ -2,19 +2,28 @@
  * One training step of a parameter-server worker: the batch's unique ids,
  * pulls from the shards that own them (and every dense block), the step
  * graph, and one push per shard — all shards in parallel. Used by the worker
- * actor's loop and by the API's wrapped optimizer.
+ * actor's loop and by the API's wrapped optimizer (`run`), and by hps group
+ * members (`compute`: pull and step, the gradients go to the group's sync
+ * strategy instead of straight to the shards).
+ *
+ * Emulation (`emulate.speed`, `emulate.bandwidth_mbps`) is applied here: the
+ * step graph is paced to the emulated step time, pulls and pushes are held on
+ * the emulated link (see emulation.ts).
  */
 import {
   InvalidTensorError, ValidationError, type Clock, type Logger,
 } from '../../runtime/mod.ts';
-import type { ShardPlan } from '../../topology/mod.ts';
+import { DEFAULT_EMULATION_REFERENCE_STEP_MS, type ShardPlan } from '../../topology/mod.ts';
 import {
   CtrModel, buildCtrFeeds, buildMlpFeeds, bucketCtrIds, ctrBagIndex, hashedBagOfIds, headOfBatch, runTrainingStep, streamOptions,
   type Batch, type CtrBagIndex, type DataSource, type MlpModel, type StepSession,
 } from '../../native-bridge/mod.ts';
 import type { BatchDescriptor } from '../batch-queue.ts';
 import { EMB_TABLE, WIDE_TABLE, type SparseLayout } from '../config-bridge.ts';
-import { allocateDense, assemblePull, planExchange, pullRequest, pushRequest } from './param-exchange.ts';
+import type { PullReply, PullRequest, PushReply, PushRequest } from '../shard/shard.messages.ts';
+import { StaleUpdateError } from '../shard/shard.errors.ts';
+import { ComputePacer, EmulatedLink, pullBytes, pushBytes } from './emulation.ts';
+import { allocateDense, assemblePull, planExchange, pullRequest, pushRequest, type ShardExchange } from './param-exchange.ts';
 import type { ShardClient } from './shard-client.ts';
 
 /** The batch a descriptor names, regenerated from the (deterministic) data source. */
@@ -42,8 +51,32 @@ export interface StepOutcome {
   samples: number;
   /** Largest staleness the shards reported for this step's pushes. */
   staleness: number;
+  /** Real compute time of the step graph. */
   computeMs: number;
+  /** The step as the (emulated) device took it; = computeMs when not emulated. */
+  stepMs: number;
+  /** Some shard refused its push as too stale (hps policy): that part of the gradient was dropped. */
+  droppedStale: boolean;
 }
+
+/** A step's gradients before they go anywhere (hps group members hand them to their sync strategy). */
+export interface ComputedStep {
+  loss: number;
+  samples: number;
+  /** The batch's unique (bucketed) ids, the rows of `rowGrads`; null for mlp. */
+  uniqueIds: Int32Array | null;
+  /** Mean gradient over the batch of every dense parameter, by name. */
+  denseGrads: ReadonlyMap<string, Float32Array>;
+  /** Per sparse table, `[U, dim]` row gradients in `uniqueIds` order; null for mlp. */
+  rowGrads: ReadonlyMap<string, Float32Array> | null;
+  /** Version each shard answered this step's pulls with. */
+  versions: ReadonlyMap<string, number>;
+  computeMs: number;
+  stepMs: number;
+}
+
+/** Outcome of one push through the stepper: the shard's reply, or refused as too stale (the gradient is dropped). */
+export type PushResult = { refused: false; reply: PushReply } | { refused: true; error: StaleUpdateError };
 
 export interface WorkerStepperOptions {
   client: ShardClient;
@@ -53,17 +86,34 @@ export interface WorkerStepperOptions {
   session: StepSession;
   clock: Clock;
   log: Logger;
-  /** nodes.<name>.emulate.speed: compute time is stretched by 1 / speed; null = not emulated. */
+  /** nodes.<name>.emulate.speed: a step takes referenceStepMs / speed; null = not emulated. */
   emulateSpeed: number | null;
+  /** training.emulation_reference_step_ms (default DEFAULT_EMULATION_REFERENCE_STEP_MS). */
+  referenceStepMs?: number;
+  /** nodes.<name>.emulate.bandwidth_mbps; null or absent = not limited. */
+  bandwidthMbps?: number | null;
+  /** For log lines; default "worker". */
+  node?: string;
 }
 
 export class WorkerStepper {
   private readonly dense: Map<string, Float32Array>;
   private steps = 0;
+  /** `dense` holds pulled values (compute may reuse them within a window). */
+  private densePulled = false;
+  readonly pacer: ComputePacer;
+  readonly link: EmulatedLink;
 
   constructor(private readonly o: WorkerStepperOptions) {
     this.dense = allocateDense(o.plan);
+    this.pacer = new ComputePacer({
+      clock: o.clock, log: o.log, node: o.node ?? 'worker', speed: o.emulateSpeed, referenceStepMs: o.referenceStepMs ?? DEFAULT_EMULATION_REFERENCE_STEP_MS,
+    });
+    this.link = new EmulatedLink(o.clock, o.bandwidthMbps ?? null);
   }
+
+  get plan(): ShardPlan { return this.o.plan; }
+  get client(): ShardClient { return this.o.client; }
 
   /**
    * One step on `batch` (null: an empty contribution to a bsp round). With
@@ -71,28 +121,92 @@ export class WorkerStepper {
    * are contributions to the round; without, both are immediate (asp).
    */
   async run(batch: Batch | null, sync: SyncRound | null): Promise<StepOutcome> {
-    const { plan, model, layout, client } = this.o;
+    const { plan, layout } = this.o;
     const tables = layout.tables;
-    let index: CtrBagIndex | null = null;
-    if (batch !== null && model instanceof CtrModel) {
-      if (batch.kind !== 'ctr') throw new InvalidTensorError(`the ctr model cannot train on ${batch.kind} batch ${batch.batchId}`);
-      const ids = layout.hashBuckets === null ? batch.ids : bucketCtrIds(batch.offsets, batch.ids, batch.slots, layout.hashBuckets);
-      index = ctrBagIndex(batch.offsets, ids);
-    }
+    const index = this.indexOf(batch);
     const exchanges = planExchange(plan, index?.uniqueIds ?? null, { dense: batch !== null, allShards: sync !== null });
     const minRound = sync?.round ?? null;
-    const replies = await Promise.all(exchanges.map((ex) => client.pull(ex.shard, pullRequest(plan, ex, tables, minRound), sync?.expected ?? null)));
+    const replies = await Promise.all(exchanges.map((ex) => this.pull(ex.shard, pullRequest(plan, ex, tables, minRound), sync?.expected ?? null)));
     const versions = new Map(exchanges.map((ex, s) => [ex.shard, replies[s]!.version]));
 
     if (batch === null) {
-      const pushes = await Promise.all(exchanges.map((ex) => client.push(ex.shard, pushRequest(plan, ex, tables, null, null, {
+      const pushes = await Promise.all(exchanges.map((ex) => this.push(ex.shard, pushRequest(plan, ex, tables, null, null, {
         round: sync?.round ?? null, expected: sync?.expected ?? null, weight: 0, baseVersion: versions.get(ex.shard)!,
       }))));
-      return { loss: null, samples: 0, staleness: Math.max(0, ...pushes.map((p) => p.staleness)), computeMs: 0 };
+      return { loss: null, samples: 0, staleness: stalenessOf(pushes), computeMs: 0, stepMs: 0, droppedStale: pushes.some((p) => p.refused) };
     }
 
     const U = index?.uniqueIds.length ?? 0;
     const rows = assemblePull(exchanges, replies, tables, this.dense, U);
+    this.densePulled = true;
+    const { result, timing } = await this.graph(batch, index, rows, U);
+    const rowGrads = result.rowGrads === null ? null : new Map([[EMB_TABLE, result.rowGrads.emb], [WIDE_TABLE, result.rowGrads.wide]]);
+    const pushes = await Promise.all(exchanges.map((ex) => this.push(ex.shard, pushRequest(plan, ex, tables, result.denseGrads, rowGrads, {
+      round: sync?.round ?? null, expected: sync?.expected ?? null, weight: batch.size, baseVersion: versions.get(ex.shard)!,
+    }))));
+    return {
+      loss: result.loss, samples: batch.size, staleness: stalenessOf(pushes), computeMs: timing.computeMs, stepMs: timing.stepMs,
+      droppedStale: pushes.some((p) => p.refused),
+    };
+  }
+
+  /**
+   * Pulls what `batch` needs and runs the step graph; pushes nothing.
+   * `reuseDense`: keep the dense parameters of the previous pull (a window of
+   * accumulated steps computes every step from the same parameters); the
+   * batch's rows are always pulled (each batch needs other ids).
+   */
+  async compute(batch: Batch, opts: { reuseDense: boolean }): Promise<ComputedStep> {
+    const { plan, layout } = this.o;
+    const tables = layout.tables;
+    const index = this.indexOf(batch);
+    const pullDense = !(opts.reuseDense && this.densePulled);
+    const exchanges = planExchange(plan, index?.uniqueIds ?? null, { dense: pullDense, allShards: false });
+    const replies = await Promise.all(exchanges.map((ex) => this.pull(ex.shard, pullRequest(plan, ex, tables, null))));
+    const versions = new Map(exchanges.map((ex, s) => [ex.shard, replies[s]!.version]));
+    const U = index?.uniqueIds.length ?? 0;
+    const rows = assemblePull(exchanges, replies, tables, this.dense, U);
+    if (pullDense) this.densePulled = true;
+    const { result, timing } = await this.graph(batch, index, rows, U);
+    return {
+      loss: result.loss, samples: batch.size, uniqueIds: index?.uniqueIds ?? null, denseGrads: result.denseGrads,
+      rowGrads: result.rowGrads === null ? null : new Map([[EMB_TABLE, result.rowGrads.emb], [WIDE_TABLE, result.rowGrads.wide]]),
+      versions, computeMs: timing.computeMs, stepMs: timing.stepMs,
+    };
+  }
+
+  /** A pull through the emulated link. */
+  async pull(shard: string, req: PullRequest, expected: number | null = null): Promise<PullReply> {
+    const reply = await this.o.client.pull(shard, req, expected);
+    await this.link.transfer(pullBytes(req, reply));
+    return reply;
+  }
+
+  /** A push through the emulated link; a push the shard refuses as too stale (hps) is reported, not thrown. */
+  async push(shard: string, req: PushRequest): Promise<PushResult> {
+    await this.link.transfer(pushBytes(req));
+    try {
+      return { refused: false, reply: await this.o.client.push(shard, req) };
+    } catch (e) {
+      if (e instanceof StaleUpdateError) {
+        this.o.log.debug({ shard, staleness: e.data?.staleness ?? null }, 'push refused as too stale: its gradient is dropped');
+        return { refused: true, error: e };
+      }
+      throw e;
+    }
+  }
+
+  private indexOf(batch: Batch | null): CtrBagIndex | null {
+    if (batch === null || !(this.o.model instanceof CtrModel)) return null;
+    if (batch.kind !== 'ctr') throw new InvalidTensorError(`the ctr model cannot train on ${batch.kind} batch ${batch.batchId}`);
+    const layout = this.o.layout;
+    const ids = layout.hashBuckets === null ? batch.ids : bucketCtrIds(batch.offsets, batch.ids, batch.slots, layout.hashBuckets);
+    return ctrBagIndex(batch.offsets, ids);
+  }
+
+  /** The step graph on the pulled parameters, paced to the emulated step time. */
+  private async graph(batch: Batch, index: CtrBagIndex | null, rows: Map<string, Float32Array>, U: number) {
+    const { model } = this.o;
     const step = ++this.steps;
     const t0 = this.o.clock.monotonic();
     let result;
@@ -104,15 +218,18 @@ export class WorkerStepper {
       const mlpBatch = batch.kind === 'mlp' ? batch : hashedBagOfIds(batch, model.inputWidth);
       result = await runTrainingStep(this.o.session, model, buildMlpFeeds(model, mlpBatch, this.dense, 'step'), step);
     }
-    const computeMs = this.o.clock.monotonic() - t0;
-    const speed = this.o.emulateSpeed;
-    // Emulated heterogeneity: a node at speed s takes 1/s times as long per step.
-    if (speed !== null && speed < 1) await this.o.clock.sleep(computeMs * (1 / speed - 1));
-
-    const rowGrads = result.rowGrads === null ? null : new Map([[EMB_TABLE, result.rowGrads.emb], [WIDE_TABLE, result.rowGrads.wide]]);
-    const pushes = await Promise.all(exchanges.map((ex) => client.push(ex.shard, pushRequest(plan, ex, tables, result.denseGrads, rowGrads, {
-      round: sync?.round ?? null, expected: sync?.expected ?? null, weight: batch.size, baseVersion: versions.get(ex.shard)!,
-    }))));
-    return { loss: result.loss, samples: batch.size, staleness: Math.max(0, ...pushes.map((p) => p.staleness)), computeMs };
+    const timing = await this.pacer.finish(t0);
+    return { result, timing };
   }
 }
+
+function stalenessOf(pushes: readonly PushResult[]): number {
+  let s = 0;
+  for (const p of pushes) {
+    const v = p.refused ? Number(p.error.data?.staleness ?? 0) : p.reply.staleness;
+    if (v > s) s = v;
+  }
+  return s;
+}
+
+export type { ShardExchange };

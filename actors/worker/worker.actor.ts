@@ -14,17 +14,25 @@
  *   `min_round r` (answered once round r-1 is applied everywhere), pushes a
  *   contribution to round r weighted by its batch size — 0 when it found no
  *   batch, so the round still completes.
- * - `hps`: hierarchical sync is not active yet; runs as `asp` and says so.
+ * - `hps`: synchronous inside the worker's group, asynchronous between
+ *   groups (actors/group/group-sync.ts): the loop runs sync windows of its
+ *   group's strategy and acknowledges a window's batches once the group's
+ *   update of them is pushed (or refused as too stale: dropped, still
+ *   acknowledged, counted in `dropped_stale_batches`).
+ *
+ * Emulation (`nodes.<name>.emulate`) is labelled in the logs, the stats and
+ * every telemetry message (`emulated`, `emulated_speed`).
  */
 import {
-  type ActorContext, type ActorDefinition, type Timer,
+  ConfigError, type ActorContext, type ActorDefinition, type Timer,
 } from '../../runtime/mod.ts';
-import type { ShardPlan } from '../../topology/mod.ts';
+import type { ShardPlan, WorkerGroupConfig } from '../../topology/mod.ts';
 import { StepSession, type CtrModel, type DataSource, type ExecutionProvider, type MlpModel } from '../../native-bridge/mod.ts';
 import type { BatchQueue, QueuedBatch } from '../batch-queue.ts';
 import type { SparseLayout } from '../config-bridge.ts';
 import type { JobInfo } from '../job-info.ts';
-import { publishTelemetry, type BatchTelemetry, type DoneTelemetry, type ProgressTelemetry } from '../telemetry.ts';
+import { publishTelemetry, type BatchTelemetry, type DoneTelemetry, type ProgressTelemetry, type StartTelemetry } from '../telemetry.ts';
+import { GroupMember, type WindowOutcome } from '../group/group-sync.ts';
 import { ShardClient, StopRequestedError } from './shard-client.ts';
 import { WorkerStepper, batchFromDescriptor, type SyncRound } from './step.ts';
 import { workerMessages, type WorkerMessages, type WorkerStats } from './worker.messages.ts';
@@ -42,6 +50,12 @@ export interface WorkerActorOptions {
   /** ONNX Runtime threads per operator; null = every CPU. */
   threads: number | null;
   emulateSpeed: number | null;
+  /** training.emulation_reference_step_ms (default 100). */
+  referenceStepMs?: number;
+  /** nodes.<name>.emulate.bandwidth_mbps; null or absent: not limited. */
+  bandwidthMbps?: number | null;
+  /** hps: this worker's group (members, sync strategy); required in hps, ignored otherwise. */
+  groupSync?: WorkerGroupConfig | null;
   /** Per request attempt to a shard. Default 10 s. */
   requestTimeoutMs?: number;
   /** How long a bsp worker looks for a batch before it contributes an empty one. Default 1.5 s. */
@@ -58,11 +72,15 @@ export type WorkerActorDefinition = ActorDefinition<WorkerMessages> & {
 };
 
 export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition {
-  const mode: 'bsp' | 'asp' = o.job.mode === 'bsp' ? 'bsp' : 'asp';
+  const mode = o.job.mode;
+  const groupSync = mode === 'hps' ? o.groupSync ?? null : null;
+  if (mode === 'hps' && groupSync === null) throw new ConfigError(`worker ${o.node}: training.mode hps needs the worker's group (groupSync)`);
+  const emulated = o.emulateSpeed !== null || (o.bandwidthMbps ?? null) !== null;
   const requestTimeoutMs = o.requestTimeoutMs ?? 10_000;
   const stats: WorkerStats = {
-    node: o.node, group: o.group, state: 'starting', mode, steps: 0, samples: 0, batches_acked: 0, ack_failures: 0,
-    redelivered_taken: 0, empty_rounds: 0, round: null, mean_loss: null, emulated_speed: o.emulateSpeed, error: null,
+    node: o.node, group: o.group, state: 'starting', mode, sync_mode: groupSync?.sync_mode ?? null, windows: 0, dropped_stale_batches: 0,
+    busy_ms: 0, emulated_step_ms: 0, steps: 0, samples: 0, batches_acked: 0, ack_failures: 0,
+    redelivered_taken: 0, empty_rounds: 0, round: null, mean_loss: null, emulated_speed: o.emulateSpeed, emulated, error: null,
   };
   let stopRequested = false;
   let session: StepSession | null = null;
@@ -71,30 +89,69 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
   const done = new Promise<WorkerStats>((r) => { resolveDone = r; });
   // Loss and samples since the last progress message.
   let windowLoss = 0; let windowSamples = 0; let windowSteps = 0; let windowStart = 0;
+  let windowBusy = 0; let windowStepMs = 0;
   let lossSum = 0;
+  let loopStart = 0;
 
   const run = async (ctx: ActorContext): Promise<void> => {
     const { log, clock, system } = ctx;
     const client = new ShardClient(system, { requestTimeoutMs, log, shouldStop: () => stopRequested });
-    const stepper = new WorkerStepper({ client, plan: o.plan, model: o.model, layout: o.layout, session: session!, clock, log, emulateSpeed: o.emulateSpeed });
+    const stepper = new WorkerStepper({
+      client, plan: o.plan, model: o.model, layout: o.layout, session: session!, clock, log, node: o.node,
+      emulateSpeed: o.emulateSpeed, referenceStepMs: o.referenceStepMs, bandwidthMbps: o.bandwidthMbps ?? null,
+    });
     const job = o.job.job;
-    if (o.job.mode === 'hps') {
-      log.warn('training.mode hps: hierarchical sync (sync inside groups, async between them) is not active yet; this worker trains asynchronously (asp)');
+    if (o.emulateSpeed !== null) {
+      log.info({ emulated_speed: o.emulateSpeed, emulated_step_ms: stepper.pacer.targetStepMs },
+        `EMULATED heterogeneity (not real hardware): every step takes ${stepper.pacer.targetStepMs!.toFixed(0)} ms `
+        + `(training.emulation_reference_step_ms / nodes.${o.node}.emulate.speed ${o.emulateSpeed}), the real compute inside it`);
     }
-    if (o.emulateSpeed !== null) log.info({ emulated_speed: o.emulateSpeed }, `emulated heterogeneity: compute time stretched ×${(1 / o.emulateSpeed).toFixed(2)} (nodes.${o.node}.emulate.speed)`);
+    if ((o.bandwidthMbps ?? null) !== null) log.info({ bandwidth_mbps: o.bandwidthMbps }, `EMULATED link: ${o.bandwidthMbps} Mbit/s for pulls, pushes and group slices (nodes.${o.node}.emulate.bandwidth_mbps)`);
+    if (groupSync !== null) {
+      log.info({ group: groupSync.name, sync_mode: groupSync.sync_mode, members: groupSync.nodes },
+        `hps: ${groupSync.sync_mode} inside group ${groupSync.name} (${groupSync.nodes.join(', ')}), asynchronous between groups`);
+    }
     windowStart = clock.monotonic();
-    publishTelemetry(system.transport, job, 'start', o.node, { node: o.node, group: o.group, mode, emulated_speed: o.emulateSpeed });
+    loopStart = windowStart;
+    const start: StartTelemetry = {
+      node: o.node, group: o.group, mode, emulated_speed: o.emulateSpeed, emulated, sync_mode: groupSync?.sync_mode ?? null,
+      emulated_step_target_ms: stepper.pacer.targetStepMs,
+    };
+    publishTelemetry(system.transport, job, 'start', o.node, start);
     const progress = clock.setInterval(() => {
       const now = clock.monotonic();
       const body: ProgressTelemetry = {
         node: o.node, group: o.group, steps: stats.steps, samples: stats.samples,
         loss: windowSamples > 0 ? windowLoss / windowSamples : null,
         samples_per_s: now > windowStart ? (windowSamples * 1000) / (now - windowStart) : 0,
-        round: stats.round, emulated_speed: o.emulateSpeed,
+        round: stats.round, emulated_speed: o.emulateSpeed, emulated,
+        busy_ms: windowBusy, emulated_step_ms: windowStepMs, window_ms: Math.max(0, now - windowStart),
       };
       publishTelemetry(system.transport, job, 'progress', o.node, body);
-      windowLoss = 0; windowSamples = 0; windowSteps = 0; windowStart = now;
+      windowLoss = 0; windowSamples = 0; windowSteps = 0; windowStart = now; windowBusy = 0; windowStepMs = 0;
     }, o.progressIntervalMs ?? 2_000);
+
+    /** Counts a trained batch and reports it once acknowledged. */
+    const account = async (item: QueuedBatch, t: { loss: number; samples: number; computeMs: number; stepMs: number; staleness: number; droppedStale: boolean; round: number | null; window: number | null }) => {
+      const confirmed = await item.ack();
+      stats.steps++; stats.samples += t.samples;
+      stats.busy_ms += t.computeMs; stats.emulated_step_ms += t.stepMs;
+      windowSteps++; windowSamples += t.samples; windowLoss += t.loss * t.samples; lossSum += t.loss * t.samples;
+      windowBusy += t.computeMs; windowStepMs += t.stepMs;
+      stats.mean_loss = lossSum / stats.samples;
+      if (t.droppedStale) stats.dropped_stale_batches++;
+      if (confirmed) stats.batches_acked++;
+      else {
+        stats.ack_failures++;
+        log.warn({ batch: item.desc.batch_id }, 'the queue did not confirm the acknowledgement (the delivery had expired): the batch may be trained again');
+      }
+      const tel: BatchTelemetry = {
+        node: o.node, batch_id: item.desc.batch_id, samples: t.samples, loss: t.loss, redelivered: item.redelivered,
+        ack_confirmed: confirmed, staleness: t.staleness, round: t.round, busy_ms: t.computeMs, emulated_step_ms: t.stepMs,
+        dropped_stale: t.droppedStale, window: t.window,
+      };
+      publishTelemetry(system.transport, job, 'batch', o.node, tel);
+    };
 
     const step = async (item: QueuedBatch | null, sync: SyncRound | null): Promise<void> => {
       // A long bsp wait must not let the batch's ack_wait run out while this worker still holds it.
@@ -108,20 +165,10 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
         const out = await stepper.run(batch, sync);
         keepAlive?.cancel();
         if (item === null || out.loss === null) { stats.empty_rounds++; return; }
-        const confirmed = await item.ack();
-        stats.steps++; stats.samples += out.samples;
-        windowSteps++; windowSamples += out.samples; windowLoss += out.loss * out.samples; lossSum += out.loss * out.samples;
-        stats.mean_loss = lossSum / stats.samples;
-        if (confirmed) stats.batches_acked++;
-        else {
-          stats.ack_failures++;
-          log.warn({ batch: item.desc.batch_id }, 'the queue did not confirm the acknowledgement (the delivery had expired): the batch may be trained again');
-        }
-        const tel: BatchTelemetry = {
-          node: o.node, batch_id: item.desc.batch_id, samples: out.samples, loss: out.loss, redelivered: item.redelivered,
-          ack_confirmed: confirmed, staleness: out.staleness, round: sync?.round ?? null,
-        };
-        publishTelemetry(system.transport, job, 'batch', o.node, tel);
+        await account(item, {
+          loss: out.loss, samples: out.samples, computeMs: out.computeMs, stepMs: out.stepMs, staleness: out.staleness,
+          droppedStale: out.droppedStale, round: sync?.round ?? null, window: null,
+        });
       } catch (e) {
         keepAlive?.cancel();
         // Give the batch back at once rather than after ack_wait.
@@ -130,9 +177,54 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
       }
     };
 
+    /** hps: one sync window of the group's strategy; the batches taken are acknowledged once the group's update of them is out. */
+    const hpsWindow = async (member: GroupMember): Promise<WindowOutcome> => {
+      const held: QueuedBatch[] = [];
+      const keepAlive = clock.setInterval(() => { for (const h of held) h.working(); }, Math.max(500, Math.floor(o.job.ack_wait_ms / 3)));
+      let outcome: WindowOutcome;
+      try {
+        outcome = await member.runWindow({
+          next: async () => {
+            if (stopRequested) return null;
+            const item = await o.queue.next(1_000);
+            if (item === null) return null;
+            held.push(item);
+            if (item.redelivered) stats.redelivered_taken++;
+            return batchFromDescriptor(o.source, item.desc);
+          },
+          // Nothing waiting and nothing in flight anywhere (a dead worker's batch comes back after ack_wait).
+          drained: async () => (await o.queue.pending().catch(() => 1)) === 0,
+        });
+      } catch (e) {
+        keepAlive.cancel();
+        for (const h of held) h.nak();
+        throw e;
+      }
+      keepAlive.cancel();
+      stats.windows++;
+      stats.round = null;
+      await Promise.all(held.map((item, i) => {
+        const s = outcome.steps[i]!;
+        return account(item, {
+          loss: s.loss, samples: s.samples, computeMs: s.computeMs, stepMs: s.stepMs, staleness: outcome.staleness,
+          droppedStale: outcome.droppedStale, round: null, window: outcome.window,
+        });
+      }));
+      return outcome;
+    };
+
     try {
       stats.state = 'training';
-      if (mode === 'bsp') {
+      if (groupSync !== null) {
+        const member = new GroupMember({
+          system, group: groupSync, member: o.node, runId: o.job.run_id, plan: o.plan, stepper, log, shouldStop: () => stopRequested, requestTimeoutMs,
+        });
+        await member.start();
+        while (!stopRequested) {
+          const outcome = await hpsWindow(member);
+          if (outcome.done) break;
+        }
+      } else if (mode === 'bsp') {
         const expected = o.job.workers.length;
         for (let r = 0; r < o.job.rounds && !stopRequested; r++) {
           stats.round = r;
@@ -162,9 +254,15 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
       progress.cancel();
       const body: DoneTelemetry = {
         node: o.node, steps: stats.steps, samples: stats.samples, batches_acked: stats.batches_acked, empty_rounds: stats.empty_rounds, reason: stats.state,
+        busy_ms: stats.busy_ms, emulated_step_ms: stats.emulated_step_ms, wall_ms: Math.max(0, clock.monotonic() - loopStart),
+        emulated, emulated_speed: o.emulateSpeed, dropped_stale_batches: stats.dropped_stale_batches, windows: stats.windows,
       };
       publishTelemetry(system.transport, job, 'done', o.node, body);
-      log.info({ steps: stats.steps, samples: stats.samples, acked: stats.batches_acked, state: stats.state }, 'training loop ended');
+      log.info({
+        steps: stats.steps, samples: stats.samples, acked: stats.batches_acked, state: stats.state,
+        ...(groupSync !== null ? { windows: stats.windows, dropped_stale_batches: stats.dropped_stale_batches } : {}),
+        ...(emulated ? { emulated: true, emulated_speed: o.emulateSpeed } : {}),
+      }, 'training loop ended');
       resolveDone({ ...stats });
     }
   };

@@ -4,6 +4,7 @@
  * (or any NATS client, in JSON) look at it and stop it.
  */
 import { z } from 'zod';
+import type { SyncMode } from '../../topology/mod.ts';
 
 export const workerMessages = {
   /** Counters and the loop's state. */
@@ -17,7 +18,7 @@ export type WorkerMessages = typeof workerMessages;
  * Lifecycle of a worker's training loop:
  * - `starting`: creating its step session
  * - `training`: taking and training batches
- * - `done`: the job has no batches left for it (asp: all acknowledged; bsp: every round taken part in)
+ * - `done`: the job has no batches left for it (asp: all acknowledged; bsp: every round taken part in; hps: as asp, agreed by the whole group for sync / adaptive groups)
  * - `stopped`: told to stop
  * - `failed`: the loop threw (see `error`)
  */
@@ -27,7 +28,17 @@ export interface WorkerStats {
   node: string;
   group: string;
   state: WorkerLoopState;
-  mode: 'bsp' | 'asp';
+  mode: 'bsp' | 'asp' | 'hps';
+  /** hps: the group's sync mode; null in asp / bsp. */
+  sync_mode: SyncMode | null;
+  /** hps: sync windows completed. */
+  windows: number;
+  /** hps: batches whose update was (partly) refused as too stale and dropped (still acknowledged). */
+  dropped_stale_batches: number;
+  /** Real compute of the step graphs so far. */
+  busy_ms: number;
+  /** The steps as the (emulated) device took them; = busy_ms when not emulated. */
+  emulated_step_ms: number;
   steps: number;
   samples: number;
   batches_acked: number;
@@ -41,5 +52,7 @@ export interface WorkerStats {
   round: number | null;
   mean_loss: number | null;
   emulated_speed: number | null;
+  /** Compute and link are emulated (nodes.<name>.emulate): times are not real hardware's. */
+  emulated: boolean;
   error: string | null;
 }

@@ -164,14 +164,14 @@ test('an async push applies SGD exactly: w ← w − lr·g for dense blocks and 
     // the first id twice: its gradients are summed into one update
     sparse: [{ table: 'emb', ids: Int32Array.from([ids[0]!, ids[0]!]), grads: f32([1, 0, 0, 0, 1, 2, 0, 0]) }],
   });
-  assert.deepEqual(r, { version: 1, applied: true, staleness: 0 });
+  assert.deepEqual(r, { version: 1, applied: true, staleness: 0, lr_scale: 1 });
   const after = await pull(s, 's0', { dense: [0], sparse: [{ table: 'emb', ids }] });
   assert.deepEqual(after.dense[0], f32([sgd(1, 1), sgd(2, -2), sgd(3, 0.5), 4]));
   assert.deepEqual(after.sparse[0]!.subarray(0, 4), f32([sgd(row0[0]!, 2), sgd(row0[1]!, 2), row0[2]!, row0[3]!]));
   assert.deepEqual(after.sparse[0]!.subarray(4, 8), before.sparse[0]!.subarray(4, 8), 'an id not pushed is unchanged');
   assert.equal(after.version, 1);
   const second = await push(s, 's0', { dense: [{ block: 0, grad: f32([0, 0, 0, 0]) }], base_version: 0 });
-  assert.deepEqual(second, { version: 2, applied: true, staleness: 1 });
+  assert.deepEqual(second, { version: 2, applied: true, staleness: 1, lr_scale: 1 });
   const st = await stats(s, 's0');
   assert.equal(st.pushes, 2);
   assert.equal(st.staleness.count, 2);

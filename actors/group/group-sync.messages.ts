@@ -1,0 +1,62 @@
+/**
+ * Messages of a group member's reduce mailbox, on
+ * `hps.<job>.group.<group>@<member>.<op>` (see `groupMemberSubject`). Members
+ * of a `sync` or `adaptive` group send them to each other; nobody else does.
+ *
+ * A sync of window `w` is two exchanges:
+ * 1. `slice`: every member sends every member (itself included, locally) the
+ *    part of its accumulated gradient that member reduces — the dense blocks
+ *    and sparse rows of the shards it owns — as weighted sums Σ samples·grad,
+ *    with its sample count and the shard versions it computed from;
+ * 2. `pushed`: once a member has pushed its reduced slices to its shards it
+ *    tells every member how that went; a member starts window `w + 1` (and
+ *    pulls) only when every member has, so it never reads parameters without
+ *    its group's last update.
+ * `progress` and `close` (adaptive groups only) are best-effort tells.
+ */
+import { z } from 'zod';
+import { zf32, zi32 } from '../../runtime/mod.ts';
+
+const header = {
+  /** The job's run; a message of another run (an old process) is ignored. */
+  run_id: z.string().min(1),
+  /** The sync window, counted from 0 by every member alike. */
+  window: z.number().int().nonnegative(),
+  /** The sending member (node name). */
+  member: z.string().min(1),
+};
+
+export const groupSyncMessages = {
+  slice: z.object({
+    ...header,
+    /** Samples the sender trained on in this window (0: it had no batch). */
+    weight: z.number().nonnegative(),
+    steps: z.number().int().nonnegative(),
+    /** The sender took no batch in this window. */
+    idle: z.boolean(),
+    /** The sender was idle and saw no batch left anywhere (nothing waiting, nothing in flight). */
+    drained: z.boolean(),
+    /** Per shard the receiver owns: the oldest version the sender's pulls from it answered with in this window. */
+    base_versions: z.array(z.object({ shard: z.string().min(1), version: z.number().int().nonnegative() })),
+    /** Σ samples·gradient of each dense block of the receiver's shards. */
+    dense: z.array(z.object({ block: z.number().int().nonnegative(), grad: zf32() })),
+    /** Σ samples·gradient of each row of the receiver's shards the sender touched. */
+    sparse: z.array(z.object({ table: z.string().min(1), ids: zi32(), grads: zf32() })),
+  }),
+  pushed: z.object({
+    ...header,
+    /** Shards that applied the sender's reduced slice. */
+    applied: z.array(z.string()),
+    /** Shards that refused it as too stale (StaleUpdateError): that part of the group's gradient is dropped. */
+    refused: z.array(z.string()),
+    /** Largest staleness the sender's shards reported. */
+    staleness: z.number().int().nonnegative(),
+  }),
+  /** adaptive: the sender has taken `steps` steps in `window`. */
+  progress: z.object({ ...header, steps: z.number().int().nonnegative() }),
+  /** adaptive: the sender closed `window` (the progress gap or its step cap was reached, or it found no batch). */
+  close: z.object({ ...header }),
+};
+export type GroupSyncMessages = typeof groupSyncMessages;
+export type SliceMessage = z.output<typeof groupSyncMessages.slice>;
+export type PushedMessage = z.output<typeof groupSyncMessages.pushed>;

@@ -1,0 +1,128 @@
+/**
+ * The driver's TrainingMonitor beyond the exactly-once accounting: the
+ * periodic evaluation curve (a point as training starts, every everyMs, one
+ * when the last batch is in), per-worker utilisation from the workers'
+ * step-time telemetry (and the nominal fallback for workers that send none),
+ * and the CPU accounting helpers the summary uses.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { existsSync } from 'node:fs';
+import { InProcessBroker, SimulatedClock, connectTransport, silentLogger } from '../../runtime/mod.ts';
+import type { ShardPlan } from '../../topology/mod.ts';
+import type { Evaluation } from '../../native-bridge/mod.ts';
+import { memoryBatchQueue, type BatchDescriptor } from '../../actors/batch-queue.ts';
+import { TrainingMonitor, type PreparedJob } from '../../actors/driver.ts';
+import type { JobInfo } from '../../actors/job-info.ts';
+import { publishTelemetry } from '../../actors/telemetry.ts';
+import { cpuBetween, cpuSnapshot, processCpuSeconds } from '../../cli/process-cpu.ts';
+
+const JOB = 'mon';
+const desc = (index: number): BatchDescriptor => ({ batch_id: `src/train/e0/b${index}`, epoch: 0, index, split: 'train', batch_size: 32, samples: 32 });
+const flush = () => new Promise<void>((r) => setImmediate(r));
+
+test('TrainingMonitor: the curve starts when the first worker does, has a point every everyMs and one after the last batch; utilisation comes from step-time telemetry', async () => {
+  const clock = new SimulatedClock();
+  const broker = new InProcessBroker();
+  const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
+  const workerT = await connectTransport({ servers: null, broker, name: 'worker' });
+  const queue = memoryBatchQueue({ clock, ackWaitMs: 60_000 });
+  const descriptors = [0, 1, 2, 3, 4, 5].map(desc);
+  await queue.publish(descriptors);
+  const info: JobInfo = {
+    job: JOB, run_id: 'r', mode: 'asp', workers: ['w1', 'w2'], total_batches: 6, rounds: 3, epochs: 1, batch_size: 32, ack_wait_ms: 60_000, groups: null,
+  };
+  const prepared: PreparedJob = { plan: {} as ShardPlan, descriptors, info };
+  const monitor = new TrainingMonitor(driverT, JOB, clock, silentLogger());
+
+  let evaluations = 0;
+  const samplesSeen: number[] = [];
+  const run = async (): Promise<Evaluation> => {
+    evaluations++;
+    return { kind: 'ctr', auc: 0.5 + 0.05 * evaluations, logloss: 0.7 - 0.05 * evaluations, samples: 100 };
+  };
+  const edges: string[] = [];
+  const supervised = monitor.supervise({
+    queue, prepared, onProgress: (p) => samplesSeen.push(p.samples), progressEveryMs: 1_000,
+    evaluation: { everyMs: 1_000, run },
+    // w2 sends no step times (an older worker): its busy time is steps × 150 ms.
+    nominalStepMs: (node) => (node === 'w2' ? 150 : null),
+    onTrainingStart: () => edges.push('start'), onTrainingEnd: () => edges.push('end'),
+  });
+  const advance = async (ms: number) => {
+    for (let t = 0; t < ms; t += 50) { clock.increment(50); await flush(); await flush(); }
+  };
+
+  await advance(1_000);
+  assert.equal(evaluations, 0, 'no evaluation before a worker has started (the shards may not serve yet)');
+  for (const w of ['w1', 'w2']) publishTelemetry(workerT, JOB, 'start', w, { node: w, group: 'g', mode: 'asp', emulated_speed: w === 'w1' ? 0.5 : null });
+  await advance(300);
+  assert.deepEqual(edges, ['start']);
+  assert.equal(evaluations, 1, 'the first point is taken as training starts');
+
+  // w1 takes four batches (emulated step 200 ms, 3 ms of real compute each), w2 two.
+  for (const [i, node] of ['w1', 'w1', 'w2', 'w1', 'w2', 'w1'].entries()) {
+    const item = (await queue.next(0))!;
+    assert.equal(await item.ack(), true);
+    publishTelemetry(workerT, JOB, 'batch', node, {
+      node, batch_id: item.desc.batch_id, samples: 32, loss: 0.5, redelivered: false, ack_confirmed: true, staleness: 0, round: null,
+      ...(node === 'w1' ? { busy_ms: 3, emulated_step_ms: 200 } : {}),
+    });
+    await advance(i < 5 ? 500 : 50);
+  }
+  await advance(500);
+  const report = await supervised;
+  monitor.dispose();
+
+  assert.deepEqual(edges, ['start', 'end']);
+  assert.equal(report.batches_acked, 6);
+  assert.ok(report.curve.length >= 4, `points: ${JSON.stringify(report.curve)}`);
+  assert.equal(report.curve[0]!.samples, 0);
+  assert.ok(report.curve[0]!.t_s < 0.3, 'the first point is at the start of training');
+  assert.equal(report.curve.at(-1)!.samples, 6 * 32, 'the last point is after every batch');
+  for (let k = 1; k < report.curve.length; k++) {
+    assert.ok(report.curve[k]!.t_s > report.curve[k - 1]!.t_s, 'points are in time order');
+    assert.ok(report.curve[k]!.samples >= report.curve[k - 1]!.samples);
+  }
+  assert.equal(report.curve[0]!.test_auc, 0.55);
+  assert.equal(report.curve[0]!.test_accuracy, null);
+
+  const u = report.utilisation;
+  assert.equal(u.wall_s, report.train_s);
+  const w1 = u.per_node.w1!;
+  assert.equal(w1.busy_from, 'telemetry');
+  assert.equal(w1.steps, 4);
+  assert.ok(Math.abs(w1.busy_s - 0.8) < 1e-9, `w1 busy ${w1.busy_s}`);
+  assert.ok(Math.abs(w1.compute_s! - 0.012) < 1e-9);
+  assert.equal(w1.emulated_speed, 0.5);
+  assert.ok(Math.abs(w1.utilisation - 0.8 / u.wall_s) < 1e-9);
+  const w2 = u.per_node.w2!;
+  assert.equal(w2.busy_from, 'nominal');
+  assert.ok(Math.abs(w2.busy_s - 0.3) < 1e-9);
+  assert.equal(w2.compute_s, null);
+  assert.ok(Math.abs(u.mean - (w1.utilisation + w2.utilisation) / 2) < 1e-12);
+
+  await driverT.close();
+  await workerT.close();
+});
+
+test('CPU accounting: a busy process shows its CPU seconds, the fraction is CPU over wall × cores', { skip: !existsSync('/proc/self/stat') && 'no /proc' }, () => {
+  const t0 = Date.now();
+  while (Date.now() - t0 < 150) { /* burn CPU */ }
+  const mine = processCpuSeconds(process.pid);
+  assert.ok(mine !== null && mine > 0, `own CPU seconds: ${mine}`);
+  assert.equal(processCpuSeconds(2 ** 31 - 2), null, 'a process that is not there reads as null');
+
+  const procs = [{ name: 'driver', pid: null }, { name: 'self', pid: process.pid }, { name: 'gone', pid: 2 ** 31 - 2 }];
+  const a = cpuSnapshot(procs);
+  const t1 = Date.now();
+  while (Date.now() - t1 < 300) { /* burn CPU */ }
+  const b = cpuSnapshot(procs);
+  const r = cpuBetween(a, b, 4);
+  assert.ok(r.window_s >= 0.29 && r.window_s < 5);
+  assert.ok(r.per_process.driver! > 0.01, `driver CPU ${r.per_process.driver}`);
+  assert.equal(r.per_process.gone, null);
+  assert.ok(Math.abs(r.process_cpu_s - (r.per_process.driver! + (r.per_process.self ?? 0))) < 1e-9);
+  assert.ok(Math.abs(r.cpu_busy_fraction - r.process_cpu_s / (r.window_s * 4)) < 1e-9);
+  assert.ok(r.machine_busy_fraction !== null && r.machine_busy_fraction > 0 && r.machine_busy_fraction <= 1);
+});

@@ -1,0 +1,143 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import {
+  ActorSystem, ConfigError, InProcessBroker, SeededRandom, SimulatedClock, connectTransport, silentLogger, systemClock, type Logger, type Transport,
+} from '../../runtime/mod.ts';
+import { parseConfig } from '../../topology/mod.ts';
+import { StepSession, streamOptions } from '../../native-bridge/mod.ts';
+import { shardPlanFromConfig, sparseLayoutFromConfig } from '../../actors/config-bridge.ts';
+import { modelAndData, startServerNode } from '../../actors/nodes.ts';
+import { memoryPlanStore } from '../../actors/plan-store.ts';
+import { ComputePacer, EmulatedLink } from '../../actors/worker/emulation.ts';
+import { ShardClient } from '../../actors/worker/shard-client.ts';
+import { WorkerStepper } from '../../actors/worker/step.ts';
+
+/** A logger that keeps the warnings. */
+function warnings(): { log: Logger; lines: string[] } {
+  const lines: string[] = [];
+  const log = silentLogger();
+  log.warn = ((obj: unknown, msg?: string) => { lines.push(typeof obj === 'string' ? obj : msg ?? ''); }) as Logger['warn'];
+  return { log, lines };
+}
+
+/** Lets pending promise callbacks run, then moves the simulated clock by `ms` (timers fire on the way). */
+async function advance(clock: SimulatedClock, ms: number): Promise<void> {
+  for (let i = 0; i < 5; i++) await new Promise((r) => setImmediate(r));
+  clock.increment(ms);
+}
+
+test('emulated compute: a speed-0.5 node\'s step takes 2× the reference step, the real compute inside it', async () => {
+  const clock = new SimulatedClock(1_000);
+  const { log, lines } = warnings();
+  const pacer = new ComputePacer({ clock, log, node: 'slow', speed: 0.5, referenceStepMs: 100 });
+  assert.equal(pacer.targetStepMs, 200);
+
+  // 30 ms of real compute: the pacer sleeps the other 170.
+  const start = clock.monotonic();
+  clock.increment(30);
+  let timing: { computeMs: number; stepMs: number } | null = null;
+  const p = pacer.finish(start).then((t) => { timing = t; });
+  await advance(clock, 169);
+  assert.equal(timing, null, 'still inside the emulated step');
+  await advance(clock, 1);
+  await p;
+  assert.deepEqual(timing, { computeMs: 30, stepMs: 200 });
+  assert.equal(clock.monotonic() - start, 200);
+
+  // A real step longer than the emulated one: no sleep, the real time, one warning only.
+  for (let i = 0; i < 2; i++) {
+    const s = clock.monotonic();
+    clock.increment(250);
+    assert.deepEqual(await pacer.finish(s), { computeMs: 250, stepMs: 250 });
+  }
+  assert.equal(lines.length, 1);
+  assert.match(lines[0]!, /emulation cannot keep up: a real step took 250 ms, longer than the emulated 200 ms/);
+
+  // Not emulated: the real time, nothing slept.
+  const real = new ComputePacer({ clock, log, node: 'fast', speed: null, referenceStepMs: 100 });
+  const s = clock.monotonic();
+  clock.increment(7);
+  assert.deepEqual(await real.finish(s), { computeMs: 7, stepMs: 7 });
+});
+
+test('emulated link: a transfer takes bytes·8/bandwidth, and transfers queue behind each other', async () => {
+  const clock = new SimulatedClock(0);
+  const link = new EmulatedLink(clock, 8); // 8 Mbit/s = 1000 bytes per ms
+  assert.equal(link.transferMs(5_000), 5);
+  const done: string[] = [];
+  const a = link.transfer(5_000).then(() => done.push(`a@${clock.monotonic()}`));
+  const b = link.transfer(2_000).then(() => done.push(`b@${clock.monotonic()}`));
+  for (let t = 0; t < 8; t++) await advance(clock, 1);
+  await Promise.all([a, b]);
+  assert.deepEqual(done, ['a@5', 'b@7']);
+  assert.equal(link.totalDelayMs, 5 + 7);
+  const open = new EmulatedLink(clock, null);
+  await open.transfer(1 << 20);
+  assert.equal(open.totalDelayMs, 0, 'no bandwidth set: not limited');
+});
+
+test('a worker step under emulation: compute paced to reference / speed and pulls held on the link (simulated clock)', async () => {
+  const config = parseConfig(`cluster:
+  worker_groups: [{ name: g, nodes: [w1] }]
+  server_nodes: [s1]
+nodes:
+  w1: { emulate: { speed: 0.5, bandwidth_mbps: 8 } }
+model: { type: ctr, ctr: { embedding_dim: 4, hidden: [8], pooling: mean, wide: true, hash_buckets: 1000 } }
+data: { source: ctr-synthetic, batch_size: 16, samples: 64, test_samples: 16, slots: 3, dense_features: 2, vocab_size: 500 }
+optimizer: { type: sgd, learning_rate: 0.1 }
+training: { mode: hps, random_seed: 5, emulation_reference_step_ms: 40 }
+`, 'emu.yaml');
+  assert.equal(config.training.emulation_reference_step_ms, 40);
+  const md = modelAndData(config);
+  const plan = shardPlanFromConfig(config, md.model, 1 << 20);
+  const broker = new InProcessBroker();
+  const transports: Transport[] = [];
+  const sys = async (name: string) => {
+    const t = await connectTransport({ servers: null, broker, name });
+    transports.push(t);
+    return new ActorSystem({ transport: t, job: 'emu', node: name, clock: systemClock, random: new SeededRandom(1), logger: silentLogger() });
+  };
+  const [s1, w1] = [await sys('s1'), await sys('w1')];
+  await startServerNode({ config, server: 's1', system: s1, planStore: memoryPlanStore(plan), log: silentLogger(), md });
+  const session = await StepSession.create(md.model, { graph: 'step', intraOpNumThreads: 1 });
+  const clock = new SimulatedClock(0);
+  const stepper = new WorkerStepper({
+    client: new ShardClient(w1, { requestTimeoutMs: 5_000, log: silentLogger(), shouldStop: () => false }),
+    plan, model: md.model, layout: sparseLayoutFromConfig(config, md.model), session, clock, log: silentLogger(),
+    emulateSpeed: 0.5, referenceStepMs: config.training.emulation_reference_step_ms, bandwidthMbps: 8,
+  });
+  try {
+    const batch = md.source.batchesSync(streamOptions('train', 16, { epoch: 0 })).next().value!;
+    let result: Awaited<ReturnType<WorkerStepper['compute']>> | null = null;
+    const p = stepper.compute(batch, { reuseDense: false }).then((r) => { result = r; });
+    // The simulated clock only moves here, so the real compute reads as 0 ms and the whole emulated step is slept.
+    while (result === null) await advance(clock, 1);
+    await p;
+    const r = result as unknown as { computeMs: number; stepMs: number };
+    assert.equal(r.computeMs, 0);
+    assert.equal(r.stepMs, 80, 'reference 40 ms at speed 0.5');
+    assert.ok(stepper.link.totalDelayMs > 0, 'the pull was held on the 8 Mbit/s link');
+  } finally {
+    await session.dispose();
+    for (const s of [w1, s1]) await s.stop();
+    for (const t of transports) await t.close();
+  }
+});
+
+test('training.emulation_reference_step_ms defaults to 100 and must be a number > 0', () => {
+  const base = `cluster:
+  worker_groups: [{ name: g, nodes: [w1] }]
+  server_nodes: [s1]
+model: { type: ctr }
+data: { source: spam }
+`;
+  assert.equal(parseConfig(base, 'a.yaml').training.emulation_reference_step_ms, 100);
+  assert.equal(parseConfig(`${base}training: { emulation_reference_step_ms: 12.5 }\n`, 'b.yaml').training.emulation_reference_step_ms, 12.5);
+  for (const bad of ['0', '-5', 'fast']) {
+    assert.throws(() => parseConfig(`${base}training: { emulation_reference_step_ms: ${bad} }\n`, 'c.yaml'), (e: unknown) => {
+      assert.ok(e instanceof ConfigError);
+      assert.match(e.message, /training\.emulation_reference_step_ms: must be a number > 0/);
+      return true;
+    });
+  }
+});

@@ -1,0 +1,300 @@
+/**
+ * hps group sync strategies against single-process references on a small
+ * deterministic ctr run (SGD, so every difference would show): members and
+ * shards on the in-process bus, batches handed to each member directly.
+ */
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { ActorSystem, InProcessBroker, SeededRandom, connectTransport, silentLogger, systemClock, type Transport } from '../../runtime/mod.ts';
+import { parseConfig, type HetpsConfig, type ShardPlan, type WorkerGroupConfig } from '../../topology/mod.ts';
+import { StepSession, bucketCtrIds, ctrBagIndex, streamOptions, type CtrBatch } from '../../native-bridge/mod.ts';
+import { shardPlanFromConfig, sparseLayoutFromConfig, type SparseLayout } from '../../actors/config-bridge.ts';
+import { modelAndData, startServerNode, type ModelAndData } from '../../actors/nodes.ts';
+import { memoryPlanStore } from '../../actors/plan-store.ts';
+import { GroupMember, reduceOwners, windowStepLimit, type WindowOutcome, type WindowSource } from '../../actors/group/group-sync.ts';
+import { allocateDense, assemblePull, planExchange, pullRequest } from '../../actors/worker/param-exchange.ts';
+import { ShardClient } from '../../actors/worker/shard-client.ts';
+import { WorkerStepper } from '../../actors/worker/step.ts';
+
+const BATCH = 16;
+
+function configText(maxStaleness: number): string {
+  return `cluster:
+  worker_groups: [{ name: g, nodes: [a, b, c] }]
+  server_nodes: [s1, s2]
+model: { type: ctr, ctr: { embedding_dim: 4, hidden: [16], pooling: mean, wide: true, hash_buckets: 3000 } }
+data: { source: ctr-synthetic, batch_size: ${BATCH}, samples: 256, test_samples: 32, slots: 4, dense_features: 3, vocab_size: 1000 }
+optimizer: { type: sgd, learning_rate: 0.2, sparse: { type: sgd, learning_rate: 0.5 } }
+training: { mode: hps, random_seed: 9, max_staleness: ${maxStaleness} }
+`;
+}
+
+let config: HetpsConfig;
+let md: ModelAndData;
+let plan: ShardPlan;
+let layout: SparseLayout;
+let batches: CtrBatch[];
+const sessions: StepSession[] = [];
+
+before(async () => {
+  config = parseConfig(configText(8), 'group-sync.yaml');
+  md = modelAndData(config);
+  // Small blocks, so the dense parameters span both shards.
+  plan = shardPlanFromConfig(config, md.model, 4096 + 16 * 1024);
+  assert.equal(new Set(plan.dense.map((b) => b.shard)).size, 2);
+  layout = sparseLayoutFromConfig(config, md.model);
+  batches = [...md.source.batchesSync(streamOptions('train', BATCH, { epoch: 0 }))].slice(0, 6) as CtrBatch[];
+  for (let i = 0; i < 4; i++) sessions.push(await StepSession.create(md.model, { graph: 'step', intraOpNumThreads: 1 }));
+});
+
+after(async () => { for (const s of sessions) await s.dispose(); });
+
+/** The samples of several batches as one batch (its mean loss's gradient is the samples-weighted mean of theirs). */
+function union(bs: readonly CtrBatch[]): CtrBatch {
+  const slots = bs[0]!.slots;
+  const size = bs.reduce((n, b) => n + b.size, 0);
+  const offsets = new Int32Array(size * slots + 1);
+  const ids = new Int32Array(bs.reduce((n, b) => n + b.ids.length, 0));
+  const labels = new Float32Array(size);
+  const denseDim = bs[0]!.denseDim;
+  const dense = denseDim > 0 ? new Float32Array(size * denseDim) : null;
+  let bag = 0; let id = 0; let sample = 0;
+  for (const b of bs) {
+    for (let k = 1; k <= b.size * slots; k++) offsets[bag + k] = id + b.offsets[k]!;
+    ids.set(b.ids, id);
+    labels.set(b.labels, sample);
+    if (dense) dense.set(b.dense!, sample * denseDim);
+    bag += b.size * slots; id += b.ids.length; sample += b.size;
+  }
+  return { kind: 'ctr', batchId: 'union', size, slots, offsets, ids, dense, denseDim, labels };
+}
+
+interface Cluster {
+  system(name: string): Promise<ActorSystem>;
+  stepper(system: ActorSystem, session: StepSession): WorkerStepper;
+  client(system: ActorSystem): ShardClient;
+  close(): Promise<void>;
+}
+
+/** Two shards of job `job` (hps policy from `cfg`) on their own bus. */
+async function cluster(job: string, cfg: HetpsConfig = config): Promise<Cluster> {
+  const broker = new InProcessBroker();
+  const transports: Transport[] = [];
+  const systems: ActorSystem[] = [];
+  const system = async (name: string) => {
+    const t = await connectTransport({ servers: null, broker, name });
+    transports.push(t);
+    const s = new ActorSystem({ transport: t, job, node: name, clock: systemClock, random: new SeededRandom(1), logger: silentLogger() });
+    systems.push(s);
+    return s;
+  };
+  const planStore = memoryPlanStore(plan);
+  for (const s of ['s1', 's2']) await startServerNode({ config: cfg, server: s, system: await system(s), planStore, log: silentLogger(), md });
+  const client = (sys: ActorSystem) => new ShardClient(sys, { requestTimeoutMs: 5_000, log: silentLogger(), shouldStop: () => false });
+  return {
+    system,
+    client,
+    stepper: (sys, session) => new WorkerStepper({ client: client(sys), plan, model: md.model, layout, session, clock: systemClock, log: silentLogger(), emulateSpeed: null }),
+    async close() {
+      for (const s of systems.reverse()) await s.stop();
+      for (const t of transports) await t.close();
+    },
+  };
+}
+
+function group(mode: WorkerGroupConfig['sync_mode'], nodes: string[], n: number | null = null): WorkerGroupConfig {
+  return {
+    name: 'g', nodes, sync_mode: mode,
+    sync_steps: mode === 'sync' ? n : null, accumulation_steps: mode === 'accumulation' ? n : null, adaptive_threshold: mode === 'adaptive' ? n : null,
+  };
+}
+
+/** A member over the cluster, fed from a list of batches; drained once its list is empty. */
+async function member(c: Cluster, g: WorkerGroupConfig, name: string, session: StepSession) {
+  const sys = await c.system(name);
+  const m = new GroupMember({ system: sys, group: g, member: name, runId: 'run-1', plan, stepper: c.stepper(sys, session), log: silentLogger(), shouldStop: () => false });
+  await m.start();
+  return m;
+}
+
+function source(list: CtrBatch[]): WindowSource {
+  const queue = [...list];
+  return { next: async () => queue.shift() ?? null, drained: async () => queue.length === 0 };
+}
+
+async function runUntilDone(m: GroupMember, src: WindowSource): Promise<WindowOutcome[]> {
+  const out: WindowOutcome[] = [];
+  for (;;) {
+    const o = await m.runWindow(src);
+    out.push(o);
+    if (o.done) return out;
+    assert.ok(out.length < 50, 'the group never agreed it was done');
+  }
+}
+
+/** Every dense parameter and the rows of `ids` as the shards hold them now. */
+async function readParams(client: ShardClient, ids: Int32Array): Promise<{ dense: Map<string, Float32Array>; rows: Map<string, Float32Array> }> {
+  const exchanges = planExchange(plan, ids, { dense: true, allShards: false });
+  const replies = await Promise.all(exchanges.map((ex) => client.pull(ex.shard, pullRequest(plan, ex, layout.tables, null))));
+  const dense = allocateDense(plan);
+  const rows = assemblePull(exchanges, replies, layout.tables, dense, ids.length);
+  return { dense, rows };
+}
+
+function uniqueIdsOf(b: CtrBatch): Int32Array {
+  return ctrBagIndex(b.offsets, bucketCtrIds(b.offsets, b.ids, b.slots, 3000)).uniqueIds;
+}
+
+/** Largest |x − y| over every parameter read; also how far `ours` moved from `initial` (the test must compare a real update). */
+function compare(ours: Awaited<ReturnType<typeof readParams>>, ref: typeof ours, initial: typeof ours): { diff: number; moved: number } {
+  let diff = 0; let moved = 0;
+  for (const kind of ['dense', 'rows'] as const) {
+    for (const [name, v] of ours[kind]) {
+      const r = ref[kind].get(name)!; const i0 = initial[kind].get(name)!;
+      assert.equal(v.length, r.length, name);
+      for (let k = 0; k < v.length; k++) {
+        diff = Math.max(diff, Math.abs(v[k]! - r[k]!));
+        moved = Math.max(moved, Math.abs(v[k]! - i0[k]!));
+      }
+    }
+  }
+  return { diff, moved };
+}
+
+/** Runs `work` over a fresh group cluster and a reference step sequence over another; compares the parameters of `ids` to 1e-5. */
+async function sameAsReference(work: (c: Cluster) => Promise<void>, reference: CtrBatch[], ids: Int32Array): Promise<void> {
+  const ours = await cluster('grp');
+  const ref = await cluster('ref');
+  try {
+    const refSys = await ref.system('r');
+    const initial = await readParams(ref.client(refSys), ids);
+    await work(ours);
+    const stepper = ref.stepper(refSys, sessions[3]!);
+    for (const b of reference) await stepper.run(b, null);
+    const got = await readParams(ours.client(await ours.system('reader')), ids);
+    const want = await readParams(ref.client(refSys), ids);
+    const { diff, moved } = compare(got, want, initial);
+    assert.ok(moved > 1e-3, `the parameters hardly moved (${moved}): the comparison would prove nothing`);
+    assert.ok(diff < 1e-5, `parameters differ from the single-process reference by ${diff}`);
+  } finally {
+    await ours.close();
+    await ref.close();
+  }
+}
+
+test('reduce-scatter ownership and window limits', () => {
+  assert.deepEqual([...reduceOwners(['s1', 's2', 's3'], ['a', 'b'])], [['s1', 'a'], ['s2', 'b'], ['s3', 'a']]);
+  assert.deepEqual([...reduceOwners(['s1'], ['a', 'b'])], [['s1', 'a']], 'a member may own no shard');
+  assert.equal(windowStepLimit(group('sync', ['a'], 4)), 4);
+  assert.equal(windowStepLimit(group('accumulation', ['a'], 3)), 3);
+  assert.equal(windowStepLimit(group('adaptive', ['a'], 2)), 4, 'adaptive closes at 2× the threshold at the latest');
+  assert.equal(windowStepLimit(group('async', ['a'])), 1);
+});
+
+test('sync group of 2, sync_steps 1: one sync equals a single-process step on the union batch (samples-weighted mean gradient)', async () => {
+  const [b1, b2] = batches;
+  const u = union([b1!, b2!]);
+  await sameAsReference(async (c) => {
+    const g = group('sync', ['a', 'b'], 1);
+    const [ma, mb] = [await member(c, g, 'a', sessions[0]!), await member(c, g, 'b', sessions[1]!)];
+    const [oa, ob] = await Promise.all([runUntilDone(ma, source([b1!])), runUntilDone(mb, source([b2!]))]);
+    assert.deepEqual(oa.map((o) => o.steps.length), [1, 0], 'a sync window, then an idle one in which the group agrees it is done');
+    assert.deepEqual(ob.map((o) => o.steps.length), [1, 0]);
+    assert.ok(oa.every((o) => !o.droppedStale && o.staleness === 0));
+  }, [u], uniqueIdsOf(u));
+});
+
+test('sync group of 3 over 2 shards (one member reduces nothing), sync_steps 1: equals the union step', async () => {
+  const [b1, b2, b3] = batches;
+  const u = union([b1!, b2!, b3!]);
+  await sameAsReference(async (c) => {
+    const g = group('sync', ['a', 'b', 'c'], 1);
+    const ms = [await member(c, g, 'a', sessions[0]!), await member(c, g, 'b', sessions[1]!), await member(c, g, 'c', sessions[2]!)];
+    await Promise.all([runUntilDone(ms[0]!, source([b1!])), runUntilDone(ms[1]!, source([b2!])), runUntilDone(ms[2]!, source([b3!]))]);
+  }, [u], uniqueIdsOf(u));
+});
+
+test('sync group of 2, sync_steps 2: each member accumulates 2 steps at fixed parameters; one sync equals the union of all 4 batches', async () => {
+  const [b1, b2, b3, b4, b5] = batches;
+  const u = union([b1!, b2!, b3!, b4!]);
+  await sameAsReference(async (c) => {
+    const g = group('sync', ['a', 'b'], 2);
+    const [ma, mb] = [await member(c, g, 'a', sessions[0]!), await member(c, g, 'b', sessions[1]!)];
+    const [oa] = await Promise.all([runUntilDone(ma, source([b1!, b2!])), runUntilDone(mb, source([b3!, b4!]))]);
+    assert.deepEqual(oa.map((o) => o.steps.length), [2, 0]);
+  }, [u], uniqueIdsOf(union([u, b5!])));
+});
+
+test('accumulation member (accumulation_steps 2) pushes once: equals the union of its 2 batches; async members equal sequential application', async () => {
+  const [b1, b2, b3, b4] = batches;
+  const acc = union([b1!, b2!]);
+  await sameAsReference(async (c) => {
+    const m = await member(c, group('accumulation', ['a'], 2), 'a', sessions[0]!);
+    const out = await runUntilDone(m, source([b1!, b2!]));
+    assert.deepEqual(out.map((o) => o.steps.length), [2, 0]);
+  }, [acc], uniqueIdsOf(acc));
+
+  // Two async members, one after the other: every step is its own update, exactly like asp.
+  await sameAsReference(async (c) => {
+    const g = group('async', ['a', 'b']);
+    const [ma, mb] = [await member(c, g, 'a', sessions[0]!), await member(c, g, 'b', sessions[1]!)];
+    for (const [m, b] of [[ma, b3!], [mb, b4!], [ma, b1!]] as const) {
+      const o = await m.runWindow(source([b]));
+      assert.equal(o.steps.length, 1);
+      assert.equal(o.staleness, 0);
+    }
+  }, [b3!, b4!, b1!], uniqueIdsOf(union([b1!, b3!, b4!])));
+});
+
+test('adaptive group: members step freely, a window closes on the progress gap or the step cap, every batch is trained once and the group ends together', async () => {
+  const c = await cluster('adaptive');
+  try {
+    const g = group('adaptive', ['a', 'b'], 1);
+    const [ma, mb] = [await member(c, g, 'a', sessions[0]!), await member(c, g, 'b', sessions[1]!)];
+    const [oa, ob] = await Promise.all([runUntilDone(ma, source(batches.slice(0, 5))), runUntilDone(mb, source(batches.slice(5, 6)))]);
+    const steps = (os: WindowOutcome[]) => os.reduce((n, o) => n + o.steps.length, 0);
+    assert.equal(steps(oa), 5);
+    assert.equal(steps(ob), 1);
+    assert.equal(oa.length, ob.length, 'both members went through the same windows');
+    for (const o of oa) assert.ok(o.steps.length <= 2, 'never more than 2× the threshold in one window');
+    assert.ok(oa[oa.length - 1]!.done && ob[ob.length - 1]!.done);
+  } finally {
+    await c.close();
+  }
+});
+
+test('a group update staler than max_staleness is refused and dropped; the member goes on from fresh parameters', async () => {
+  const strict = parseConfig(configText(0), 'strict.yaml');
+  const c = await cluster('strict', strict);
+  try {
+    const [b1, b2, b3] = batches;
+    let otherPushed!: () => void;
+    const pushed = new Promise<void>((r) => { otherPushed = r; });
+    const slow = await member(c, group('sync', ['a'], 2), 'a', sessions[0]!);
+    const fast = await member(c, { ...group('async', ['b']), name: 'h' }, 'b', sessions[1]!);
+    // a computes its first step, then another group's update lands before a's window closes.
+    let given = 0;
+    const slowSource: WindowSource = {
+      next: async () => {
+        if (given++ === 0) return b1!;
+        await pushed;
+        return null;
+      },
+      drained: async () => false,
+    };
+    const window = slow.runWindow(slowSource);
+    await new Promise((r) => setTimeout(r, 50));
+    await fast.runWindow(source([b2!]));
+    otherPushed();
+    const o = await window;
+    assert.equal(o.steps.length, 1);
+    assert.equal(o.droppedStale, true, 'one update behind with max_staleness 0: refused');
+    assert.ok(o.staleness >= 1);
+    const next = await slow.runWindow(source([b3!]));
+    assert.equal(next.droppedStale, false, 'the next window pulled fresh parameters');
+    const st = await c.client(await c.system('reader')).stats('s1');
+    assert.ok(st.stale_refused >= 1);
+  } finally {
+    await c.close();
+  }
+});

@@ -1,0 +1,122 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { ActorSystem, InProcessBroker, SeededRandom, Transport, isRetryable, systemClock } from '../../runtime/mod.ts';
+import { buildShardPlan, shardOfSparseId, type ShardPlan, type StalenessPolicy } from '../../topology/mod.ts';
+import { StaleUpdateError, createShardActor, type PullReply, type PushReply, type ShardStats } from '../../actors/mod.ts';
+
+const LR = 0.1;
+
+function plan(): ShardPlan {
+  return buildShardPlan({
+    version: 1, shards: ['s0'], partitions: 4, maxBlockBytes: 16,
+    denseParams: [{ name: 'w', size: 4 }], sparseTables: [{ name: 'emb', dim: 2 }],
+  });
+}
+
+async function shard(staleness: StalenessPolicy | null) {
+  const p = plan();
+  const broker = new InProcessBroker();
+  const mk = (node: string) => new ActorSystem({
+    transport: new Transport(broker.client(), { clientId: node, clock: systemClock }), job: 'stale', node, clock: systemClock, random: new SeededRandom(1),
+  });
+  const server = mk('server');
+  const client = mk('client');
+  await server.spawn(createShardActor({
+    shard: 's0', plan: p, initialDense: new Map([['w', Float32Array.from([1, 2, 3, 4])]]),
+    denseOptimizer: { type: 'sgd', learningRate: LR }, sparseOptimizer: { type: 'sgd', learningRate: LR },
+    sparseInitScale: 0.1, seed: 3, clock: systemClock, staleness,
+  }));
+  const ref = client.ref('shard', 's0');
+  const id = 7;
+  assert.equal(shardOfSparseId(p, id), 's0');
+  const ids = Int32Array.from([id]);
+  return {
+    pull: () => ref.request<PullReply & Record<string, unknown>>('pull', { plan_version: 1, dense: Int32Array.from([0]), sparse: [{ table: 'emb', ids }], min_round: null }),
+    push: (baseVersion: number, g: number) => ref.request<PushReply & Record<string, unknown>>('push', {
+      plan_version: 1, round: null, expected: null, weight: 16, base_version: baseVersion,
+      dense: [{ block: 0, grad: Float32Array.from([g, -g, 2 * g, 0]) }],
+      sparse: [{ table: 'emb', ids, grads: Float32Array.from([g, 2 * g]) }],
+    }),
+    stats: () => ref.request<ShardStats & Record<string, unknown>>('stats', {}),
+    stop: async () => { await client.stop(); await server.stop(); },
+  };
+}
+
+/** One SGD step as the optimizer computes it (float64, stored as float32) at lr·lrScale. */
+const sgd = (w: number, g: number, lrScale: number) => Math.fround(w - LR * lrScale * g);
+
+function expectStep(before: PullReply, after: PullReply, g: number, lrScale: number): void {
+  const dg = [g, -g, 2 * g, 0];
+  assert.deepEqual([...after.dense[0]!], [...before.dense[0]!].map((w, i) => sgd(w, dg[i]!, lrScale)));
+  assert.deepEqual([...after.sparse[0]!], [...before.sparse[0]!].map((w, i) => sgd(w, [g, 2 * g][i]!, lrScale)));
+}
+
+test('hps staleness policy at the shard: a push s updates stale is applied at lr/(1+s); beyond max_staleness it is refused with StaleUpdateError and changes nothing', async () => {
+  const s = await shard({ maxStaleness: 2, scaling: 'inverse' });
+  try {
+    let before = await s.pull();
+    assert.deepEqual(await s.push(0, 1), { version: 1, applied: true, staleness: 0, lr_scale: 1 });
+    let after = await s.pull();
+    expectStep(before, after, 1, 1);
+
+    // Computed from version 0, the shard is at 1: one update stale → half the learning rate.
+    before = after;
+    assert.deepEqual(await s.push(0, 0.5), { version: 2, applied: true, staleness: 1, lr_scale: 0.5 });
+    after = await s.pull();
+    expectStep(before, after, 0.5, 0.5);
+
+    // Two stale: still admitted (max_staleness 2), at a third.
+    before = after;
+    const r = await s.push(0, 0.25);
+    assert.equal(r.staleness, 2);
+    assert.equal(r.lr_scale, 1 / 3);
+    after = await s.pull();
+    expectStep(before, after, 0.25, 1 / 3);
+
+    // Three stale: refused, not retryable, nothing applied.
+    before = after;
+    await assert.rejects(s.push(0, 9), (e: unknown) => {
+      assert.ok(e instanceof StaleUpdateError, `got ${(e as Error).name}`);
+      assert.equal(isRetryable(e), false);
+      assert.deepEqual(e.data, { shard: 's0', staleness: 3, max_staleness: 2, version: 3, base_version: 0 });
+      assert.match(e.message, /3 updates stale.*max_staleness is 2/);
+      return true;
+    });
+    after = await s.pull();
+    assert.equal(after.version, 3, 'a refused push is no update');
+    assert.deepEqual(after.dense, before.dense);
+    assert.deepEqual(after.sparse, before.sparse);
+
+    // A fresh push after the refusal goes through at full rate.
+    assert.equal((await s.push(3, 1)).lr_scale, 1);
+
+    const st = await s.stats();
+    assert.equal(st.max_staleness, 2);
+    assert.equal(st.stale_refused, 1);
+    assert.equal(st.stale_scaled, 2);
+    assert.equal(st.staleness.count, 5, 'every push is measured, the refused one too');
+    assert.equal(st.staleness.max, 3);
+    assert.equal(st.staleness.sum, 0 + 1 + 2 + 3 + 0);
+    assert.deepEqual(st.staleness.counts.slice(0, 4), [2, 1, 1, 1], 'buckets ≤0, ≤1, ≤2, ≤4');
+  } finally {
+    await s.stop();
+  }
+});
+
+test('without a staleness policy (asp, bsp) a stale push is applied at full rate and only measured', async () => {
+  const s = await shard(null);
+  try {
+    for (let i = 0; i < 5; i++) await s.push(i, 0.1);
+    const before = await s.pull();
+    const r = await s.push(0, 1);
+    assert.deepEqual(r, { version: 6, applied: true, staleness: 5, lr_scale: 1 });
+    expectStep(before, await s.pull(), 1, 1);
+    const st = await s.stats();
+    assert.equal(st.max_staleness, null);
+    assert.equal(st.stale_refused, 0);
+    assert.equal(st.stale_scaled, 0);
+    assert.equal(st.staleness.max, 5);
+  } finally {
+    await s.stop();
+  }
+});
