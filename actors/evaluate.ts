@@ -11,8 +11,8 @@
  */
 import type { ShardPlan } from '../topology/mod.ts';
 import {
-  CtrModel, StepSession, auc, binaryLogLoss, buildCtrFeeds, buildMlpFeeds, bucketCtrIds, crossEntropyFromProbabilities, ctrBagIndex,
-  hashedBagOfIds, headOfBatch, multiclassAccuracy, streamOptions, type Batch, type CtrBagIndex, type DataSource, type Evaluation, type MlpModel,
+  CtrModel, StepSession, auc, binaryLogLoss, buildCtrFeeds, buildMlpFeeds, bucketCtrIds, MulticlassTally, ctrBagIndex,
+  hashedBagOfIds, headOfBatch, streamOptions, type Batch, type CtrBagIndex, type DataSource, type Evaluation, type MlpModel,
 } from '../native-bridge/mod.ts';
 import { EMB_TABLE, WIDE_TABLE, type SparseLayout } from './config-bridge.ts';
 import { allocateDense, assemblePull, planExchange, pullRequest, type ShardExchange } from './worker/param-exchange.ts';
@@ -110,16 +110,12 @@ export class ShardEvaluator {
       return { kind: 'ctr', auc: auc(labels, scores), logloss: binaryLogLoss(labels, scores), samples: labels.length };
     }
     assemblePull(denseEx, await pullDense, [], dense, 0);
-    const C = model.classes;
-    let correct = 0; let ceSum = 0; let n = 0;
+    const tally = new MulticlassTally(model.classes);
     for (const { batch } of this.prepared()) {
       const mlpBatch = batch.kind === 'mlp' ? batch : hashedBagOfIds(batch, model.inputWidth);
-      const p = (await this.session.run(buildMlpFeeds(model, mlpBatch, dense, 'eval'))).f32('predictions');
-      correct += multiclassAccuracy(mlpBatch.labels, p, C) * mlpBatch.size;
-      ceSum += crossEntropyFromProbabilities(p, mlpBatch.labels, C) * mlpBatch.size;
-      n += mlpBatch.size;
+      tally.add(mlpBatch.labels, (await this.session.run(buildMlpFeeds(model, mlpBatch, dense, 'eval'))).f32('predictions'), mlpBatch.size);
     }
-    return { kind: 'mlp', accuracy: correct / n, logloss: ceSum / n, samples: n };
+    return tally.result();
   }
 
   async dispose(): Promise<void> {

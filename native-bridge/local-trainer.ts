@@ -276,6 +276,22 @@ export type Evaluation =
   | { readonly kind: 'mlp'; readonly accuracy: number; readonly logloss: number; readonly samples: number };
 
 /** Mean −log p[label] over `[B, C]` class probabilities, p clipped below at ε. */
+/** Accuracy and cross-entropy over many batches, weighted by batch size (the mlp evaluation). */
+export class MulticlassTally {
+  private correct = 0;
+  private ceSum = 0;
+  private n = 0;
+  constructor(private readonly numClasses: number) {}
+  add(labels: ArrayLike<number>, probabilities: ArrayLike<number>, size: number): void {
+    this.correct += multiclassAccuracy(labels, probabilities, this.numClasses) * size;
+    this.ceSum += crossEntropyFromProbabilities(probabilities, labels, this.numClasses) * size;
+    this.n += size;
+  }
+  result(): { kind: 'mlp'; accuracy: number; logloss: number; samples: number } {
+    return { kind: 'mlp', accuracy: this.correct / this.n, logloss: this.ceSum / this.n, samples: this.n };
+  }
+}
+
 export function crossEntropyFromProbabilities(probabilities: ArrayLike<number>, labels: ArrayLike<number>, numClasses: number, epsilon = DEFAULT_LOG_LOSS_EPSILON): number {
   let sum = 0;
   for (let r = 0; r < labels.length; r++) sum -= Math.log(Math.max(epsilon, probabilities[r * numClasses + labels[r]!]!));
@@ -427,16 +443,12 @@ export class LocalTrainer {
       }
       return { kind: 'ctr', auc: auc(labels, scores), logloss: binaryLogLoss(labels, scores), samples: labels.length };
     }
-    const C = model.classes;
-    let correct = 0; let ceSum = 0; let n = 0;
+    const tally = new MulticlassTally(model.classes);
     for (const batch of source.batchesSync(stream)) {
       const mlpBatch = this.asMlpBatch(batch);
-      const p = await this.predict(mlpBatch);
-      correct += multiclassAccuracy(mlpBatch.labels, p, C) * mlpBatch.size;
-      ceSum += crossEntropyFromProbabilities(p, mlpBatch.labels, C) * mlpBatch.size;
-      n += mlpBatch.size;
+      tally.add(mlpBatch.labels, await this.predict(mlpBatch), mlpBatch.size);
     }
-    return { kind: 'mlp', accuracy: correct / n, logloss: ceSum / n, samples: n };
+    return tally.result();
   }
 
   async dispose(): Promise<void> {
