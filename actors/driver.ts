@@ -51,6 +51,8 @@ export async function prepareJob(o: {
     batch_size: config.data.batch_size,
     ack_wait_ms: o.ackWaitMs ?? ackWaitFromConfig(config.fault_tolerance.worker_recovery_timeout),
     groups: jobGroupsFromConfig(config),
+    groups_version: 0,
+    resume_version: 0,
   };
   await o.jobStore.put(info);
   return { plan, descriptors, info };
@@ -126,6 +128,8 @@ export interface TrainingReport {
   /** Sample-weighted mean loss over the last 10% of acknowledged batches. */
   final_loss: number | null;
   per_worker: Record<string, number>;
+  /** hps: batches acknowledged per worker per group it trained them in (a regroup moves a worker). */
+  per_worker_group: Record<string, Record<string, number>>;
   /** Batch ids never acknowledged (empty on success). */
   missing: string[];
   /** The periodic evaluations, in time order (empty without `evaluation`). */
@@ -188,6 +192,7 @@ export class TrainingMonitor {
   private readonly acks = new Map<string, number>();
   private readonly batchTelemetry: { id: string; node: string; samples: number; loss: number }[] = [];
   private readonly perWorker: Record<string, number> = {};
+  private readonly perWorkerGroup: Record<string, Record<string, number>> = {};
   private readonly done = new Map<string, string>();
   /** When the first worker loop started and the last batch was acknowledged (monotonic ms), for the throughput. */
   private firstStart: number | null = null;
@@ -224,6 +229,10 @@ export class TrainingMonitor {
         this.acks.set(t.batch_id, n);
         this.perWorker[t.node] = (this.perWorker[t.node] ?? 0) + 1;
         if (n > 1) { this.log.warn({ batch: t.batch_id, node: t.node, times: n }, 'batch acknowledged more than once'); return; }
+        if (t.group !== null) {
+          const g = (this.perWorkerGroup[t.node] ??= {});
+          g[t.group] = (g[t.group] ?? 0) + 1;
+        }
         this.batchTelemetry.push({ id: t.batch_id, node: t.node, samples: t.samples, loss: t.loss });
         this.lastAck = this.clock.monotonic();
       },
@@ -369,7 +378,7 @@ export class TrainingMonitor {
     return {
       samples, batches: total, batches_acked: this.acks.size, duplicate_acks: duplicate, unconfirmed_acks: this.unconfirmed, redelivered: this.redelivered,
       train_s: trainS, samples_per_s: trainS > 0 ? samples / trainS : 0, final_loss: ts > 0 ? tl / ts : null,
-      per_worker: { ...this.perWorker }, missing: prepared.descriptors.filter((d) => !this.acks.has(d.batch_id)).map((d) => d.batch_id),
+      per_worker: { ...this.perWorker }, per_worker_group: JSON.parse(JSON.stringify(this.perWorkerGroup)) as Record<string, Record<string, number>>, missing: prepared.descriptors.filter((d) => !this.acks.has(d.batch_id)).map((d) => d.batch_id),
       curve, utilisation: this.utilisation(prepared.info.workers, trainS, o.nominalStepMs ?? (() => null)),
     };
   }

@@ -41,6 +41,14 @@ export const jobInfoSchema = z.object({
    * `cluster.worker_groups` (an older driver, or a job without regrouping).
    */
   groups: z.array(jobGroupSchema).nullable().default(null),
+  /**
+   * Regrouping (actors/scheduler.ts): bumped each time the driver writes new
+   * `groups`. A worker that sees a newer version pauses at its next window
+   * boundary, reports ready, and waits until `resume_version` reaches it.
+   */
+  groups_version: z.number().int().nonnegative().default(0),
+  /** The groups version workers may resume training under; < groups_version: a regroup is in progress. */
+  resume_version: z.number().int().nonnegative().default(0),
 });
 export type JobInfo = z.infer<typeof jobInfoSchema>;
 

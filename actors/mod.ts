@@ -17,3 +17,4 @@ export * from './worker/shard-client.ts';
 export * from './group/group.machine.ts';
 export * from './group/group.events.ts';
 export * from './group/sync-policy.ts';
+export * from './scheduler.ts';

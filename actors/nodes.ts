@@ -134,6 +134,7 @@ export async function startWorkerNode(o: {
     referenceStepMs: config.training.emulation_reference_step_ms,
     bandwidthMbps: overrides.emulate?.bandwidth_mbps ?? null,
     groupSync,
+    jobStore: o.jobStore,
   });
   await system.spawn(def);
   log.info({ node: node.name, group: node.group, mode: info.mode, rounds: info.mode === 'bsp' ? info.rounds : null }, 'worker training');

@@ -18,7 +18,7 @@ import { SYNC_MODES } from '../topology/mod.ts';
 
 const msOrNull = () => z.number().nonnegative().nullable().default(null);
 
-export const TELEMETRY_KINDS = { start: 'start', batch: 'batch', progress: 'progress', done: 'done' } as const;
+export const TELEMETRY_KINDS = { start: 'start', batch: 'batch', progress: 'progress', done: 'done', regroup: 'regroup' } as const;
 
 export const batchTelemetrySchema = z.object({
   node: z.string(),
@@ -41,6 +41,8 @@ export const batchTelemetrySchema = z.object({
   dropped_stale: z.boolean().default(false),
   /** hps: the worker's sync window the batch was trained in; null otherwise. */
   window: z.number().int().nonnegative().nullable().default(null),
+  /** hps: the group the batch was trained in (it changes when the job regroups); null otherwise. */
+  group: z.string().nullable().default(null),
 });
 export type BatchTelemetry = z.infer<typeof batchTelemetrySchema>;
 
@@ -98,6 +100,19 @@ export const doneTelemetrySchema = z.object({
 });
 export type DoneTelemetry = z.infer<typeof doneTelemetrySchema>;
 
+/**
+ * hps regrouping: `ready` when a worker has paused for groups_version (its
+ * last window pushed and acknowledged), `resumed` when it trains in its new
+ * group.
+ */
+export const regroupTelemetrySchema = z.object({
+  node: z.string(),
+  groups_version: z.number().int().nonnegative(),
+  state: z.enum(['ready', 'resumed']),
+  group: z.string(),
+});
+export type RegroupTelemetry = z.infer<typeof regroupTelemetrySchema>;
+
 export function publishTelemetry(transport: Transport, job: string, kind: keyof typeof TELEMETRY_KINDS, node: string, body: object): void {
   try {
     transport.publish(telemetrySubject(job, TELEMETRY_KINDS[kind], node), encode(body));
@@ -111,6 +126,7 @@ export interface TelemetryHandlers {
   batch?: (t: BatchTelemetry) => void;
   progress?: (t: ProgressTelemetry) => void;
   done?: (t: DoneTelemetry) => void;
+  regroup?: (t: RegroupTelemetry) => void;
 }
 
 /** Subscribes to a job's worker telemetry; malformed messages are skipped. Returns the unsubscribe function. */
@@ -122,6 +138,7 @@ export function subscribeTelemetry(transport: Transport, job: string, handlers: 
       if (kind === 'start') { const r = startTelemetrySchema.safeParse(v); if (r.success) handlers.start!(r.data); }
       else if (kind === 'batch') { const r = batchTelemetrySchema.safeParse(v); if (r.success) handlers.batch!(r.data); }
       else if (kind === 'progress') { const r = progressTelemetrySchema.safeParse(v); if (r.success) handlers.progress!(r.data); }
+      else if (kind === 'regroup') { const r = regroupTelemetrySchema.safeParse(v); if (r.success) handlers.regroup!(r.data); }
       else { const r = doneTelemetrySchema.safeParse(v); if (r.success) handlers.done!(r.data); }
     }));
   return () => { for (const s of subs) s.unsubscribe(); };

@@ -12,13 +12,14 @@
  * bus, with an in-memory work queue and plan store.
  */
 import type { Command } from 'commander';
-import { mkdir, writeFile } from 'node:fs/promises';
+import { z } from 'zod';
+import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { randomUUID } from 'node:crypto';
 import { findNatsServer, startLocalCluster, type LocalCluster } from '../deploy/local-cluster.ts';
 import {
-  ActorSystem, ConfigError, HetpsError, InProcessBroker, MissingDependencyError, SeededRandom, connectTransport, controlSubject,
+  ActorSystem, ConfigError, HetpsError, InProcessBroker, JSON_CONTENT_TYPE, MissingDependencyError, SeededRandom, connectTransport, controlSubject,
   encode, hashString, systemClock, type Logger, type Transport,
 } from '../runtime/mod.ts';
 import { allWorkerNodes, inactiveSettings, loadConfig, natsConnection, type HetpsConfig } from '../topology/mod.ts';
@@ -32,6 +33,7 @@ import { EVAL_BATCH_MIN, ShardEvaluator, evaluateOnShards } from '../actors/eval
 import { memoryJobInfoStore, natsJobInfoStore, resetNatsJobInfo, type JobInfoStore } from '../actors/job-info.ts';
 import { modelAndData, startServerNode, startWorkerNode, type ModelAndData } from '../actors/nodes.ts';
 import { memoryPlanStore, natsConnectionOf, natsPlanStore, type PlanStore } from '../actors/plan-store.ts';
+import { RegroupController, type RegroupRecord } from '../actors/scheduler.ts';
 import { ShardClient, shardStalenessSummary, type StalenessSummary } from '../actors/worker/shard-client.ts';
 import { withJobName } from './launch.ts';
 import { NodeProcesses, lineLogger } from './node-processes.ts';
@@ -50,7 +52,20 @@ export interface UpFlags {
   evalEvery?: string;
   /** Test samples of those evaluations. */
   evalSamples?: string;
+  /**
+   * A JSON file of control commands the driver sends itself during training,
+   * as any NATS client would (JSON request with the Content-Type header on
+   * `hps.<job>.ctl.<command>`): `[{ "after_batches": n, "command": "regroup", "body": {…} }]`.
+   * For tests and demos, embedded runs included; the replies go to the summary's `control_replies`.
+   */
+  ctlScript?: string;
 }
+
+const ctlScriptSchema = z.array(z.object({
+  after_batches: z.number().int().nonnegative(),
+  command: z.string().min(1),
+  body: z.record(z.string(), z.unknown()).default({}),
+}));
 
 /** Test samples of the periodic evaluation unless --eval-samples says otherwise. */
 export const DEFAULT_EVAL_SAMPLES = 4096;
@@ -91,6 +106,12 @@ export interface UpSummary {
   cpu: CpuReport | null;
   /** The shards' push staleness histogram (hps: with the pushes scaled and refused); null when the shards did not answer. */
   staleness: StalenessSummary | null;
+  /** hps: the regroups during training (ctl.regroup commands and automatic ones), in order. */
+  regroups: RegroupRecord[];
+  /** hps: batches acknowledged per worker per group it trained them in. */
+  per_worker_group: Record<string, Record<string, number>>;
+  /** --ctl-script: each command sent and the reply it got (absent without the flag). */
+  control_replies?: { after_batches: number; command: string; reply: unknown }[];
 }
 
 /** Progress on stderr: a redrawn line on a terminal, a plain line every few seconds otherwise; other lines print above it. */
@@ -180,6 +201,14 @@ export async function runUp(flags: UpFlags): Promise<UpSummary> {
   const evalSamples = flags.evalSamples === undefined ? DEFAULT_EVAL_SAMPLES : Number(flags.evalSamples);
   if (!Number.isInteger(evalSamples) || evalSamples <= 0) throw new ConfigError(`--eval-samples must be a positive integer, got ${flags.evalSamples}`, { data: { field: '--eval-samples' } });
 
+  let ctlScript: z.infer<typeof ctlScriptSchema> = [];
+  if (flags.ctlScript !== undefined) {
+    const r = ctlScriptSchema.safeParse(JSON.parse(await readFile(resolve(flags.ctlScript), 'utf8')));
+    if (!r.success) throw new ConfigError(`--ctl-script ${flags.ctlScript}: ${r.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ')}`, { data: { field: '--ctl-script' } });
+    ctlScript = r.data;
+  }
+  const controlReplies: { after_batches: number; command: string; reply: unknown }[] = [];
+
   const md = modelAndData(config);
   const ackWaitMs = ackWaitFromConfig(config.fault_tolerance.worker_recovery_timeout);
 
@@ -237,6 +266,9 @@ export async function runUp(flags: UpFlags): Promise<UpSummary> {
   let cpu: CpuReport | null = null;
   let staleness: StalenessSummary | null = null;
   let periodic: ShardEvaluator | null = null;
+  let regrouper: RegroupController | null = null;
+  const pendingCtl: Promise<void>[] = [];
+  const sentCtl = new Set<number>();
   const shardClient = new ShardClient(backend.system, { requestTimeoutMs: 30_000, log, shouldStop: () => false });
   try {
     await backend.startNodes();
@@ -253,11 +285,33 @@ export async function runUp(flags: UpFlags): Promise<UpSummary> {
         batchSize: Math.max(config.data.batch_size, EVAL_BATCH_MIN), threads: 1, maxSamples: evalSamples,
       });
     }
+    if (prepared.info.mode === 'hps') {
+      regrouper = new RegroupController({ transport: backend.transport, job, jobStore: backend.jobStore, info: prepared.info, clock: systemClock, log });
+    }
+    const sendCtl = (batchesAcked: number) => {
+      ctlScript.forEach((c, i) => {
+        if (sentCtl.has(i) || batchesAcked < c.after_batches) return;
+        sentCtl.add(i);
+        con.line(`--ctl-script: sending ${c.command} after ${batchesAcked} batches`);
+        pendingCtl.push((async () => {
+          let reply: unknown;
+          try {
+            const m = await backend.transport.request(controlSubject(job, c.command), new TextEncoder().encode(JSON.stringify(c.body)),
+              { timeoutMs: 30_000, headers: { 'Content-Type': JSON_CONTENT_TYPE } });
+            reply = JSON.parse(new TextDecoder().decode(m.data));
+          } catch (e) {
+            reply = { error: (e as Error).message };
+          }
+          con.line(`--ctl-script: ${c.command} reply ${JSON.stringify(reply)}`);
+          controlReplies.push({ after_batches: c.after_batches, command: c.command, reply });
+        })());
+      });
+    };
     const evaluator = periodic;
     let cpuStart: CpuSnapshot | null = null;
     report = await monitor.supervise({
       queue: backend.queue, prepared,
-      onProgress: (p) => con.progress(progressText(p, config.training.mode)),
+      onProgress: (p) => { con.progress(progressText(p, config.training.mode)); sendCtl(p.batches_acked); },
       check: () => backend.check(),
       ...(evaluator ? { evaluation: { everyMs: evalEveryS * 1000, run: () => evaluator.evaluate() } } : {}),
       // Emulated nodes step at reference / speed: their busy time while their telemetry does not report one.
@@ -265,7 +319,12 @@ export async function runUp(flags: UpFlags): Promise<UpSummary> {
       onTrainingStart: () => { cpuStart = cpuSnapshot(backend.cpuProcesses()); },
       onTrainingEnd: () => { if (cpuStart) cpu = cpuBetween(cpuStart, cpuSnapshot(backend.cpuProcesses())); },
     });
+    await Promise.all(pendingCtl);
+    await regrouper?.dispose();
     con.end();
+    for (const r of regrouper?.records ?? []) {
+      con.line(`regroup v${r.groups_version} at ${r.at_s.toFixed(1)} s (${r.reason}): ${r.groups.map((g) => `${g.name} [${g.nodes.join(', ')}] ${g.sync_mode}`).join('; ')}; paused ${r.pause_s.toFixed(1)} s`);
+    }
     con.line(`training done: ${report.batches_acked}/${report.batches} batches acknowledged (${report.duplicate_acks} duplicate acks), `
       + `${report.samples} samples in ${report.train_s.toFixed(1)} s (${Math.round(report.samples_per_s)} samples/s)`);
     con.line(`batches per worker: ${Object.entries(report.per_worker).sort().map(([n, c]) => `${n} ${c}${emulated[n] !== undefined ? ` (emulated speed ${emulated[n]})` : ''}`).join(', ')}`);
@@ -295,6 +354,7 @@ export async function runUp(flags: UpFlags): Promise<UpSummary> {
     const gone = await monitor.waitForWorkers({ timeoutMs: 30_000, silenceMs: 5_000 });
     if (gone.length) con.line(`workers that never reported the end of their loop (gone?): ${gone.join(', ')}`);
   } finally {
+    await regrouper?.dispose().catch(() => undefined);
     monitor.dispose();
     await periodic?.dispose().catch(() => undefined);
     con.end();
@@ -331,6 +391,9 @@ export async function runUp(flags: UpFlags): Promise<UpSummary> {
     utilisation: report.utilisation,
     cpu,
     staleness,
+    regroups: regrouper?.records ?? [],
+    per_worker_group: report.per_worker_group,
+    ...(flags.ctlScript !== undefined ? { control_replies: controlReplies } : {}),
   };
   const text = `${JSON.stringify(summary, null, 2)}\n`;
   await writeFile(join(runDir, 'summary.json'), text);
@@ -497,6 +560,7 @@ export function register(program: Command): void {
     .option('--json', 'print the summary as one JSON line on stdout', false)
     .option('--eval-every <seconds>', 'evaluate a test subset every this many seconds while training runs (the summary\'s curve); 0: off', '0')
     .option('--eval-samples <n>', 'test samples of each of those evaluations', String(DEFAULT_EVAL_SAMPLES))
+    .option('--ctl-script <file>', 'JSON [{ after_batches, command, body }]: control commands the driver sends as a JSON NATS client during training (tests, demos); replies in the summary')
     .action(async (flags: UpFlags) => {
       let s: UpSummary;
       try {

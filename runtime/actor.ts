@@ -505,6 +505,13 @@ export class ActorSystem {
     return actor;
   }
 
+  /** Stops one actor and frees its address (it may be spawned again). */
+  async despawn(actor: { readonly address: string; stop(opts?: { timeoutMs?: number }): Promise<void> }, opts: { timeoutMs?: number } = {}): Promise<void> {
+    if (this.actors.get(actor.address) !== (actor as unknown)) return;
+    await actor.stop(opts);
+    this.actors.delete(actor.address);
+  }
+
   ref(kind: ActorKind, id: string): ActorRef { return new ActorRef(this, actorAddress(this.job, kind, id)); }
 
   /** Stops every actor (draining their mailboxes); the transport stays open for the caller to close. */

@@ -36,6 +36,12 @@ export const groupSyncMessages = {
     idle: z.boolean(),
     /** The sender was idle and saw no batch left anywhere (nothing waiting, nothing in flight). */
     drained: z.boolean(),
+    /**
+     * The newest job-info groups_version the sender has seen. Every member
+     * takes the largest of the window's slices, so a whole group pauses for
+     * a regroup after the same window.
+     */
+    groups_version: z.number().int().nonnegative().default(0),
     /** Per shard the receiver owns: the oldest version the sender's pulls from it answered with in this window. */
     base_versions: z.array(z.object({ shard: z.string().min(1), version: z.number().int().nonnegative() })),
     /** Σ samples·gradient of each dense block of the receiver's shards. */

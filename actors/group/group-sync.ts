@@ -30,7 +30,7 @@
  * every shard took (or refused) the group's update of them.
  */
 import {
-  HetpsError, groupMemberId, isRetryable, type ActorContext, type ActorDefinition, type ActorRef, type ActorSystem, type Clock, type Logger,
+  HetpsError, groupMemberId, isRetryable, type Actor, type ActorContext, type ActorDefinition, type ActorRef, type ActorSystem, type Clock, type Logger,
 } from '../../runtime/mod.ts';
 import { splitIdsByShard, type ShardPlan, type WorkerGroupConfig } from '../../topology/mod.ts';
 import type { Batch } from '../../native-bridge/mod.ts';
@@ -340,6 +340,12 @@ export interface WindowOutcome {
   staleness: number;
   /** No window follows: the job has no batch left (for sync/adaptive: every member saw that, together). */
   done: boolean;
+  /**
+   * The newest groups_version seen (sync/adaptive: the largest over the
+   * window's slices, the same at every member): above the member's own, the
+   * worker pauses for a regroup after this window.
+   */
+  groupsVersion: number;
 }
 
 export interface GroupMemberOptions {
@@ -357,6 +363,8 @@ export interface GroupMemberOptions {
   requestTimeoutMs?: number;
   /** How often a member waiting for the others says so. Default 10 s. */
   stallNoteMs?: number;
+  /** The newest job-info groups_version this worker has seen (regrouping); default: always 0. */
+  groupsVersionSeen?: () => number;
 }
 
 export class GroupMember {
@@ -371,6 +379,7 @@ export class GroupMember {
   private readonly refs = new Map<string, ActorRef>();
   private windowValue = 0;
   private readonly clock: Clock;
+  private mailbox: Actor<GroupSyncMessages> | null = null;
 
   constructor(private readonly o: GroupMemberOptions) {
     const g = o.group;
@@ -392,8 +401,17 @@ export class GroupMember {
   /** Spawns this member's mailbox (only the reducing modes exchange messages). */
   async start(): Promise<void> {
     if (!this.reduces) return;
-    await this.o.system.spawn(createGroupMemberActor({ group: this.o.group.name, member: this.o.member, runId: this.o.runId, inbox: this.inbox }));
+    this.mailbox = await this.o.system.spawn(createGroupMemberActor({ group: this.o.group.name, member: this.o.member, runId: this.o.runId, inbox: this.inbox }));
   }
+
+  /** Removes this member's mailbox (before a regroup re-forms the member). */
+  async stop(): Promise<void> {
+    const m = this.mailbox;
+    this.mailbox = null;
+    if (m !== null) await this.o.system.despawn(m);
+  }
+
+  private seenVersion(): number { return this.o.groupsVersionSeen?.() ?? 0; }
 
   /** One window: steps from `source`, then the group's update of them (see the module comment). */
   async runWindow(source: WindowSource): Promise<WindowOutcome> {
@@ -426,7 +444,7 @@ export class GroupMember {
     const drained = idle ? await source.drained() : false;
     const out = this.reduces ? await this.exchange(w, steps.length, idle, drained) : await this.pushOwn(idle, drained);
     this.windowValue++;
-    return { window: w, steps, ...out };
+    return { window: w, steps, groupsVersion: this.seenVersion(), ...out };
   }
 
   private adaptiveDue(w: number): boolean {
@@ -435,7 +453,7 @@ export class GroupMember {
   }
 
   /** accumulation / async: this member's mean gradient to every shard it touched. */
-  private async pushOwn(idle: boolean, drained: boolean): Promise<Omit<WindowOutcome, 'window' | 'steps'>> {
+  private async pushOwn(idle: boolean, drained: boolean): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'groupsVersion'>> {
     if (idle) return { droppedStale: false, staleness: 0, done: drained };
     const acc = this.acc;
     const parts = acc.sums.byShard(new Set(this.o.plan.shards), 1 / acc.weight);
@@ -445,6 +463,7 @@ export class GroupMember {
 
   /** sync / adaptive: reduce-scatter the window's sums, push the reduced slices, wait until every member has. */
   private async exchange(w: number, steps: number, idle: boolean, drained: boolean): Promise<Omit<WindowOutcome, 'window' | 'steps'>> {
+    const seen = this.seenVersion();
     const { member, runId } = this.o;
     const acc = this.acc;
     await Promise.all(this.members.map(async (to) => {
@@ -455,7 +474,7 @@ export class GroupMember {
         const v = acc.baseVersion(shard);
         if (v !== null) base_versions.push({ shard, version: v });
       }
-      const msg: SliceMessage = { run_id: runId, window: w, member, weight: acc.weight, steps, idle, drained, base_versions, ...tensors };
+      const msg: SliceMessage = { run_id: runId, window: w, member, weight: acc.weight, steps, idle, drained, groups_version: seen, base_versions, ...tensors };
       if (to === member) this.inbox.addSlice(msg);
       else {
         await this.o.stepper.link.transfer(tensorBytes(tensors));
@@ -501,6 +520,7 @@ export class GroupMember {
       droppedStale: reports.some((p) => p.refused.length > 0),
       staleness: Math.max(0, ...reports.map((p) => p.staleness)),
       done: slices.every((s) => s.drained),
+      groupsVersion: Math.max(seen, ...slices.map((s) => s.groups_version)),
     };
   }
 

@@ -24,13 +24,13 @@
  * every telemetry message (`emulated`, `emulated_speed`).
  */
 import {
-  ConfigError, type ActorContext, type ActorDefinition, type Timer,
+  ConfigError, HetpsError, type ActorContext, type ActorDefinition, type Timer,
 } from '../../runtime/mod.ts';
 import type { ShardPlan, WorkerGroupConfig } from '../../topology/mod.ts';
 import { StepSession, type CtrModel, type DataSource, type ExecutionProvider, type MlpModel } from '../../native-bridge/mod.ts';
 import type { BatchQueue, QueuedBatch } from '../batch-queue.ts';
 import type { SparseLayout } from '../config-bridge.ts';
-import type { JobInfo } from '../job-info.ts';
+import type { JobInfo, JobInfoStore } from '../job-info.ts';
 import { publishTelemetry, type BatchTelemetry, type DoneTelemetry, type ProgressTelemetry, type StartTelemetry } from '../telemetry.ts';
 import { GroupMember, type WindowOutcome } from '../group/group-sync.ts';
 import { ShardClient, StopRequestedError } from './shard-client.ts';
@@ -62,6 +62,13 @@ export interface WorkerActorOptions {
   bspBatchWaitMs?: number;
   /** Default 2 s. */
   progressIntervalMs?: number;
+  /**
+   * hps: the job info store, polled for regroups (a newer groups_version);
+   * null or absent: the worker keeps its group for the whole run.
+   */
+  jobStore?: JobInfoStore | null;
+  /** How long a paused worker waits for the driver's resume before it fails. Default 120 s. */
+  regroupResumeTimeoutMs?: number;
 }
 
 export type WorkerActorDefinition = ActorDefinition<WorkerMessages> & {
@@ -73,7 +80,7 @@ export type WorkerActorDefinition = ActorDefinition<WorkerMessages> & {
 
 export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition {
   const mode = o.job.mode;
-  const groupSync = mode === 'hps' ? o.groupSync ?? null : null;
+  let groupSync = mode === 'hps' ? o.groupSync ?? null : null;
   if (mode === 'hps' && groupSync === null) throw new ConfigError(`worker ${o.node}: training.mode hps needs the worker's group (groupSync)`);
   const emulated = o.emulateSpeed !== null || (o.bandwidthMbps ?? null) !== null;
   const requestTimeoutMs = o.requestTimeoutMs ?? 10_000;
@@ -148,7 +155,7 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
       const tel: BatchTelemetry = {
         node: o.node, batch_id: item.desc.batch_id, samples: t.samples, loss: t.loss, redelivered: item.redelivered,
         ack_confirmed: confirmed, staleness: t.staleness, round: t.round, busy_ms: t.computeMs, emulated_step_ms: t.stepMs,
-        dropped_stale: t.droppedStale, window: t.window,
+        dropped_stale: t.droppedStale, window: t.window, group: groupSync?.name ?? null,
       };
       publishTelemetry(system.transport, job, 'batch', o.node, tel);
     };
@@ -213,16 +220,73 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
       return outcome;
     };
 
+    /** Polls the job info until the driver resumes `version` (or a later one); fails loudly after the timeout. */
+    const waitForResume = async (c: ActorContext, store: JobInfoStore, version: number): Promise<JobInfo> => {
+      const started = c.clock.monotonic();
+      let lastNote = started;
+      const limit = o.regroupResumeTimeoutMs ?? 120_000;
+      for (;;) {
+        if (stopRequested) throw new StopRequestedError(`stopped while paused for regroup v${version}`);
+        const info = await store.get().catch(() => null);
+        if (info !== null && info.run_id === o.job.run_id && info.resume_version >= version) return info;
+        const now = c.clock.monotonic();
+        if (now - started >= limit) throw new HetpsError(`regroup v${version}: the driver did not resume training within ${Math.round(limit / 1000)} s`);
+        if (now - lastNote >= 10_000) {
+          lastNote = now;
+          c.log.warn({ groups_version: version, waited_s: Math.round((now - started) / 1000) }, `paused for regroup v${version}: still waiting for the driver's resume`);
+        }
+        await c.clock.sleep(100);
+      }
+    };
+
     try {
       stats.state = 'training';
       if (groupSync !== null) {
-        const member = new GroupMember({
-          system, group: groupSync, member: o.node, runId: o.job.run_id, plan: o.plan, stepper, log, shouldStop: () => stopRequested, requestTimeoutMs,
-        });
-        await member.start();
-        while (!stopRequested) {
-          const outcome = await hpsWindow(member);
-          if (outcome.done) break;
+        // Regrouping: the job info is polled in the background; a newer groups_version pauses this worker at a window boundary.
+        let version = o.job.groups_version;
+        let seen = version;
+        const store = o.jobStore ?? null;
+        const poll = store === null ? null : clock.setInterval(() => {
+          void store.get().then((i) => { if (i !== null && i.run_id === o.job.run_id && i.groups_version > seen) seen = i.groups_version; }, () => undefined);
+        }, 500);
+        try {
+          for (;;) {
+            const g: WorkerGroupConfig = groupSync;
+            // The run id carries the groups version: a late message of the old membership never reaches the new one.
+            const member = new GroupMember({
+              system, group: g, member: o.node, runId: version === 0 ? o.job.run_id : `${o.job.run_id}/g${version}`, plan: o.plan, stepper, log,
+              shouldStop: () => stopRequested, requestTimeoutMs, groupsVersionSeen: () => seen,
+            });
+            await member.start();
+            let pauseFor: number | null = null;
+            try {
+              while (!stopRequested) {
+                const outcome = await hpsWindow(member);
+                if (outcome.done) break;
+                if (outcome.groupsVersion > version && store !== null) { pauseFor = outcome.groupsVersion; break; }
+              }
+            } finally {
+              await member.stop();
+            }
+            if (pauseFor === null || stopRequested || store === null) break;
+            // Paused: every batch of the last window is pushed and acknowledged; nothing is held.
+            log.info({ groups_version: pauseFor, group: g.name }, `regroup to groups v${pauseFor}: paused after window ${member.window - 1} of group ${g.name}; waiting for the driver's resume`);
+            publishTelemetry(system.transport, job, 'regroup', o.node, { node: o.node, groups_version: pauseFor, state: 'ready', group: g.name });
+            const info = await waitForResume(ctx, store, pauseFor);
+            const next = (info.groups ?? []).find((x) => x.nodes.includes(o.node));
+            if (next === undefined) throw new HetpsError(`regroup v${info.groups_version}: ${o.node} is in none of the new groups`);
+            groupSync = next;
+            // A regroup after this one (if any) pauses this worker again after its next window.
+            version = info.resume_version;
+            if (seen < version) seen = version;
+            stats.group = next.name;
+            stats.sync_mode = next.sync_mode;
+            log.info({ groups_version: version, group: next.name, sync_mode: next.sync_mode, members: next.nodes },
+              `regrouped (groups v${version}): now ${next.sync_mode} inside group ${next.name} (${next.nodes.join(', ')}); the next window pulls fresh parameters`);
+            publishTelemetry(system.transport, job, 'regroup', o.node, { node: o.node, groups_version: version, state: 'resumed', group: next.name });
+          }
+        } finally {
+          poll?.cancel();
         }
       } else if (mode === 'bsp') {
         const expected = o.job.workers.length;

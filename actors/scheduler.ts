@@ -1,0 +1,359 @@
+/**
+ * Regrouping during training (hps), served by the process that runs the
+ * driver (`hetps up`).
+ *
+ * The command: `hps.<job>.ctl.regroup`, request/reply, msgpack or JSON (by
+ * the `Content-Type: application/json` header), body
+ * `{ groups: [{ name, nodes, sync_mode, sync_steps, … }] | null, reason }`;
+ * `groups: null` recomputes the grouping from the workers' observed step
+ * times (see `speedGroups`). Reply (the actors' reply envelope):
+ * `{ accepted, groups_version, groups }`, or an error (unknown node, a worker
+ * missing from the new groups, a node in two groups, a regroup already in
+ * progress, not an hps job).
+ *
+ * The flow:
+ * 1. the driver writes the new groups with groups_version + 1 into the job
+ *    info store (resume_version stays behind: a regroup is in progress);
+ * 2. every worker polls the job info; at its next window boundary (the
+ *    window pushed and its batches acknowledged as usual) it stops stepping.
+ *    A sync / adaptive group agrees on that boundary through its slices
+ *    (each carries the newest version its sender has seen; every member
+ *    takes the largest), so no member waits for a peer that paused;
+ * 3. each worker reports `ready` (telemetry `regroup`); the driver waits for
+ *    every live worker (started, loop not ended), at most `readyTimeoutMs`
+ *    (then it says who is missing and resumes anyway: a late worker pauses
+ *    and resumes at once);
+ * 4. the driver writes resume_version = groups_version; the workers re-form
+ *    their group member with the new membership and sync settings and go on.
+ *    A new window starts by pulling the dense parameters and each batch's
+ *    rows from the shards, so every group continues from the shards' one
+ *    current parameter version; nothing is stepped in between.
+ *
+ * Automatic trigger: every `autoEveryMs` the driver feeds the workers' step
+ * times (batch telemetry) to `detectDegradation` (topology/regroup.ts, with
+ * its calm defaults: median of 20 steps, 50% slower for 30 s, 120 s
+ * cooldown) and, when it says so, runs the same flow with recomputed groups.
+ */
+import { z } from 'zod';
+import {
+  ConfigError, HetpsError, JSON_CONTENT_TYPE, PROTOCOL_VERSION, ValidationError, controlSubject, decode, encode, toWire,
+  type Clock, type Logger, type Timer, type Transport, type TransportMsg,
+} from '../runtime/mod.ts';
+import {
+  INITIAL_DEGRADATION_STATE, SYNC_MODES, baselineStepMs, detectDegradation, medianOf, noteRegrouped, regroupPlan,
+  type DegradationPolicy, type DegradationState, type WorkerGroupConfig,
+} from '../topology/mod.ts';
+import type { JobInfo, JobInfoStore } from './job-info.ts';
+import { subscribeTelemetry } from './telemetry.ts';
+
+export const REGROUP_COMMAND = 'regroup';
+
+const groupSchema = z.object({
+  name: z.string().min(1),
+  nodes: z.array(z.string().min(1)).min(1),
+  sync_mode: z.enum(SYNC_MODES),
+  sync_steps: z.number().int().positive().nullable().default(null),
+  accumulation_steps: z.number().int().positive().nullable().default(null),
+  adaptive_threshold: z.number().int().positive().nullable().default(null),
+});
+
+export const regroupRequestSchema = z.object({
+  groups: z.array(groupSchema).min(1).nullable().default(null),
+  reason: z.string().min(1).default('control command'),
+});
+export type RegroupRequest = z.input<typeof regroupRequestSchema>;
+
+export interface RegroupReply {
+  accepted: boolean;
+  groups_version: number;
+  groups: WorkerGroupConfig[];
+  /** Why not accepted (the grouping would not change). */
+  note?: string;
+}
+
+export interface RegroupRecord {
+  /** Seconds since the controller started (the job was created). */
+  at_s: number;
+  reason: string;
+  trigger: 'command' | 'automatic';
+  groups_version: number;
+  groups: WorkerGroupConfig[];
+  /** Nodes whose group changed. */
+  moved: string[];
+  /** Seconds from the new groups being written to the resume. */
+  pause_s: number;
+  /** Live workers that had not reported ready when the driver resumed (after readyTimeoutMs); empty normally. */
+  not_ready: string[];
+}
+
+export interface RegroupControllerOptions {
+  transport: Transport;
+  job: string;
+  jobStore: JobInfoStore;
+  /** The job info as prepared (groups_version 0). */
+  info: JobInfo;
+  clock: Clock;
+  log: Logger;
+  policy?: Partial<DegradationPolicy>;
+  /** How long the driver waits for every live worker to pause. Default 60 s. */
+  readyTimeoutMs?: number;
+  /** Degradation checks; 0: no automatic regroup. Default 1 s. */
+  autoEveryMs?: number;
+}
+
+/** Recent step times kept per node (the median reads the last `window`). */
+const KEEP_STEPS = 200;
+
+export class RegroupController {
+  readonly records: RegroupRecord[] = [];
+  private info: JobInfo;
+  private inProgress: Promise<void> | null = null;
+  private readonly ready = new Map<number, Set<string>>();
+  private readonly started = new Set<string>();
+  private readonly ended = new Set<string>();
+  private readonly steps = new Map<string, number[]>();
+  private readonly baselines = new Map<string, number>();
+  private degradation: DegradationState = INITIAL_DEGRADATION_STATE;
+  private readonly t0: number;
+  private readonly unsubscribe: () => void;
+  private readonly ctlSub: { unsubscribe(): void };
+  private readonly timer: Timer | null;
+  private checking = false;
+  private disposed = false;
+  private readonly window: number;
+
+  constructor(private readonly o: RegroupControllerOptions) {
+    this.info = o.info;
+    this.t0 = o.clock.monotonic();
+    this.window = o.policy?.window ?? 20;
+    this.unsubscribe = subscribeTelemetry(o.transport, o.job, {
+      start: (t) => { this.started.add(t.node); },
+      done: (t) => { this.ended.add(t.node); },
+      batch: (t) => {
+        this.started.add(t.node);
+        const ms = t.emulated_step_ms ?? t.busy_ms;
+        if (ms === null) return;
+        let a = this.steps.get(t.node);
+        if (a === undefined) { a = []; this.steps.set(t.node, a); }
+        a.push(ms);
+        if (a.length > KEEP_STEPS) a.splice(0, a.length - KEEP_STEPS);
+        if (!this.baselines.has(t.node)) {
+          const b = baselineStepMs(a, this.window);
+          if (b !== null) this.baselines.set(t.node, b);
+        }
+      },
+      regroup: (t) => {
+        this.started.add(t.node);
+        if (t.state !== 'ready') return;
+        let s = this.ready.get(t.groups_version);
+        if (s === undefined) { s = new Set(); this.ready.set(t.groups_version, s); }
+        s.add(t.node);
+      },
+    });
+    this.ctlSub = o.transport.subscribe(controlSubject(o.job, REGROUP_COMMAND), (m) => { void this.onControl(m); });
+    const every = o.autoEveryMs ?? 1_000;
+    this.timer = every > 0 && o.info.mode === 'hps' ? o.clock.setInterval(() => { void this.autoCheck(); }, every) : null;
+  }
+
+  /** The groups the job runs now. */
+  get groups(): WorkerGroupConfig[] { return this.info.groups ?? []; }
+
+  /** Waits for a regroup in progress (at the end of training), then stops listening. */
+  async dispose(): Promise<void> {
+    if (this.disposed) return;
+    this.disposed = true;
+    this.timer?.cancel();
+    this.ctlSub.unsubscribe();
+    await this.inProgress?.catch(() => undefined);
+    this.unsubscribe();
+  }
+
+  /** Live workers: their loop started and has not ended. */
+  private live(): string[] {
+    return this.info.workers.filter((w) => this.started.has(w) && !this.ended.has(w));
+  }
+
+  /** Starts a regroup (see the module comment); resolves once the new groups are written, not when training resumes. */
+  async regroup(groups: z.input<typeof groupSchema>[] | null, reason: string, trigger: RegroupRecord['trigger'] = 'command'): Promise<RegroupReply> {
+    const { log } = this.o;
+    if (this.info.mode !== 'hps') throw new ConfigError(`regroup: the job runs training.mode ${this.info.mode}; only hps has worker groups`);
+    if (this.inProgress !== null) {
+      throw new HetpsError(`regroup: groups v${this.info.groups_version} are being put in place (workers pausing); try again once training has resumed`);
+    }
+    const current = this.groups;
+    const next = groups === null ? this.speedGroups() : groups.map((g) => groupSchema.parse(g));
+    this.validate(next);
+    const plan = regroupPlan(current.map((g) => ({ name: g.name, nodes: g.nodes, centroid: null })), next.map((g) => ({ name: g.name, nodes: g.nodes, centroid: null })));
+    if (!plan.changed && normalized(current) === normalized(next)) {
+      return { accepted: false, groups_version: this.info.groups_version, groups: current, note: 'the new grouping is the same as the current one' };
+    }
+    const v = this.info.groups_version + 1;
+    this.info = { ...this.info, groups: next, groups_version: v };
+    await this.o.jobStore.put(this.info);
+    const moved = plan.moves.map((m) => m.node);
+    log.info({ groups_version: v, reason, trigger, moves: plan.moves, groups: next },
+      `regroup to groups v${v} (${reason}): ${plan.moves.map((m) => `${m.node} ${m.from ?? '-'} → ${m.to ?? '-'}`).join(', ') || 'group settings change'}; `
+      + 'workers pause at their next window boundary');
+    const started = this.o.clock.monotonic();
+    this.inProgress = this.complete(v, reason, trigger, next, moved, started).finally(() => { this.inProgress = null; });
+    return { accepted: true, groups_version: v, groups: next };
+  }
+
+  private async complete(v: number, reason: string, trigger: RegroupRecord['trigger'], groups: WorkerGroupConfig[], moved: string[], started: number): Promise<void> {
+    const { clock, log } = this.o;
+    const limit = this.o.readyTimeoutMs ?? 60_000;
+    let lastNote = started;
+    let missing: string[] = [];
+    for (;;) {
+      const ready = this.ready.get(v) ?? new Set<string>();
+      missing = this.live().filter((w) => !ready.has(w));
+      if (missing.length === 0) break;
+      const now = clock.monotonic();
+      if (now - started >= limit) {
+        log.warn({ groups_version: v, not_ready: missing },
+          `regroup v${v}: ${missing.join(', ')} did not pause within ${Math.round(limit / 1000)} s; resuming the others (a late worker resumes as soon as it pauses)`);
+        break;
+      }
+      if (now - lastNote >= 10_000) {
+        lastNote = now;
+        log.info({ groups_version: v, waiting_for: missing }, `regroup v${v}: waiting for ${missing.join(', ')} to finish their window and pause`);
+      }
+      await clock.sleep(50);
+    }
+    this.info = { ...this.info, resume_version: v };
+    await this.o.jobStore.put(this.info);
+    const now = clock.monotonic();
+    // The slow speed is now the node's normal: new baselines, and the cooldown starts.
+    this.steps.clear();
+    this.baselines.clear();
+    this.degradation = noteRegrouped(this.degradation, now);
+    const pause = (now - started) / 1000;
+    this.records.push({ at_s: +((started - this.t0) / 1000).toFixed(3), reason, trigger, groups_version: v, groups, moved, pause_s: +pause.toFixed(3), not_ready: missing });
+    log.info({ groups_version: v, pause_s: pause }, `regroup v${v} done: every group resumes from the shards' current parameters (paused ${pause.toFixed(1)} s)`);
+  }
+
+  private validate(groups: WorkerGroupConfig[]): void {
+    const workers = new Set(this.info.workers);
+    const seen = new Map<string, string>();
+    const names = new Set<string>();
+    for (const g of groups) {
+      if (names.has(g.name)) throw new ValidationError(`regroup: group name ${g.name} appears twice`);
+      names.add(g.name);
+      if ((g.sync_mode === 'sync' && g.sync_steps === null) || (g.sync_mode === 'accumulation' && g.accumulation_steps === null)
+        || (g.sync_mode === 'adaptive' && g.adaptive_threshold === null)) {
+        throw new ValidationError(`regroup: group ${g.name} (${g.sync_mode}) needs ${g.sync_mode === 'sync' ? 'sync_steps' : g.sync_mode === 'accumulation' ? 'accumulation_steps' : 'adaptive_threshold'}`);
+      }
+      for (const n of g.nodes) {
+        if (!workers.has(n)) throw new ValidationError(`regroup: unknown node ${n} in group ${g.name} (the job's workers: ${this.info.workers.join(', ')})`);
+        const other = seen.get(n);
+        if (other !== undefined) throw new ValidationError(`regroup: node ${n} is in two groups (${other} and ${g.name})`);
+        seen.set(n, g.name);
+      }
+    }
+    const absent = this.info.workers.filter((w) => !seen.has(w));
+    if (absent.length) throw new ValidationError(`regroup: worker(s) ${absent.join(', ')} missing from the new groups; every worker of the job needs a group`);
+  }
+
+  /**
+   * Groups from observed speed: each worker's median recent step time (its
+   * current group's median when it has none yet), sorted, cut at the k − 1
+   * largest ratios between neighbours (k = the current number of groups):
+   * the optimal 1-D split on log step time into contiguous runs. The
+   * fastest cluster takes the name and sync settings of the currently
+   * fastest group, and so on, so the groups keep their roles and a
+   * degraded node moves to a slower group.
+   */
+  speedGroups(): WorkerGroupConfig[] {
+    const current = this.groups;
+    const stepOf = new Map<string, number>();
+    for (const w of this.info.workers) {
+      const a = this.steps.get(w);
+      if (a !== undefined && a.length > 0) stepOf.set(w, medianOf(a.slice(-this.window)));
+    }
+    if (stepOf.size === 0) throw new HetpsError('regroup: no step times observed yet; give the groups explicitly or wait for some training');
+    const overall = medianOf([...stepOf.values()]);
+    const groupMedian = (g: WorkerGroupConfig) => {
+      const xs = g.nodes.map((n) => stepOf.get(n)).filter((x): x is number => x !== undefined);
+      return xs.length ? medianOf(xs) : overall;
+    };
+    for (const g of current) for (const n of g.nodes) if (!stepOf.has(n)) stepOf.set(n, groupMedian(g));
+    for (const w of this.info.workers) if (!stepOf.has(w)) stepOf.set(w, overall);
+    const sorted = [...stepOf].sort((a, b) => a[1] - b[1] || (a[0] < b[0] ? -1 : 1));
+    const k = Math.max(1, Math.min(current.length, sorted.length));
+    const gaps = sorted.slice(1).map(([, ms], i) => ({ i: i + 1, r: ms / Math.max(1e-9, sorted[i]![1]) }));
+    const cuts = gaps.sort((a, b) => b.r - a.r).slice(0, k - 1).map((g) => g.i).sort((a, b) => a - b);
+    const clusters: string[][] = [];
+    let from = 0;
+    for (const c of [...cuts, sorted.length]) { clusters.push(sorted.slice(from, c).map(([n]) => n)); from = c; }
+    const roles = [...current].sort((a, b) => groupMedian(a) - groupMedian(b));
+    return clusters.map((nodes, i) => {
+      const r = roles[i] ?? roles[roles.length - 1]!;
+      return { ...r, nodes: [...nodes] };
+    });
+  }
+
+  private async autoCheck(): Promise<void> {
+    if (this.checking || this.inProgress !== null) return;
+    this.checking = true;
+    try {
+      const now = this.o.clock.monotonic();
+      const nodes = this.live().flatMap((w) => {
+        const b = this.baselines.get(w);
+        const a = this.steps.get(w);
+        return b === undefined || a === undefined ? [] : [{ node: w, baselineMs: b, stepMs: a }];
+      });
+      const r = detectDegradation(nodes, now, this.degradation, this.o.policy);
+      this.degradation = r.state;
+      if (!r.shouldRegroup) return;
+      const why = r.degraded.map((d) => `${d.node} at ${d.ratio}× its baseline step time for ${Math.round(d.slowForMs / 1000)} s`).join(', ');
+      const reason = `automatic: ${why}`;
+      this.o.log.warn({ degraded: r.degraded }, `degradation detected: ${why}; regrouping on observed speed`);
+      const reply = await this.regroup(null, reason, 'automatic');
+      if (!reply.accepted) {
+        this.o.log.info(`regroup not needed: ${reply.note ?? 'grouping unchanged'} (next check after the cooldown)`);
+        this.degradation = noteRegrouped(this.degradation, now);
+      }
+    } catch (e) {
+      this.o.log.warn({ err: (e as Error).message }, 'automatic regroup check failed');
+      this.degradation = noteRegrouped(this.degradation, this.o.clock.monotonic());
+    } finally {
+      this.checking = false;
+    }
+  }
+
+  /** `hps.<job>.ctl.regroup`: JSON (Content-Type) or msgpack; the reply in the actors' envelope, in the caller's encoding. */
+  private async onControl(m: TransportMsg): Promise<void> {
+    const json = m.headers?.['Content-Type'] === JSON_CONTENT_TYPE;
+    let result: RegroupReply | null = null;
+    let error: unknown = null;
+    try {
+      let body: unknown;
+      try {
+        body = json ? (m.data.byteLength ? JSON.parse(new TextDecoder().decode(m.data)) : {}) : decode(m.data);
+      } catch (e) {
+        throw new ValidationError(`regroup: the body does not decode (${(e as Error).message})`);
+      }
+      const parsed = regroupRequestSchema.safeParse(body);
+      if (!parsed.success) throw new ValidationError(`regroup: bad request: ${parsed.error.issues.map((i) => `${i.path.join('.') || '(body)'}: ${i.message}`).join('; ')}`);
+      result = await this.regroup(parsed.data.groups, parsed.data.reason, 'command');
+    } catch (e) {
+      error = e;
+      this.o.log.warn({ err: (e as Error).message }, 'regroup command refused');
+    }
+    if (!m.reply) return;
+    const from = controlSubject(this.o.job, REGROUP_COMMAND);
+    const env = error !== null
+      ? { v: PROTOCOL_VERSION, type: 'error', from, seq: 0, error: toWire(error) }
+      : { v: PROTOCOL_VERSION, type: 'reply', from, seq: 0, result };
+    try {
+      if (json) this.o.transport.publish(m.reply, new TextEncoder().encode(JSON.stringify(env)), { headers: { 'Content-Type': JSON_CONTENT_TYPE } });
+      else this.o.transport.publish(m.reply, encode(env));
+    } catch (e) {
+      this.o.log.warn({ err: (e as Error).message }, 'could not send the regroup reply');
+    }
+  }
+}
+
+function normalized(groups: readonly WorkerGroupConfig[]): string {
+  return JSON.stringify([...groups].map((g) => ({ ...g, nodes: [...g.nodes] })).sort((a, b) => (a.name < b.name ? -1 : 1)));
+}

@@ -1,0 +1,141 @@
+/**
+ * The driver's regroup command (actors/scheduler.ts) without a training run:
+ * a JSON request on hps.<job>.ctl.regroup is validated, writes the new
+ * groups with the next groups_version, and resume_version follows once every
+ * live worker has reported ready; bad requests get clear errors; groups: null
+ * regroups on observed step times.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { InProcessBroker, JSON_CONTENT_TYPE, connectTransport, controlSubject, silentLogger, systemClock, type Transport } from '../../runtime/mod.ts';
+import { memoryJobInfoStore, type JobInfo } from '../../actors/job-info.ts';
+import { RegroupController } from '../../actors/scheduler.ts';
+import { publishTelemetry } from '../../actors/telemetry.ts';
+
+const JOB = 'rg';
+const g = (name: string, nodes: string[], sync_mode: 'sync' | 'async', sync_steps: number | null = null) =>
+  ({ name, nodes, sync_mode, sync_steps, accumulation_steps: null, adaptive_threshold: null });
+const info: JobInfo = {
+  job: JOB, run_id: 'r', mode: 'hps', workers: ['w1', 'w2', 'w3', 'w4'], total_batches: 10, rounds: 3, epochs: 1, batch_size: 32, ack_wait_ms: 60_000,
+  groups: [g('fast', ['w1', 'w2'], 'sync', 2), g('slow', ['w3', 'w4'], 'async')], groups_version: 0, resume_version: 0,
+};
+
+async function ask(t: Transport, body: unknown): Promise<{ type: string; result?: { accepted: boolean; groups_version: number; groups: { name: string; nodes: string[] }[] }; error?: { message: string } }> {
+  const m = await t.request(controlSubject(JOB, 'regroup'), new TextEncoder().encode(JSON.stringify(body)), { timeoutMs: 5_000, headers: { 'Content-Type': JSON_CONTENT_TYPE } });
+  assert.equal(m.headers?.['Content-Type'], JSON_CONTENT_TYPE, 'a JSON caller gets JSON back');
+  return JSON.parse(new TextDecoder().decode(m.data));
+}
+
+async function until(f: () => Promise<boolean>, ms = 5_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await f())) {
+    if (Date.now() > end) throw new Error('condition not met in time');
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+test('ctl.regroup: validated, written with the next groups_version, resumed once every live worker is ready', async () => {
+  const broker = new InProcessBroker();
+  const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
+  const clientT = await connectTransport({ servers: null, broker, name: 'client' });
+  const store = memoryJobInfoStore();
+  await store.put(info);
+  const ctl = new RegroupController({ transport: driverT, job: JOB, jobStore: store, info, clock: systemClock, log: silentLogger(), autoEveryMs: 0 });
+  try {
+    for (const w of info.workers) publishTelemetry(clientT, JOB, 'start', w, { node: w, group: 'x', mode: 'hps', emulated_speed: null });
+
+    const unknown = await ask(clientT, { reason: 'x', groups: [g('fast', ['w1', 'w2', 'w9'], 'sync', 2), g('slow', ['w3', 'w4'], 'async')] });
+    assert.equal(unknown.type, 'error');
+    assert.match(unknown.error!.message, /unknown node w9/);
+    const missing = await ask(clientT, { reason: 'x', groups: [g('fast', ['w1', 'w2'], 'sync', 2), g('slow', ['w3'], 'async')] });
+    assert.match(missing.error!.message, /w4 missing from the new groups/);
+    const twice = await ask(clientT, { reason: 'x', groups: [g('fast', ['w1', 'w3'], 'sync', 2), g('slow', ['w3', 'w4', 'w2'], 'async')] });
+    assert.match(twice.error!.message, /w3 is in two groups/);
+    const bad = await ask(clientT, { groups: 'all' });
+    assert.match(bad.error!.message, /bad request/);
+
+    const ok = await ask(clientT, { reason: 'move w3', groups: [g('fast', ['w1', 'w2', 'w3'], 'sync', 2), g('slow', ['w4'], 'async')] });
+    assert.equal(ok.type, 'reply', JSON.stringify(ok));
+    assert.equal(ok.result!.accepted, true);
+    assert.equal(ok.result!.groups_version, 1);
+    const written = (await store.get())!;
+    assert.equal(written.groups_version, 1);
+    assert.equal(written.resume_version, 0, 'not resumed before the workers are ready');
+    const busy = await ask(clientT, { reason: 'again', groups: null });
+    assert.match(busy.error!.message, /being put in place/);
+
+    // w4's loop ended: the driver waits only for the live ones.
+    publishTelemetry(clientT, JOB, 'done', 'w4', { node: 'w4', steps: 1, samples: 32, batches_acked: 1, empty_rounds: 0, reason: 'done' });
+    for (const w of ['w1', 'w2', 'w3']) publishTelemetry(clientT, JOB, 'regroup', w, { node: w, groups_version: 1, state: 'ready', group: 'x' });
+    await until(async () => (await store.get())!.resume_version === 1);
+    await until(async () => ctl.records.length === 1);
+    assert.deepEqual(ctl.records[0]!.moved, ['w3']);
+    assert.deepEqual(ctl.records[0]!.not_ready, []);
+    assert.equal(ctl.records[0]!.reason, 'move w3');
+  } finally {
+    await ctl.dispose();
+    await driverT.close();
+    await clientT.close();
+  }
+});
+
+test('regroup on observed speed: a node that slowed down moves to the slower group', async () => {
+  const broker = new InProcessBroker();
+  const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
+  const workerT = await connectTransport({ servers: null, broker, name: 'worker' });
+  const store = memoryJobInfoStore();
+  await store.put(info);
+  const ctl = new RegroupController({ transport: driverT, job: JOB, jobStore: store, info, clock: systemClock, log: silentLogger(), autoEveryMs: 0 });
+  try {
+    const ms: Record<string, number> = { w1: 100, w2: 400, w3: 390, w4: 410 };
+    for (const [w, t] of Object.entries(ms)) {
+      for (let i = 0; i < 5; i++) {
+        publishTelemetry(workerT, JOB, 'batch', w, {
+          node: w, batch_id: `${w}-${i}`, samples: 32, loss: 0.5, redelivered: false, ack_confirmed: true, staleness: 0, round: null, busy_ms: t, emulated_step_ms: t,
+        });
+      }
+    }
+    await new Promise((r) => setTimeout(r, 20));
+    const groups = ctl.speedGroups();
+    assert.deepEqual(groups.map((x) => [x.name, x.nodes, x.sync_mode]), [['fast', ['w1'], 'sync'], ['slow', ['w3', 'w2', 'w4'], 'async']]);
+  } finally {
+    await ctl.dispose();
+    await driverT.close();
+    await workerT.close();
+  }
+});
+
+test('automatic: a node that stays slower than its baseline triggers a regroup on observed speed', async () => {
+  const broker = new InProcessBroker();
+  const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
+  const workerT = await connectTransport({ servers: null, broker, name: 'worker' });
+  const store = memoryJobInfoStore();
+  await store.put(info);
+  const ctl = new RegroupController({
+    transport: driverT, job: JOB, jobStore: store, info, clock: systemClock, log: silentLogger(), autoEveryMs: 20,
+    policy: { window: 3, sustainMs: 0, cooldownMs: 60_000, threshold: 0.5 },
+  });
+  const batch = (w: string, i: number, t: number) => publishTelemetry(workerT, JOB, 'batch', w, {
+    node: w, batch_id: `${w}-${i}`, samples: 32, loss: 0.5, redelivered: false, ack_confirmed: true, staleness: 0, round: null, busy_ms: t, emulated_step_ms: t,
+  });
+  try {
+    const base: Record<string, number> = { w1: 100, w2: 100, w3: 400, w4: 400 };
+    for (const w of info.workers) publishTelemetry(workerT, JOB, 'start', w, { node: w, group: 'x', mode: 'hps', emulated_speed: null });
+    for (let i = 0; i < 3; i++) for (const [w, t] of Object.entries(base)) batch(w, i, t);
+    await new Promise((r) => setTimeout(r, 100));
+    assert.equal((await store.get())!.groups_version, 0, 'no regroup while every node runs at its baseline');
+    // w2 throttles to 4× its baseline.
+    for (let i = 3; i < 6; i++) batch('w2', i, 400);
+    await until(async () => (await store.get())!.groups_version === 1);
+    const groups = (await store.get())!.groups!;
+    assert.deepEqual(groups.find((x) => x.name === 'slow')!.nodes.sort(), ['w2', 'w3', 'w4']);
+    for (const w of info.workers) publishTelemetry(workerT, JOB, 'regroup', w, { node: w, groups_version: 1, state: 'ready', group: 'x' });
+    await until(async () => ctl.records.length === 1);
+    assert.equal(ctl.records[0]!.trigger, 'automatic');
+    assert.match(ctl.records[0]!.reason, /w2 at 4× its baseline/);
+  } finally {
+    await ctl.dispose();
+    await driverT.close();
+    await workerT.close();
+  }
+});
