@@ -12,7 +12,7 @@
  */
 import { ConfigError } from '../../runtime/errors.ts';
 import type { BatchStreamOptions, CtrBatch, CtrDataDescription, CtrDataSource, SlotRange } from './batch.ts';
-import { countPlannedBatches, hash2, hash3, planBatches, resolveStreamOptions, SampleRandom, toAsync } from './stream.ts';
+import { countPlannedBatches, splitSize, hash2, hash3, planBatches, resolveStreamOptions, SampleRandom, toAsync } from './stream.ts';
 
 export interface SyntheticCtrConfig {
   seed: number;
@@ -294,13 +294,13 @@ class SyntheticCtr implements SyntheticCtrSource {
 
   countBatches(options: BatchStreamOptions): number {
     const o = resolveStreamOptions(options);
-    return countPlannedBatches(o.split === 'train' ? this.config.trainSize : this.config.testSize, o);
+    return countPlannedBatches(splitSize(o.split, this.config), o);
   }
 
   *batchesSync(options: BatchStreamOptions): IterableIterator<CtrBatch> {
     const o = resolveStreamOptions(options);
     const c = this.config;
-    const total = o.split === 'train' ? c.trainSize : c.testSize;
+    const total = splitSize(o.split, c);
     const S = c.slots;
     for (const plan of planBatches(this.name, total, o, hash2(c.seed, 0x5bf1e))) {
       const size = plan.indices.length;

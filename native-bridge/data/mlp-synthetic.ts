@@ -16,7 +16,7 @@
  */
 import { ConfigError } from '../../runtime/errors.ts';
 import type { BatchStreamOptions, MlpBatch, MlpDataDescription, MlpDataSource } from './batch.ts';
-import { countPlannedBatches, hash2, planBatches, resolveStreamOptions, SampleRandom, toAsync } from './stream.ts';
+import { countPlannedBatches, splitSize, hash2, planBatches, resolveStreamOptions, SampleRandom, toAsync } from './stream.ts';
 
 export interface SyntheticMlpConfig {
   seed: number;
@@ -163,13 +163,13 @@ class SyntheticMlp implements SyntheticMlpSource {
 
   countBatches(options: BatchStreamOptions): number {
     const o = resolveStreamOptions(options);
-    return countPlannedBatches(o.split === 'train' ? this.config.trainSize : this.config.testSize, o);
+    return countPlannedBatches(splitSize(o.split, this.config), o);
   }
 
   *batchesSync(options: BatchStreamOptions): IterableIterator<MlpBatch> {
     const o = resolveStreamOptions(options);
     const c = this.config;
-    const total = o.split === 'train' ? c.trainSize : c.testSize;
+    const total = splitSize(o.split, c);
     const offset = o.split === 'train' ? 0 : c.trainSize;
     for (const plan of planBatches(this.name, total, o, hash2(c.seed, 0x3a7c4))) {
       const size = plan.indices.length;

@@ -177,6 +177,11 @@ export function resolveStreamOptions(options: BatchStreamOptions): ResolvedStrea
 }
 
 /** Number of batches the resolved options select out of a split of `total` samples. */
+/** Samples in a split of a synthetic source whose train and test parts are index ranges. */
+export function splitSize(split: 'train' | 'test', sizes: { trainSize: number; testSize: number }): number {
+  return split === 'train' ? sizes.trainSize : sizes.testSize;
+}
+
 export function countPlannedBatches(total: number, o: ResolvedStreamOptions): number {
   const all = o.dropLast ? Math.floor(total / o.batchSize) : Math.ceil(total / o.batchSize);
   const mine = all > o.partition.index ? Math.floor((all - 1 - o.partition.index) / o.partition.count) + 1 : 0;
