@@ -5,20 +5,17 @@
  * command is accepted, the summary lists the regroup, every batch is still
  * acknowledged exactly once, and w3 trains in its new group afterwards.
  */
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { hetps } from '../support/ps.ts';
+import { hetps, tempDirForFile } from '../support/ps.ts';
 
-let dir: string;
-before(async () => { dir = await mkdtemp(join(tmpdir(), 'hetps-regroup-')); });
-after(async () => { await rm(dir, { recursive: true, force: true }); });
+const tempDir = tempDirForFile('hetps-regroup-');
 
 test('hetps up --embedded (hps): a ctl.regroup command mid-training moves a node; no batch is lost or trained twice', { timeout: 120_000 }, async () => {
-  const cfg = join(dir, 'regroup.yaml');
-  await writeFile(cfg, `job: { name: embregroup, run_dir: ${JSON.stringify(join(dir, 'runs'))} }
+  const cfg = join(tempDir(), 'regroup.yaml');
+  await writeFile(cfg, `job: { name: embregroup, run_dir: ${JSON.stringify(join(tempDir(), 'runs'))} }
 cluster:
   worker_groups:
     - { name: fast, nodes: [w1, w2], sync_mode: sync, sync_steps: 2 }
@@ -41,7 +38,7 @@ training: { mode: hps, random_seed: 7, max_staleness: 8, emulation_reference_ste
 fault_tolerance: { worker_recovery_timeout: 10 }
 logging: { level: info }
 `);
-  const script = join(dir, 'ctl.json');
+  const script = join(tempDir(), 'ctl.json');
   await writeFile(script, JSON.stringify([{
     after_batches: 4,
     command: 'regroup',
@@ -53,7 +50,7 @@ logging: { level: info }
       ],
     },
   }]));
-  const summaryFile = join(dir, 'regroup.json');
+  const summaryFile = join(tempDir(), 'regroup.json');
   const r = await hetps(['up', '--config', cfg, '--embedded', '--summary', summaryFile, '--ctl-script', script], { timeoutMs: 110_000 }).exited;
   assert.equal(r.code, 0, r.stderr.slice(-4000));
   const s = JSON.parse(await readFile(summaryFile, 'utf8')) as Record<string, unknown>;

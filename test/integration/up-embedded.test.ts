@@ -3,20 +3,17 @@
  * in-process bus, forced with --embedded or chosen because no nats-server is
  * installed (with a warning).
  */
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { readFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
-import { hetps, writeJobConfig } from '../support/ps.ts';
+import { hetps, writeJobConfig, tempDirForFile } from '../support/ps.ts';
 
-let dir: string;
-before(async () => { dir = await mkdtemp(join(tmpdir(), 'hetps-embedded-')); });
-after(async () => { await rm(dir, { recursive: true, force: true }); });
+const tempDir = tempDirForFile('hetps-embedded-');
 
 test('hetps up --embedded (bsp) runs the shards and workers in one process and writes the summary', { timeout: 60_000 }, async () => {
-  const cfg = await writeJobConfig(dir, { job: 'embbsp', mode: 'bsp', servers: null, runDir: join(dir, 'runs'), samples: 640, epochs: 1, workerRecoveryTimeoutS: 10 });
-  const summaryFile = join(dir, 'bsp.json');
+  const cfg = await writeJobConfig(tempDir(), { job: 'embbsp', mode: 'bsp', servers: null, runDir: join(tempDir(), 'runs'), samples: 640, epochs: 1, workerRecoveryTimeoutS: 10 });
+  const summaryFile = join(tempDir(), 'bsp.json');
   const r = await hetps(['up', '--config', cfg, '--embedded', '--summary', summaryFile], { timeoutMs: 50_000 }).exited;
   assert.equal(r.code, 0, r.stderr.slice(-3000));
   const s = JSON.parse(await readFile(summaryFile, 'utf8')) as Record<string, unknown>;
@@ -34,7 +31,7 @@ test('hetps up --embedded (bsp) runs the shards and workers in one process and w
 });
 
 test('without a nats-server binary hetps up falls back to the embedded bus and warns', { timeout: 60_000 }, async () => {
-  const cfg = await writeJobConfig(dir, { job: 'embasp', mode: 'asp', servers: null, runDir: join(dir, 'runs'), samples: 320, epochs: 1, workerRecoveryTimeoutS: 10 });
+  const cfg = await writeJobConfig(tempDir(), { job: 'embasp', mode: 'asp', servers: null, runDir: join(tempDir(), 'runs'), samples: 320, epochs: 1, workerRecoveryTimeoutS: 10 });
   const env = { PATH: dirname(process.execPath), NATS_SERVER_BIN: '' };
   const r = await hetps(['up', '--config', cfg, '--json'], { env, timeoutMs: 50_000 }).exited;
   assert.equal(r.code, 0, r.stderr.slice(-3000));

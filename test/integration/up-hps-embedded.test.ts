@@ -3,20 +3,17 @@
  * process, with one emulated slow node. Every batch is acknowledged exactly
  * once, the model learns, and the summary reports the shards' staleness.
  */
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { hetps } from '../support/ps.ts';
+import { hetps, tempDirForFile } from '../support/ps.ts';
 
-let dir: string;
-before(async () => { dir = await mkdtemp(join(tmpdir(), 'hetps-hps-')); });
-after(async () => { await rm(dir, { recursive: true, force: true }); });
+const tempDir = tempDirForFile('hetps-hps-');
 
 test('hetps up --embedded (hps): a sync group and an async group train every batch exactly once to a useful model', { timeout: 90_000 }, async () => {
-  const cfg = join(dir, 'hps.yaml');
-  await writeFile(cfg, `job: { name: embhps, run_dir: ${JSON.stringify(join(dir, 'runs'))} }
+  const cfg = join(tempDir(), 'hps.yaml');
+  await writeFile(cfg, `job: { name: embhps, run_dir: ${JSON.stringify(join(tempDir(), 'runs'))} }
 cluster:
   worker_groups:
     - { name: fast, nodes: [w1, w2], sync_mode: sync, sync_steps: 2 }
@@ -36,7 +33,7 @@ training: { mode: hps, random_seed: 42, max_staleness: 8, emulation_reference_st
 fault_tolerance: { worker_recovery_timeout: 10 }
 logging: { level: info }
 `);
-  const summaryFile = join(dir, 'hps.json');
+  const summaryFile = join(tempDir(), 'hps.json');
   const r = await hetps(['up', '--config', cfg, '--embedded', '--summary', summaryFile], { timeoutMs: 80_000 }).exited;
   assert.equal(r.code, 0, r.stderr.slice(-4000));
   const s = JSON.parse(await readFile(summaryFile, 'utf8')) as Record<string, unknown>;

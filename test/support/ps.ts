@@ -4,7 +4,9 @@
  * first, plus a small job config written to a temp dir.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { writeFile } from 'node:fs/promises';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { after, before } from 'node:test';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -106,4 +108,12 @@ logging: { level: info }
 export function lastJson(stdout: string): Record<string, unknown> {
   const lines = stdout.trim().split('\n').filter(Boolean);
   return JSON.parse(lines[lines.length - 1] ?? 'null') as Record<string, unknown>;
+}
+
+/** A temp dir for one test file: made before its tests, removed after them. Call the result for the path. */
+export function tempDirForFile(prefix: string): () => string {
+  let dir = '';
+  before(async () => { dir = await mkdtemp(join(tmpdir(), prefix)); });
+  after(async () => { await rm(dir, { recursive: true, force: true }); });
+  return () => dir;
 }
