@@ -36,7 +36,7 @@ import { splitIdsByShard, type ShardPlan, type WorkerGroupConfig } from '../../t
 import type { Batch } from '../../native-bridge/mod.ts';
 import type { PushRequest } from '../shard/shard.messages.ts';
 import { StopRequestedError } from '../worker/shard-client.ts';
-import type { ComputedStep, PushResult, WorkerStepper } from '../worker/step.ts';
+import { maxPushStaleness, type ComputedStep, type PushResult, type WorkerStepper } from '../worker/step.ts';
 import { groupSyncMessages, type GroupSyncMessages, type PushedMessage, type SliceMessage } from './group-sync.messages.ts';
 import { shouldSync, syncPolicyFromConfig, type SyncPolicy } from './sync-policy.ts';
 
@@ -458,7 +458,7 @@ export class GroupMember {
     const acc = this.acc;
     const parts = acc.sums.byShard(new Set(this.o.plan.shards), 1 / acc.weight);
     const results = await Promise.all([...parts].map(([shard, t]) => this.o.stepper.push(shard, this.pushBody(t, acc.weight, acc.baseVersion(shard)!))));
-    return { droppedStale: results.some((r) => r.refused), staleness: maxStaleness(results), done: false };
+    return { droppedStale: results.some((r) => r.refused), staleness: maxPushStaleness(results), done: false };
   }
 
   /** sync / adaptive: reduce-scatter the window's sums, push the reduced slices, wait until every member has. */
@@ -508,7 +508,7 @@ export class GroupMember {
       run_id: runId, window: w, member,
       applied: results.filter((x) => !x.r.refused).map((x) => x.shard),
       refused: results.filter((x) => x.r.refused).map((x) => x.shard),
-      staleness: maxStaleness(results.map((x) => x.r)),
+      staleness: maxPushStaleness(results.map((x) => x.r)),
     };
     await Promise.all(this.members.map((to) => (to === member ? (this.inbox.addPushed(pushed), undefined) : this.send(to, 'pushed', pushed))));
     const reports = await this.waitForAll(w, 'pushed');
@@ -596,15 +596,6 @@ export class GroupMember {
   private checkStop(w: number): void {
     if (this.o.shouldStop()) throw new StopRequestedError(`stopped in window ${w} of group ${this.o.group.name}`);
   }
-}
-
-function maxStaleness(results: readonly PushResult[]): number {
-  let s = 0;
-  for (const r of results) {
-    const v = r.refused ? Number(r.error.data?.staleness ?? 0) : r.reply.staleness;
-    if (v > s) s = v;
-  }
-  return s;
 }
 
 function tensorBytes(t: ShardTensors): number {

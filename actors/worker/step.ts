@@ -133,7 +133,7 @@ export class WorkerStepper {
       const pushes = await Promise.all(exchanges.map((ex) => this.push(ex.shard, pushRequest(plan, ex, tables, null, null, {
         round: sync?.round ?? null, expected: sync?.expected ?? null, weight: 0, baseVersion: versions.get(ex.shard)!,
       }))));
-      return { loss: null, samples: 0, staleness: stalenessOf(pushes), computeMs: 0, stepMs: 0, droppedStale: pushes.some((p) => p.refused) };
+      return { loss: null, samples: 0, staleness: maxPushStaleness(pushes), computeMs: 0, stepMs: 0, droppedStale: pushes.some((p) => p.refused) };
     }
 
     const U = index?.uniqueIds.length ?? 0;
@@ -145,7 +145,7 @@ export class WorkerStepper {
       round: sync?.round ?? null, expected: sync?.expected ?? null, weight: batch.size, baseVersion: versions.get(ex.shard)!,
     }))));
     return {
-      loss: result.loss, samples: batch.size, staleness: stalenessOf(pushes), computeMs: timing.computeMs, stepMs: timing.stepMs,
+      loss: result.loss, samples: batch.size, staleness: maxPushStaleness(pushes), computeMs: timing.computeMs, stepMs: timing.stepMs,
       droppedStale: pushes.some((p) => p.refused),
     };
   }
@@ -223,7 +223,8 @@ export class WorkerStepper {
   }
 }
 
-function stalenessOf(pushes: readonly PushResult[]): number {
+/** The largest staleness among a step's pushes (a refused push reports it in its error). */
+export function maxPushStaleness(pushes: readonly PushResult[]): number {
   let s = 0;
   for (const p of pushes) {
     const v = p.refused ? Number(p.error.data?.staleness ?? 0) : p.reply.staleness;
