@@ -54,11 +54,14 @@ export function modelAndData(config: HetpsConfig): ModelAndData {
 
 /**
  * How the shards judge stale pushes: in hps (async between groups) they
- * scale by 1/(1 + staleness) and refuse beyond training.max_staleness; asp
+ * scale pushes staler than training.staleness_tolerance down and refuse
+ * those beyond training.max_staleness (topology/staleness.ts); asp
  * and bsp keep measuring only.
  */
 export function stalenessPolicyFromConfig(config: HetpsConfig): StalenessPolicy | null {
-  return config.training.mode === 'hps' ? { maxStaleness: config.training.max_staleness, scaling: 'inverse' } : null;
+  return config.training.mode === 'hps'
+    ? { maxStaleness: config.training.max_staleness, scaling: 'inverse', tolerance: config.training.staleness_tolerance }
+    : null;
 }
 
 /** Spawns the shard of `server` once the plan is there. */

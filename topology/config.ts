@@ -200,6 +200,14 @@ export interface TrainingConfig {
    * a push staler than this and scales the rest by 1/(1 + staleness)).
    */
   max_staleness: number;
+  /**
+   * hps: staleness applied at the full learning rate. A push s updates
+   * stale is applied at lr·(1 + t)/(1 + s) when s > t. `auto`: t is the
+   * median staleness of the shard's recent pushes — the staleness the
+   * groups' concurrency makes normal — so only pushes staler than usual
+   * (a slow group's) are scaled down.
+   */
+  staleness_tolerance: number | 'auto';
   /** Evaluate every this many steps. */
   eval_every: number;
   /**
@@ -293,6 +301,13 @@ const DEFAULT_ACCUMULATION_STEPS = 4;
 const DEFAULT_ADAPTIVE_THRESHOLD = 4;
 /** Above the real step of the example models here (a few ms to a few tens), so emulated nodes keep their pace. */
 export const DEFAULT_EMULATION_REFERENCE_STEP_MS = 100;
+/**
+ * training.max_staleness when the file does not set it. Staleness counts
+ * updates, and a sync group's window of N steps is N updates, so with a
+ * few groups a slow group's push is typically 10–20 updates stale; 32
+ * refuses only what is far behind.
+ */
+export const DEFAULT_MAX_STALENESS = 32;
 
 type SourceDefaults = Pick<DataConfig, 'batch_size' | 'test_fraction' | 'samples' | 'test_samples' | 'vocab_size' | 'zipf_exponent' | 'slots' | 'dense_features' | 'max_tokens'>;
 
@@ -353,6 +368,7 @@ interface InactiveSetting {
  */
 const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   // hps: the shards scale stale pushes by 1/(1 + staleness) and refuse those beyond max_staleness; asp only measures.
+  { path: 'training.staleness_tolerance', when: (c) => c.training.mode === 'asp', instead: 'in asp stale gradients are applied at the full learning rate' },
   { path: 'training.max_staleness', when: (c) => c.training.mode === 'asp', instead: 'in asp stale gradients are applied as they come; staleness is only measured (training.mode hps enforces it)' },
   { path: 'communication.backend', when: (c) => c.communication.backend === 'nccl' || c.communication.backend === 'gloo', instead: 'every tensor goes over NATS' },
   { path: 'communication.compression', when: (c) => c.communication.compression !== 'none', instead: 'gradients are sent uncompressed' },
@@ -558,6 +574,7 @@ const configSchema = section({
     random_seed: z.number({ error: mustBe('an integer from 0 to 4294967295') }).int().min(0).max(0xffff_ffff).optional(),
     sync_initial_params: bool().optional(),
     max_staleness: nonNegInt().optional(),
+    staleness_tolerance: z.custom<number | 'auto'>((v) => v === 'auto' || (typeof v === 'number' && Number.isInteger(v) && v >= 0), { error: mustBe('auto or an integer ≥ 0') }).optional(),
     eval_every: posInt().optional(),
     emulation_reference_step_ms: posNum().optional(),
   }).optional(),
@@ -937,6 +954,9 @@ function crossChecks(raw: Obj, where: (p: Path) => string): RawIssue[] {
   if (training.mode === 'bsp' && training.max_staleness !== undefined) {
     add(['training', 'max_staleness'], 'max_staleness only applies to training.mode asp or hps (training.mode is bsp: every step waits for every worker)', 'key');
   }
+  if (training.mode === 'bsp' && training.staleness_tolerance !== undefined) {
+    add(['training', 'staleness_tolerance'], 'staleness_tolerance only applies to training.mode hps (training.mode is bsp: every step waits for every worker)', 'key');
+  }
 
   // fault tolerance: a backup must live on another server
   const ft = isObject(raw.fault_tolerance) ? raw.fault_tolerance : {};
@@ -1062,7 +1082,8 @@ function resolve(p: Parsed, file: string, given: string[]): HetpsConfig {
       mode: p.training?.mode ?? 'hps',
       random_seed: trainingSeed,
       sync_initial_params: p.training?.sync_initial_params ?? true,
-      max_staleness: p.training?.max_staleness ?? 8,
+      max_staleness: p.training?.max_staleness ?? DEFAULT_MAX_STALENESS,
+      staleness_tolerance: p.training?.staleness_tolerance ?? 'auto',
       eval_every: p.training?.eval_every ?? 100,
       emulation_reference_step_ms: p.training?.emulation_reference_step_ms ?? DEFAULT_EMULATION_REFERENCE_STEP_MS,
     },

@@ -1,14 +1,22 @@
 /**
  * Staleness between groups: a push computed from parameter version `base`
- * that reaches a shard at version `now` is `now - base` updates stale. Such
- * updates are scaled down (learning rate / (1 + staleness)) and refused
- * beyond `max_staleness`, so a slow group cannot drag the model back.
+ * that reaches a shard at version `now` is `now - base` updates stale.
+ *
+ * With several groups pushing concurrently some staleness is normal: while
+ * one group computes a window, the others' updates land. Pushes up to the
+ * tolerance `t` are applied at the full learning rate; staler ones at
+ * lr·(1 + t)/(1 + s) (t = 0: the classic lr / (1 + s)), and pushes beyond
+ * `max_staleness` are refused, so a slow group cannot drag the model back.
+ * `auto` tolerance is the median staleness of the shard's recent pushes
+ * (`RecentStaleness`): the concurrency the job actually has.
  */
 export interface StalenessPolicy {
   /** Refuse pushes staler than this (null: never refuse). */
   maxStaleness: number | null;
-  /** `inverse`: lr / (1 + staleness); `none`: apply at full rate (measured only). */
+  /** `inverse`: lr·(1 + t)/(1 + staleness) beyond the tolerance t; `none`: apply at full rate (measured only). */
   scaling: 'inverse' | 'none';
+  /** Staleness applied at the full rate; `auto`: the median of recent pushes. Absent: 0. */
+  tolerance?: number | 'auto';
 }
 
 export interface StalenessDecision {
@@ -22,13 +30,47 @@ export function stalenessOf(shardVersion: number, baseVersion: number): number {
   return Math.max(0, shardVersion - baseVersion);
 }
 
-export function stalenessScaledLearningRate(staleness: number, scaling: StalenessPolicy['scaling'] = 'inverse'): number {
+/** The learning-rate multiplier of a push `staleness` updates stale, `tolerance` of which count as normal. */
+export function stalenessScaledLearningRate(staleness: number, scaling: StalenessPolicy['scaling'] = 'inverse', tolerance = 0): number {
   if (!(staleness >= 0)) throw new RangeError(`staleness must be ≥ 0, got ${staleness}`);
-  return scaling === 'inverse' ? 1 / (1 + staleness) : 1;
+  if (!(tolerance >= 0)) throw new RangeError(`staleness tolerance must be ≥ 0, got ${tolerance}`);
+  if (scaling === 'none' || staleness <= tolerance) return 1;
+  return (1 + tolerance) / (1 + staleness);
 }
 
-export function decideStaleness(shardVersion: number, baseVersion: number, policy: StalenessPolicy): StalenessDecision {
+/**
+ * Admit or refuse, and at what rate. `typical`: the median staleness of
+ * recent pushes, used when the policy's tolerance is `auto` (0 when none
+ * was seen yet).
+ */
+export function decideStaleness(shardVersion: number, baseVersion: number, policy: StalenessPolicy, typical = 0): StalenessDecision {
   const staleness = stalenessOf(shardVersion, baseVersion);
   const admit = policy.maxStaleness === null || staleness <= policy.maxStaleness;
-  return { admit, lrScale: admit ? stalenessScaledLearningRate(staleness, policy.scaling) : 0, staleness };
+  const tolerance = policy.tolerance === 'auto' ? typical : policy.tolerance ?? 0;
+  return { admit, lrScale: admit ? stalenessScaledLearningRate(staleness, policy.scaling, tolerance) : 0, staleness };
+}
+
+/** The median of the last `size` staleness values (a ring; the median is recomputed on demand, O(size)). */
+export class RecentStaleness {
+  private readonly ring: Int32Array;
+  private next = 0;
+  private filled = 0;
+
+  constructor(readonly size = 64) {
+    if (!(Number.isInteger(size) && size > 0)) throw new RangeError(`size must be a positive integer, got ${size}`);
+    this.ring = new Int32Array(size);
+  }
+
+  add(staleness: number): void {
+    this.ring[this.next] = staleness;
+    this.next = (this.next + 1) % this.size;
+    if (this.filled < this.size) this.filled++;
+  }
+
+  /** The (lower) median of what was added, 0 before anything was. */
+  median(): number {
+    if (this.filled === 0) return 0;
+    const xs = Array.from(this.ring.subarray(0, this.filled)).sort((a, b) => a - b);
+    return xs[(this.filled - 1) >> 1]!;
+  }
 }

@@ -526,7 +526,7 @@ export class GroupMember {
 
   private pushBody(t: ShardTensors, weight: number, baseVersion: number): PushRequest {
     return {
-      plan_version: this.o.plan.version, round: null, expected: null, weight, base_version: baseVersion,
+      plan_version: this.o.plan.version, round: null, expected: null, weight, base_version: baseVersion, later_steps: [],
       dense: t.dense, sparse: t.sparse,
     };
   }

@@ -19,7 +19,7 @@ import {
   ActorStoppedError, ConfigError, DeferredReply, InvalidTensorError, ValidationError, zf32, zu32,
   type ActorDefinition, type Clock,
 } from '../../runtime/mod.ts';
-import { decideStaleness, partitionOf, type DenseBlock, type ShardPlan, type StalenessPolicy } from '../../topology/mod.ts';
+import { RecentStaleness, decideStaleness, partitionOf, type DenseBlock, type ShardPlan, type StalenessPolicy } from '../../topology/mod.ts';
 import {
   createOptimizer, firstNonFinite, SparseTable, type Optimizer, type OptimizerConfigInput, type SparseTableSnapshot,
 } from '../../native-bridge/mod.ts';
@@ -170,6 +170,8 @@ export class ShardState {
   private stalenessMax = 0;
   private staleRefused = 0;
   private staleScaled = 0;
+  /** Staleness of recent async pushes (the `auto` tolerance). */
+  private readonly recentStaleness = new RecentStaleness();
 
   constructor(opts: ShardStateOptions) {
     const { plan, shard } = opts;
@@ -285,7 +287,9 @@ export class ShardState {
     this.checkPlanVersion(m.plan_version, 'push');
     if (m.round !== null) this.checkRound(m.round, m.expected);
     else if (m.expected !== null) throw new ValidationError(`shard ${this.shard}: push has expected = ${m.expected} but no round; expected is only for synchronous rounds`);
-    this.checkPushTensors(m);
+    if (m.round !== null && m.later_steps.length > 0) throw new ValidationError(`shard ${this.shard}: a contribution to synchronous round ${m.round} cannot carry further steps (later_steps); only async pushes can`);
+    this.checkPushTensors(m.dense, m.sparse, '');
+    for (let k = 0; k < m.later_steps.length; k++) this.checkPushTensors(m.later_steps[k]!.dense, m.later_steps[k]!.sparse, `later_steps[${k}].`);
     const staleness = Math.max(0, this.versionValue - m.base_version);
     this.recordStaleness(staleness);
     this.pushes++;
@@ -293,7 +297,8 @@ export class ShardState {
       let lrScale = 1;
       const policy = this.stalenessPolicy;
       if (policy !== null) {
-        const d = decideStaleness(this.versionValue, m.base_version, policy);
+        const d = decideStaleness(this.versionValue, m.base_version, policy, this.recentStaleness.median());
+        this.recentStaleness.add(d.staleness);
         if (!d.admit) {
           this.staleRefused++;
           throw new StaleUpdateError(
@@ -308,6 +313,10 @@ export class ShardState {
       const t0 = this.clock.monotonic();
       this.applyGradients(m.dense, m.sparse, lrScale);
       this.versionValue++;
+      for (let k = 0; k < m.later_steps.length; k++) {
+        this.applyGradients(m.later_steps[k]!.dense, m.later_steps[k]!.sparse, lrScale);
+        this.versionValue++;
+      }
       this.applyMs += this.clock.monotonic() - t0;
       return { version: this.versionValue, applied: true, staleness, lr_scale: lrScale };
     }
@@ -330,11 +339,12 @@ export class ShardState {
     }
   }
 
-  private checkPushTensors(m: PushRequest): void {
+  /** Checks one update's tensors (`at`: where they sit in the push, for messages). */
+  private checkPushTensors(dense: PushRequest['dense'], sparse: PushRequest['sparse'], at: string): void {
     const stamp = this.nextPushStamp();
-    for (let k = 0; k < m.dense.length; k++) {
-      const e = m.dense[k]!;
-      const b = this.ownedBlock(e.block, `dense[${k}]`);
+    for (let k = 0; k < dense.length; k++) {
+      const e = dense[k]!;
+      const b = this.ownedBlock(e.block, `${at}dense[${k}]`);
       if (this.blockSeen[b.id] === stamp) throw new ValidationError(`shard ${this.shard}: dense block ${b.id} appears twice in one push`, { data: { block: b.id } });
       this.blockSeen[b.id] = stamp;
       if (e.grad.length !== b.length) {
@@ -345,16 +355,16 @@ export class ShardState {
         throw new InvalidTensorError(`gradient of dense block ${b.id} (${b.name}) has ${describeNonFinite(e.grad[bad]!)} at index ${bad}; nothing was applied`, { data: { tensor: b.name, block: b.id, index: bad } });
       }
     }
-    for (let k = 0; k < m.sparse.length; k++) {
-      const e = m.sparse[k]!;
-      const t = this.ownedTable(e.table, `sparse[${k}]`);
+    for (let k = 0; k < sparse.length; k++) {
+      const e = sparse[k]!;
+      const t = this.ownedTable(e.table, `${at}sparse[${k}]`);
       for (let j = 0; j < k; j++) {
-        if (m.sparse[j]!.table === e.table) throw new ValidationError(`shard ${this.shard}: sparse table ${e.table} appears twice in one push`, { data: { table: e.table } });
+        if (sparse[j]!.table === e.table) throw new ValidationError(`shard ${this.shard}: sparse table ${e.table} appears twice in one push`, { data: { table: e.table } });
       }
       if (e.grads.length !== e.ids.length * t.dim) {
         throw new InvalidTensorError(`gradient of sparse table ${e.table} has ${e.grads.length} floats for ${e.ids.length} ids of dim ${t.dim}; nothing was applied`, { data: { tensor: e.table } });
       }
-      this.checkOwnedIds(t, e.ids, `sparse[${k}]`);
+      this.checkOwnedIds(t, e.ids, `${at}sparse[${k}]`);
       const bad = firstNonFinite(e.grads);
       if (bad >= 0) {
         const entry = Math.floor(bad / t.dim);

@@ -11,11 +11,12 @@
  * Staleness = shard version at the push − the push's `base_version` (the
  * version its gradient was computed from), i.e. how many updates other
  * senders applied to this shard meanwhile. In hps one update is one group
- * sync of a `sync`/`adaptive` group (its member owning this shard pushes the
- * group's reduced slice once per sync), one step of an `async` group member,
- * or one window of an `accumulation` member — so staleness 3 means three
- * other groups' (or members') updates landed on this shard since the group
- * pulled. With a staleness policy (hps) the shard applies a push at
+ * step index of a `sync`/`adaptive` group's window (its member owning this
+ * shard pushes the group's reduced window once per sync, as one update per
+ * step index: `later_steps`), one window of an `accumulation` group (the union of
+ * its members' batches, one update), or one step of an `async` group member
+ * — so staleness 3 means three updates of other groups (or members) landed
+ * on this shard since the group pulled. With a staleness policy (hps) the shard applies a push at
  * lr / (1 + staleness) and refuses one staler than `max_staleness` with
  * StaleUpdateError.
  */
@@ -54,6 +55,15 @@ export const shardMessages = {
     base_version: z.number().int().nonnegative(),
     dense: z.array(denseGrad),
     sparse: z.array(sparseGrads),
+    /**
+     * Further optimizer steps applied right after this one, in order, each
+     * one update (version + 1) at the same learning-rate scale (staleness is
+     * judged once, on arrival). A fixed-step (`sync`) or `adaptive` group
+     * pushes its window as one step per step index of its members (the
+     * k-th step of every member, averaged), so a window of N steps is N
+     * updates, not one. Async pushes only.
+     */
+    later_steps: z.array(z.object({ dense: z.array(denseGrad), sparse: z.array(sparseGrads) })).default([]),
   }),
   /** Everything the shard holds, for checkpoints (and, later, replication and migration). */
   snapshot: z.object({}),

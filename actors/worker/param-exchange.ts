@@ -125,7 +125,7 @@ export function pushRequest(
     }
   }
   return {
-    plan_version: plan.version, round: meta.round, expected: meta.expected, weight: meta.weight, base_version: meta.baseVersion,
+    plan_version: plan.version, round: meta.round, expected: meta.expected, weight: meta.weight, base_version: meta.baseVersion, later_steps: [],
     dense, sparse,
   };
 }

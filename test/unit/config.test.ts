@@ -181,7 +181,7 @@ ${MODEL_AND_DATA}`);
     assert.equal(c.optimizer.momentum, null);
     assert.deepEqual(c.optimizer.schedule, { type: 'constant' });
     assert.equal(c.optimizer.sparse.type, 'adam');
-    assert.deepEqual(c.training, { mode: 'hps', random_seed: 42, sync_initial_params: true, max_staleness: 8, eval_every: 100, emulation_reference_step_ms: 100 });
+    assert.deepEqual(c.training, { mode: 'hps', random_seed: 42, sync_initial_params: true, max_staleness: 32, staleness_tolerance: 'auto', eval_every: 100, emulation_reference_step_ms: 100 });
     assert.deepEqual(c.communication, { backend: 'auto', compression: 'adaptive', compression_threshold: 0.5 });
     assert.equal(c.fault_tolerance.backup_factor, 1);
     assert.deepEqual(c.server, { use_gpu: false, gpu_id: 0 });
@@ -472,6 +472,17 @@ describe('cross-field rules', () => {
   test('max_staleness does not apply to bsp', () => {
     const text = BASE + 'training:\n  mode: bsp\n  max_staleness: 2\n';
     expectIssue(text, { path: 'training.max_staleness', words: ['only applies to training.mode asp or hps'], line: 10 });
+  });
+
+  test('staleness_tolerance: auto or an integer ≥ 0, hps only', () => {
+    assert.equal(parseConfig(BASE + 'training: { staleness_tolerance: 3 }\n', FILE).training.staleness_tolerance, 3);
+    assert.equal(parseConfig(BASE + 'training: { staleness_tolerance: auto }\n', FILE).training.staleness_tolerance, 'auto');
+    const bad = BASE + 'training: { staleness_tolerance: often }\n';
+    expectIssue(bad, { path: 'training.staleness_tolerance', words: ['must be auto or an integer ≥ 0'], line: lineOf(bad, 'staleness_tolerance') });
+    const negative = BASE + 'training: { staleness_tolerance: -2 }\n';
+    expectIssue(negative, { path: 'training.staleness_tolerance', words: ['must be auto or an integer ≥ 0'], line: lineOf(negative, 'staleness_tolerance') });
+    const bsp = BASE + 'training:\n  mode: bsp\n  staleness_tolerance: 2\n';
+    expectIssue(bsp, { path: 'training.staleness_tolerance', words: ['only applies to training.mode hps'], line: 10 });
   });
 });
 

@@ -32,11 +32,13 @@ async function shard(staleness: StalenessPolicy | null) {
   const ids = Int32Array.from([id]);
   return {
     pull: () => ref.request<PullReply & Record<string, unknown>>('pull', { plan_version: 1, dense: Int32Array.from([0]), sparse: [{ table: 'emb', ids }], min_round: null }),
-    push: (baseVersion: number, g: number) => ref.request<PushReply & Record<string, unknown>>('push', {
+    push: (baseVersion: number, g: number, later: number[] = []) => ref.request<PushReply & Record<string, unknown>>('push', {
       plan_version: 1, round: null, expected: null, weight: 16, base_version: baseVersion,
       dense: [{ block: 0, grad: Float32Array.from([g, -g, 2 * g, 0]) }],
       sparse: [{ table: 'emb', ids, grads: Float32Array.from([g, 2 * g]) }],
+      later_steps: later.map((h) => ({ dense: [{ block: 0, grad: Float32Array.from([h, -h, 2 * h, 0]) }], sparse: [{ table: 'emb', ids, grads: Float32Array.from([h, 2 * h]) }] })),
     }),
+    rawPush: (body: Record<string, unknown>) => ref.request<PushReply & Record<string, unknown>>('push', body),
     stats: () => ref.request<ShardStats & Record<string, unknown>>('stats', {}),
     stop: async () => { await client.stop(); await server.stop(); },
   };
@@ -116,6 +118,58 @@ test('without a staleness policy (asp, bsp) a stale push is applied at full rate
     assert.equal(st.stale_refused, 0);
     assert.equal(st.stale_scaled, 0);
     assert.equal(st.staleness.max, 5);
+  } finally {
+    await s.stop();
+  }
+});
+
+test('auto tolerance: pushes as stale as the shard\'s recent median go at full rate, staler ones at lr·(1 + t)/(1 + s)', async () => {
+  const s = await shard({ maxStaleness: 10, scaling: 'inverse', tolerance: 'auto' });
+  try {
+    // Ten pushes each 2 updates stale (the first ones less: there is no version 2 back yet) make 2 the normal staleness.
+    for (let i = 0; i < 10; i++) await s.push(Math.max(0, i - 2), 0.01);
+    let before = await s.pull();
+    const normal = await s.push(before.version - 2, 0.5);
+    assert.equal(normal.staleness, 2);
+    assert.equal(normal.lr_scale, 1, 'as stale as usual: full rate');
+    let after = await s.pull();
+    expectStep(before, after, 0.5, 1);
+    before = after;
+    const slow = await s.push(before.version - 8, 0.5);
+    assert.equal(slow.staleness, 8);
+    assert.equal(slow.lr_scale, 3 / 9, '(1 + 2) / (1 + 8)');
+    after = await s.pull();
+    expectStep(before, after, 0.5, 3 / 9);
+  } finally {
+    await s.stop();
+  }
+});
+
+test('a push with later_steps is consecutive updates at one rate; a bad later step refuses the whole push', async () => {
+  const s = await shard({ maxStaleness: 10, scaling: 'inverse', tolerance: 0 });
+  try {
+    await s.push(0, 0.1);
+    const before = await s.pull();
+    // Computed from version 0 at version 1: one stale → every step at lr / 2.
+    const r = await s.push(0, 1, [2, -1]);
+    assert.deepEqual(r, { version: 4, applied: true, staleness: 1, lr_scale: 0.5 });
+    const after = await s.pull();
+    const dense = [...before.dense[0]!].map((w, i) => [[1, -1, 2, 0], [2, -2, 4, 0], [-1, 1, -2, 0]].reduce((x, g) => sgd(x, g[i]!, 0.5), w));
+    assert.deepEqual([...after.dense[0]!], dense);
+    const sparse = [...before.sparse[0]!].map((w, i) => [[1, 2], [2, 4], [-1, -2]].reduce((x, g) => sgd(x, g[i]!, 0.5), w));
+    assert.deepEqual([...after.sparse[0]!], sparse);
+
+    await assert.rejects(s.rawPush({
+      plan_version: 1, round: null, expected: null, weight: 16, base_version: 4,
+      dense: [{ block: 0, grad: Float32Array.from([1, 1, 1, 1]) }], sparse: [],
+      later_steps: [{ dense: [{ block: 0, grad: Float32Array.from([1, Number.NaN, 1, 1]) }], sparse: [] }],
+    }), /later_steps\[0\]|NaN/);
+    assert.deepEqual([...(await s.pull()).dense[0]!], dense, 'nothing of the refused push was applied, not even its first step');
+    await assert.rejects(s.rawPush({
+      plan_version: 1, round: 1, expected: 1, weight: 16, base_version: 4,
+      dense: [{ block: 0, grad: Float32Array.from([1, 1, 1, 1]) }], sparse: [],
+      later_steps: [{ dense: [{ block: 0, grad: Float32Array.from([1, 1, 1, 1]) }], sparse: [] }],
+    }), /cannot carry further steps/);
   } finally {
     await s.stop();
   }

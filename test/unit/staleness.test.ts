@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { decideStaleness, stalenessScaledLearningRate, stalenessOf } from '../../topology/mod.ts';
+import { RecentStaleness, decideStaleness, stalenessScaledLearningRate, stalenessOf } from '../../topology/mod.ts';
 
 test('staleness scales the learning rate by 1/(1+s) and refuses beyond the bound', () => {
   assert.equal(stalenessOf(10, 10), 0);
@@ -11,4 +11,25 @@ test('staleness scales the learning rate by 1/(1+s) and refuses beyond the bound
   assert.deepEqual(decideStaleness(15, 10, { maxStaleness: 4, scaling: 'inverse' }), { admit: false, lrScale: 0, staleness: 5 });
   assert.deepEqual(decideStaleness(1000, 10, { maxStaleness: null, scaling: 'none' }), { admit: true, lrScale: 1, staleness: 990 });
   assert.throws(() => stalenessScaledLearningRate(-1), RangeError);
+});
+
+test('a tolerance t applies staleness up to t at full rate and scales beyond it by (1 + t)/(1 + s)', () => {
+  assert.equal(stalenessScaledLearningRate(3, 'inverse', 3), 1);
+  assert.equal(stalenessScaledLearningRate(7, 'inverse', 3), 0.5);
+  assert.equal(stalenessScaledLearningRate(7, 'none', 3), 1);
+  assert.deepEqual(decideStaleness(20, 12, { maxStaleness: 10, scaling: 'inverse', tolerance: 3 }), { admit: true, lrScale: 4 / 9, staleness: 8 });
+  assert.deepEqual(decideStaleness(20, 12, { maxStaleness: 10, scaling: 'inverse', tolerance: 'auto' }, 8), { admit: true, lrScale: 1, staleness: 8 }, 'auto: the typical staleness given');
+  assert.deepEqual(decideStaleness(20, 12, { maxStaleness: 10, scaling: 'inverse', tolerance: 'auto' }), { admit: true, lrScale: 1 / 9, staleness: 8 }, 'auto with nothing seen yet: 0');
+  assert.equal(decideStaleness(30, 12, { maxStaleness: 10, scaling: 'inverse', tolerance: 100 }).admit, false, 'the tolerance never lifts the refusal bound');
+  assert.throws(() => stalenessScaledLearningRate(1, 'inverse', -1), RangeError);
+});
+
+test('RecentStaleness: the lower median of the last N values', () => {
+  const r = new RecentStaleness(4);
+  assert.equal(r.median(), 0);
+  for (const s of [9, 1, 5]) r.add(s);
+  assert.equal(r.median(), 5);
+  for (const s of [2, 2, 2]) r.add(s); // the last four are 5, 2, 2, 2
+  assert.equal(r.median(), 2);
+  assert.throws(() => new RecentStaleness(0), RangeError);
 });
