@@ -101,6 +101,10 @@ export interface NodeUtilisation {
   emulated_speed: number | null;
   /** hps: batches whose update a shard refused as too stale. */
   dropped_stale: number;
+  /** hps: where the worker's windows spent their time, seconds by phase (from its done telemetry); null otherwise. */
+  window_phases_s: Record<string, number> | null;
+  /** hps: windows the worker went through (done telemetry); null otherwise. */
+  windows: number | null;
   /** `telemetry`: the worker's own step times; `nominal`: steps × the node's nominal step time; `none`: neither was available. */
   busy_from: 'telemetry' | 'nominal' | 'none';
 }
@@ -176,10 +180,12 @@ interface WorkerActivity {
   /** Sum of the real compute it reported; null while it reports none. */
   computeMs: number | null;
   droppedStale: number;
+  windowPhasesS: Record<string, number> | null;
+  windows: number | null;
 }
 
 function newActivity(): WorkerActivity {
-  return { steps: 0, samples: 0, emulatedSpeed: null, stepMs: null, computeMs: null, droppedStale: 0 };
+  return { steps: 0, samples: 0, emulatedSpeed: null, stepMs: null, computeMs: null, droppedStale: 0, windowPhasesS: null, windows: null };
 }
 
 /**
@@ -237,7 +243,12 @@ export class TrainingMonitor {
         this.lastAck = this.clock.monotonic();
       },
       start: (t) => { seen(t.node); this.firstStart ??= this.clock.monotonic(); this.activityOf(t.node).emulatedSpeed = t.emulated_speed; },
-      done: (t) => { seen(t.node); this.done.set(t.node, t.reason); },
+      done: (t) => {
+        seen(t.node);
+        this.done.set(t.node, t.reason);
+        if (t.window_phases_ms !== null) this.activityOf(t.node).windows = t.windows;
+        if (t.window_phases_ms !== null) this.activityOf(t.node).windowPhasesS = Object.fromEntries(Object.entries(t.window_phases_ms).map(([k, v]) => [k, Math.round(v) / 1000]));
+      },
     });
   }
 
@@ -362,6 +373,12 @@ export class TrainingMonitor {
       await evalInFlight;
       await startEvaluation();
     }
+    // The workers' end-of-loop reports (hps window phases) follow the last acknowledgement by a moment.
+    const doneBy = clock.monotonic() + (o.telemetryGraceMs ?? 5_000);
+    while (!prepared.info.workers.every((w) => this.done.has(w)) && clock.monotonic() < doneBy) {
+      await clock.sleep(50);
+      absorb();
+    }
     o.onProgress(report());
     // Training time: from the first worker loop to the last acknowledgement (node start-up is not training).
     const trainS = this.firstStart !== null && this.lastAck !== null ? Math.max(0, this.lastAck - this.firstStart) / 1000 : (clock.monotonic() - start) / 1000;
@@ -394,6 +411,7 @@ export class TrainingMonitor {
       perNode[w] = {
         busy_s: busyS, utilisation: wallS > 0 ? busyS / wallS : 0, compute_s: a.computeMs === null ? null : a.computeMs / 1000,
         steps: a.steps, samples: a.samples, emulated_speed: a.emulatedSpeed, dropped_stale: a.droppedStale, busy_from: busyFrom,
+        window_phases_s: a.windowPhasesS, windows: a.windows,
       };
     }
     const values = Object.values(perNode).map((n) => n.utilisation);

@@ -3,11 +3,21 @@
  * `hps.<job>.group.<group>@<member>.<op>` (see `groupMemberSubject`). Members
  * of a `sync` or `adaptive` group send them to each other; nobody else does.
  *
- * A sync of window `w` is two exchanges:
+ * Every member runs its own replica of the group's lifecycle machine
+ * (group.machine.ts); the messages are what feeds it: `join` (forming),
+ * `slice` (the sender's window is closed: `member.ready`), `progress` and
+ * `close` (adaptive: `step.completed`, `sync.requested`); any message from a
+ * member that was reported lost is its `member.rejoined`.
+ *
+ * A sync of window `w` (round w + 1) is two exchanges:
  * 1. `slice`: every member sends every member (itself included, locally) the
- *    part of its accumulated gradient that member reduces — the dense blocks
- *    and sparse rows of the shards it owns — as weighted sums Σ samples·grad,
- *    with its sample count and the shard versions it computed from;
+ *    part of its window's gradients that member reduces — the dense blocks
+ *    and sparse rows of the shards it owns among `owners` — as weighted sums
+ *    Σ samples·grad, one part per step index (`sync`, `adaptive`) or one for
+ *    the whole window (`accumulation`), with the shard versions it computed
+ *    from. When the round the machine starts has other members than
+ *    `owners` (a member was dropped), the slice is sent again under the
+ *    round's members;
  * 2. `pushed`: once a member has pushed its reduced slices to its shards it
  *    tells every member how that went; a member starts window `w + 1` (and
  *    pulls) only when every member has, so it never reads parameters without
@@ -16,6 +26,13 @@
  */
 import { z } from 'zod';
 import { zf32, zi32 } from '../../runtime/mod.ts';
+
+const tensors = {
+  /** Σ samples·gradient of each dense block of the receiver's shards. */
+  dense: z.array(z.object({ block: z.number().int().nonnegative(), grad: zf32() })),
+  /** Σ samples·gradient of each row of the receiver's shards the sender touched. */
+  sparse: z.array(z.object({ table: z.string().min(1), ids: zi32(), grads: zf32() })),
+};
 
 const header = {
   /** The job's run; a message of another run (an old process) is ignored. */
@@ -32,6 +49,10 @@ export const groupSyncMessages = {
     /** Samples the sender trained on in this window (0: it had no batch). */
     weight: z.number().nonnegative(),
     steps: z.number().int().nonnegative(),
+    /** The sender's step counter over the whole run (its `step.completed`). */
+    total_steps: z.number().int().nonnegative(),
+    /** The membership the receiver's shards were assigned under (reduceOwners over this list). */
+    owners: z.array(z.string().min(1)).min(1),
     /** The sender took no batch in this window. */
     idle: z.boolean(),
     /** The sender was idle and saw no batch left anywhere (nothing waiting, nothing in flight). */
@@ -44,10 +65,8 @@ export const groupSyncMessages = {
     groups_version: z.number().int().nonnegative().default(0),
     /** Per shard the receiver owns: the oldest version the sender's pulls from it answered with in this window. */
     base_versions: z.array(z.object({ shard: z.string().min(1), version: z.number().int().nonnegative() })),
-    /** Σ samples·gradient of each dense block of the receiver's shards. */
-    dense: z.array(z.object({ block: z.number().int().nonnegative(), grad: zf32() })),
-    /** Σ samples·gradient of each row of the receiver's shards the sender touched. */
-    sparse: z.array(z.object({ table: z.string().min(1), ids: zi32(), grads: zf32() })),
+    /** The sender's gradients, one part per step index (or one for the window); `weight`: the samples of that part. */
+    parts: z.array(z.object({ weight: z.number().nonnegative(), ...tensors })),
   }),
   pushed: z.object({
     ...header,
@@ -58,11 +77,14 @@ export const groupSyncMessages = {
     /** Largest staleness the sender's shards reported. */
     staleness: z.number().int().nonnegative(),
   }),
-  /** adaptive: the sender has taken `steps` steps in `window`. */
+  /** adaptive: the sender's step counter over the whole run is now `steps`. */
   progress: z.object({ ...header, steps: z.number().int().nonnegative() }),
   /** adaptive: the sender closed `window` (the progress gap or its step cap was reached, or it found no batch). */
   close: z.object({ ...header }),
+  /** forming: the sender's mailbox is up; answered, so the sender knows this member's is too. */
+  join: z.object({ run_id: z.string().min(1), member: z.string().min(1) }),
 };
 export type GroupSyncMessages = typeof groupSyncMessages;
 export type SliceMessage = z.output<typeof groupSyncMessages.slice>;
 export type PushedMessage = z.output<typeof groupSyncMessages.pushed>;
+export type SlicePart = SliceMessage['parts'][number];

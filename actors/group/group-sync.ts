@@ -1,30 +1,47 @@
 /**
  * hps: synchronous inside a worker group, asynchronous between groups. One
- * `GroupMember` per worker runs its group's sync strategy in windows:
+ * `GroupMember` per worker runs its group's strategy in windows, and a
+ * replica of the group's lifecycle machine (group.machine.ts) per member
+ * decides when a window's round starts, who takes part, and what happens
+ * when a member goes silent:
  *
- * - `sync` (sync_steps N): every member takes N steps, accumulating
- *   Σ samples·gradient locally with the parameters fixed for the window
- *   (dense parameters are pulled once at the window's start, each batch's
- *   rows when it needs them; the group's own update only lands at the sync).
- *   Then the group reduces without a leader — reduce-scatter over NATS: shard
- *   i of the plan is reduced by member i mod M; every member sends each
- *   member its slice, each member sums the slices it receives, divides by the
- *   group's samples and pushes that mean gradient to its shards (one push per
- *   shard per sync, `base_version` = the oldest version the group computed
- *   from); once every member reports its pushes done, all go on and pull
- *   fresh parameters. So one sync equals one optimizer step on the union of
- *   the group's batches of the window (gradient accumulation semantics).
+ * - `sync` (the reference article's fixed-step sync, sync_steps N): every
+ *   member takes N steps with the parameters fixed for the window (dense
+ *   parameters pulled once at its start, each batch's rows when it needs
+ *   them), keeping each step's Σ samples·gradient apart. Once every member
+ *   is ready (`member.ready`: its slices are out; a member out of batches is
+ *   ready with fewer steps) the machine starts the round and the group
+ *   reduces without a leader — reduce-scatter over NATS: shard i of the plan
+ *   is reduced by member i mod M of the round; every member sends each
+ *   member its slice, each member sums the slices it receives per step
+ *   index and pushes them to its shards as N consecutive updates (one push
+ *   per shard: the first step and `later_steps`), each the mean gradient of
+ *   the members' k-th batches. So a window is N optimizer steps on batches
+ *   of M·B samples whose gradients are up to N − 1 steps delayed — the
+ *   article's "larger N, less communication, more gradient delay".
  * - `adaptive` (adaptive_threshold T): the same exchange, but members step
- *   freely and the window closes when the fastest member leads the slowest by
- *   T steps (`shouldSync`), or at the latest after 2·T steps of a member.
- * - `accumulation` (accumulation_steps K): each member accumulates K steps
- *   and pushes its own mean gradient; no barrier inside the group.
- * - `async`: a member pushes after every step (K = 1).
+ *   freely, telling each other their step counters (`progress`); the round
+ *   starts when the fastest member leads the slowest by T steps, or one
+ *   reached 2·T, or a member ran out of batches (`close` →
+ *   `sync.requested`).
+ * - `accumulation` (accumulation_steps K): the article's gradient
+ *   accumulation, "equivalent to a larger batch": like `sync`, but a round
+ *   is one optimizer step on the union of the group's K·M batches.
+ * - `async`: a member pushes after every step; no round, no barrier.
  *
- * Between groups nothing waits: the shards scale a push by 1/(1 + staleness)
- * and refuse one beyond training.max_staleness. A refused part is dropped:
- * the window's batches are still acknowledged (counted as dropped stale) and
- * the next window pulls fresh parameters.
+ * Between groups nothing waits: the shards scale a push staler than the
+ * tolerance and refuse one beyond training.max_staleness (topology/
+ * staleness.ts). A refused part is dropped: the window's batches are still
+ * acknowledged (counted as dropped stale) and the next window pulls fresh
+ * parameters.
+ *
+ * A member the group waits for that stays silent for `lostAfterMs` is
+ * reported lost (`degraded`); if it is not heard from within the recovery
+ * timeout the machine drops it and the group goes on without it (the round
+ * is dealt anew among the others; the dead worker's unacknowledged batches
+ * come back from the queue). A member dropped after it took the slices of
+ * a round but before it reported its push takes that part of the round's
+ * update with it (`lostShards`, logged).
  *
  * Batches are acknowledged by the caller after `runWindow` returns, i.e. once
  * every shard took (or refused) the group's update of them.
@@ -36,9 +53,11 @@ import { splitIdsByShard, type ShardPlan, type WorkerGroupConfig } from '../../t
 import type { Batch } from '../../native-bridge/mod.ts';
 import type { PushRequest } from '../shard/shard.messages.ts';
 import { StopRequestedError } from '../worker/shard-client.ts';
-import { maxPushStaleness, type ComputedStep, type PushResult, type WorkerStepper } from '../worker/step.ts';
+import { maxPushStaleness, type ComputedStep, type PreparedStep, type PushResult, type WorkerStepper } from '../worker/step.ts';
 import { groupSyncMessages, type GroupSyncMessages, type PushedMessage, type SliceMessage } from './group-sync.messages.ts';
-import { shouldSync, syncPolicyFromConfig, type SyncPolicy } from './sync-policy.ts';
+import { groupEvents } from './group.events.ts';
+import { createGroupActor, groupStateOf, type GroupActor, type GroupState } from './group.machine.ts';
+import { syncPolicyFromConfig, type SyncPolicy } from './sync-policy.ts';
 
 /** adaptive: a member closes its window after this many times adaptive_threshold steps even when nobody drifted apart. */
 export const ADAPTIVE_MAX_STEPS_FACTOR = 2;
@@ -53,8 +72,13 @@ export function windowStepLimit(group: Pick<WorkerGroupConfig, 'sync_mode' | 'sy
   }
 }
 
-/** The modes whose members reduce together (the others push on their own). */
+/** The modes whose members reduce together in rounds (`async` members push on their own). */
 export function reducesInGroup(mode: WorkerGroupConfig['sync_mode']): boolean {
+  return mode !== 'async';
+}
+
+/** The modes that push a window as one update per step index (`accumulation`: one update for the window). */
+export function pushesPerStep(mode: WorkerGroupConfig['sync_mode']): boolean {
   return mode === 'sync' || mode === 'adaptive';
 }
 
@@ -208,17 +232,26 @@ export function mergeShardTensors(parts: Iterable<ShardTensors>): ShardTensors {
   return out;
 }
 
-/** One member's window: Σ samples·gradient of its steps and the oldest shard versions they were computed from. */
+/**
+ * One member's window: Σ samples·gradient of its steps — one part per step
+ * index (`perStep`: part k holds the k-th step) or one part for the whole
+ * window — and the oldest shard versions they were computed from.
+ */
 export class GradientAccumulator {
-  readonly sums: ShardedSums;
+  private readonly partsValue: ShardedSums[] = [];
+  private readonly weights: number[] = [];
   weight = 0;
   steps = 0;
   private readonly bases = new Map<string, number>();
 
-  constructor(plan: ShardPlan) { this.sums = new ShardedSums(plan); }
+  constructor(private readonly plan: ShardPlan, readonly perStep: boolean) {}
 
   add(step: ComputedStep): void {
-    this.sums.addStep(step.denseGrads, step.rowGrads, step.uniqueIds, step.samples);
+    const k = this.perStep ? this.steps : 0;
+    while (this.partsValue.length <= k) this.partsValue.push(new ShardedSums(this.plan));
+    while (this.weights.length <= k) this.weights.push(0);
+    this.partsValue[k]!.addStep(step.denseGrads, step.rowGrads, step.uniqueIds, step.samples);
+    this.weights[k] = this.weights[k]! + step.samples;
     this.weight += step.samples;
     this.steps++;
     for (const [shard, v] of step.versions) {
@@ -227,10 +260,17 @@ export class GradientAccumulator {
     }
   }
 
+  /** The parts in use (one per step index taken, or one), with their sample counts. */
+  parts(): { sums: ShardedSums; weight: number }[] {
+    const n = this.perStep ? this.steps : Math.min(1, this.steps);
+    return this.partsValue.slice(0, n).map((sums, k) => ({ sums, weight: this.weights[k]! }));
+  }
+
   baseVersion(shard: string): number | null { return this.bases.get(shard) ?? null; }
 
   reset(): void {
-    this.sums.clear();
+    for (const p of this.partsValue) p.clear();
+    this.weights.fill(0);
     this.weight = 0;
     this.steps = 0;
     this.bases.clear();
@@ -240,13 +280,12 @@ export class GradientAccumulator {
 // ---------------------------------------------------------------- mailbox
 
 interface WindowInbox {
+  /** By sender; a slice re-sent under other owners replaces the earlier one. */
   slices: Map<string, SliceMessage>;
   pushed: Map<string, PushedMessage>;
-  progress: Map<string, number>;
-  closed: boolean;
 }
 
-/** What a member's mailbox has received, by window; waiters are woken on every arrival. */
+/** What a member's mailbox has received, by window; waiters are woken on every arrival (and on `poke`). */
 export class GroupInbox {
   private readonly windows = new Map<number, WindowInbox>();
   private wakers: (() => void)[] = [];
@@ -255,19 +294,12 @@ export class GroupInbox {
 
   window(w: number): WindowInbox {
     let x = this.windows.get(w);
-    if (x === undefined) { x = { slices: new Map(), pushed: new Map(), progress: new Map(), closed: false }; this.windows.set(w, x); }
+    if (x === undefined) { x = { slices: new Map(), pushed: new Map() }; this.windows.set(w, x); }
     return x;
   }
 
-  addSlice(m: SliceMessage): void { if (m.window >= this.floor) { this.window(m.window).slices.set(m.member, m); this.wake(); } }
-  addPushed(m: PushedMessage): void { if (m.window >= this.floor) { this.window(m.window).pushed.set(m.member, m); this.wake(); } }
-  addProgress(window: number, member: string, steps: number): void {
-    if (window < this.floor) return;
-    const p = this.window(window).progress;
-    if ((p.get(member) ?? -1) < steps) p.set(member, steps);
-    this.wake();
-  }
-  close(window: number): void { if (window >= this.floor) { this.window(window).closed = true; this.wake(); } }
+  addSlice(m: SliceMessage): void { if (m.window >= this.floor) { this.window(m.window).slices.set(m.member, m); this.poke(); } }
+  addPushed(m: PushedMessage): void { if (m.window >= this.floor) { this.window(m.window).pushed.set(m.member, m); this.poke(); } }
 
   /** Forgets windows up to `w`. */
   finish(w: number): void {
@@ -275,7 +307,7 @@ export class GroupInbox {
     for (const k of this.windows.keys()) if (k <= w) this.windows.delete(k);
   }
 
-  /** Resolves on the next arrival, or after `ms`. */
+  /** Resolves on the next arrival or poke, or after `ms`. */
   changed(clock: Clock, ms: number): Promise<void> {
     return new Promise((resolve) => {
       const t = clock.setTimeout(() => { this.wakers = this.wakers.filter((f) => f !== done); resolve(); }, ms);
@@ -284,15 +316,25 @@ export class GroupInbox {
     });
   }
 
-  private wake(): void {
+  /** Wakes every waiter (something they wait on changed). */
+  poke(): void {
     const w = this.wakers;
     this.wakers = [];
     for (const f of w) f();
   }
 }
 
-/** The member's mailbox actor (kind `group`, id `<group>@<member>`): files what arrives; the member's loop does the work. */
-export function createGroupMemberActor(o: { group: string; member: string; runId: string; inbox: GroupInbox }): ActorDefinition<GroupSyncMessages> {
+/** What the member's mailbox hands to the member (after the run check). */
+export interface GroupMailboxSink {
+  slice(m: SliceMessage): void;
+  pushed(m: PushedMessage): void;
+  progress(member: string, steps: number): void;
+  close(member: string, window: number): void;
+  join(member: string): void;
+}
+
+/** The member's mailbox actor (kind `group`, id `<group>@<member>`): hands what arrives to the member. */
+export function createGroupMemberActor(o: { group: string; member: string; runId: string; sink: GroupMailboxSink }): ActorDefinition<GroupSyncMessages> {
   const ours = (m: { run_id: string }, ctx: ActorContext) => {
     if (m.run_id === o.runId) return true;
     ctx.log.debug({ run_id: m.run_id }, 'group message of another run ignored');
@@ -305,10 +347,11 @@ export function createGroupMemberActor(o: { group: string; member: string; runId
     idempotent: true,
     idempotentTypes: ['slice', 'pushed'],
     handlers: {
-      slice: (m, ctx) => { if (ours(m, ctx)) o.inbox.addSlice(m); return {}; },
-      pushed: (m, ctx) => { if (ours(m, ctx)) o.inbox.addPushed(m); return {}; },
-      progress: (m, ctx) => { if (ours(m, ctx)) o.inbox.addProgress(m.window, m.member, m.steps); return {}; },
-      close: (m, ctx) => { if (ours(m, ctx)) o.inbox.close(m.window); return {}; },
+      slice: (m, ctx) => { if (ours(m, ctx)) o.sink.slice(m); return {}; },
+      pushed: (m, ctx) => { if (ours(m, ctx)) o.sink.pushed(m); return {}; },
+      progress: (m, ctx) => { if (ours(m, ctx)) o.sink.progress(m.member, m.steps); return {}; },
+      close: (m, ctx) => { if (ours(m, ctx)) o.sink.close(m.member, m.window); return {}; },
+      join: (m, ctx) => { if (ours(m, ctx)) o.sink.join(m.member); return {}; },
     },
   };
 }
@@ -321,6 +364,8 @@ export interface WindowSource {
   next(): Promise<Batch | null>;
   /** Asked when the window took no batch: true when the job has no batch left anywhere (none waiting, none in flight). */
   drained(): Promise<boolean>;
+  /** Optional: start fetching the next window's first batch now (called when this window's steps are done, before its exchange). */
+  prefetch?(): void;
 }
 
 export interface WindowStep {
@@ -336,17 +381,32 @@ export interface WindowOutcome {
   steps: WindowStep[];
   /** Part of the window's (group's) update was refused as too stale and dropped. */
   droppedStale: boolean;
-  /** Largest staleness of the update's pushes (the group's, for sync/adaptive). */
+  /** Largest staleness of the update's pushes (the group's, for the reducing modes). */
   staleness: number;
-  /** No window follows: the job has no batch left (for sync/adaptive: every member saw that, together). */
+  /** No window follows: the job has no batch left (reducing modes: every member saw that, together). */
   done: boolean;
   /**
-   * The newest groups_version seen (sync/adaptive: the largest over the
+   * The newest groups_version seen (reducing modes: the largest over the
    * window's slices, the same at every member): above the member's own, the
    * worker pauses for a regroup after this window.
    */
   groupsVersion: number;
+  /** Members of the round that reduced this window (reducing modes; [member] otherwise). */
+  members: string[];
+  /** Shards whose part of this window's update was lost with a member dropped while it held it. */
+  lostShards: string[];
+  /** Where the window's time went, ms (see `WindowPhases`). */
+  phases: WindowPhases;
 }
+
+/**
+ * A window's wall time by phase: `steps` (batches fetched and stepped),
+ * `slices` (this member's slices sent), `round` (waiting for the machine to
+ * start the round: the slowest member), `gather` (the round's slices in),
+ * `push` (reduce + push of this member's shards), `reports` (waiting for
+ * every member's push report). Async members: `steps` and `push` only.
+ */
+export interface WindowPhases { steps: number; slices: number; round: number; gather: number; push: number; reports: number }
 
 export interface GroupMemberOptions {
   system: ActorSystem;
@@ -365,154 +425,357 @@ export interface GroupMemberOptions {
   stallNoteMs?: number;
   /** The newest job-info groups_version this worker has seen (regrouping); default: always 0. */
   groupsVersionSeen?: () => number;
+  /** forming: how long to wait for every member before going on with those that joined. Default 30 s. */
+  formingTimeoutMs?: number;
+  /** degraded: how long a lost member may take to come back before the group goes on without it (fault_tolerance.worker_recovery_timeout). Default 30 s. */
+  recoveryTimeoutMs?: number;
+  /** A member the group waits for that stays silent this long is reported lost. Default 10 s. */
+  lostAfterMs?: number;
+  /** Every change of the lifecycle state (telemetry). */
+  onState?: (state: GroupState) => void;
 }
 
+const sameMembers = (a: readonly string[], b: readonly string[]) => a.length === b.length && a.every((x, i) => x === b[i]);
+
+/**
+ * One worker's part of its group: the group's lifecycle machine (a replica
+ * per member, fed by the group's messages) decides when a round starts and
+ * who is in it; the member does the steps, the reduce-scatter and the pushes.
+ */
 export class GroupMember {
   readonly inbox = new GroupInbox();
   private readonly acc: GradientAccumulator;
-  private readonly members: readonly string[];
-  private readonly policy: SyncPolicy;
   private readonly stepLimit: number;
   private readonly reduces: boolean;
-  /** Shards this member reduces and pushes (reducing modes), by owner. */
-  private readonly shardsOf: Map<string, Set<string>>;
+  private readonly adaptive: boolean;
   private readonly refs = new Map<string, ActorRef>();
   private windowValue = 0;
   private readonly clock: Clock;
   private mailbox: Actor<GroupSyncMessages> | null = null;
+  private readonly machine: GroupActor;
+  /** Rounds the machine started (`sync.due`), with their members. */
+  private readonly dues = new Map<number, string[]>();
+  /** This member's step counter over the run (its `step.completed`). */
+  private stepCounter = 0;
+  /** When each peer was last heard from (monotonic ms). */
+  private readonly heardAt = new Map<string, number>();
+  /** Peers reported lost and not heard from since. */
+  private readonly reportedLost = new Set<string>();
+  private stopped = false;
 
   constructor(private readonly o: GroupMemberOptions) {
     const g = o.group;
     if (!g.nodes.includes(o.member)) throw new HetpsError(`${o.member} is not a member of group ${g.name} (${g.nodes.join(', ')})`);
-    this.members = [...g.nodes];
-    this.acc = new GradientAccumulator(o.plan);
-    this.stepLimit = windowStepLimit(g);
     this.reduces = reducesInGroup(g.sync_mode);
-    this.policy = { ...syncPolicyFromConfig(g), adaptiveMaxSteps: g.sync_mode === 'adaptive' ? this.stepLimit : null };
+    this.adaptive = g.sync_mode === 'adaptive';
+    this.acc = new GradientAccumulator(o.plan, pushesPerStep(g.sync_mode));
+    this.stepLimit = windowStepLimit(g);
     this.clock = o.system.clock;
-    this.shardsOf = new Map(this.members.map((m) => [m, new Set<string>()]));
-    if (this.reduces) for (const [shard, owner] of reduceOwners(o.plan.shards, this.members)) this.shardsOf.get(owner)!.add(shard);
-    else this.shardsOf.set(o.member, new Set(o.plan.shards));
+    const policy: SyncPolicy = { ...syncPolicyFromConfig(g), adaptiveMaxSteps: this.adaptive ? this.stepLimit : null };
+    // An async member pushes on its own: its replica's group is itself.
+    this.machine = createGroupActor({
+      group: g.name, members: this.reduces ? [...g.nodes] : [o.member], policy,
+      formingTimeoutMs: o.formingTimeoutMs ?? 30_000, recoveryTimeoutMs: o.recoveryTimeoutMs ?? 30_000,
+    }, { clock: this.clock });
+    this.machine.on('sync.due', (e) => { this.dues.set(e.round, [...e.members]); this.inbox.poke(); });
+    // Every member pulls at the start of its next window: a resync is done as soon as it is asked for.
+    this.machine.on('resync.due', (e) => { queueMicrotask(() => this.machine.send(groupEvents.resyncCompleted(e.version))); });
+    this.machine.on('members.dropped', (e) => {
+      this.o.log.warn({ group: g.name, dropped: e.members, reason: e.reason },
+        e.reason === 'forming-timeout'
+          ? `group ${g.name}: ${e.members.join(', ')} did not join in time; the group goes on without them`
+          : `group ${g.name}: ${e.members.join(', ')} did not come back within the recovery timeout; the group goes on without them (their batches return to the queue)`);
+      this.inbox.poke();
+    });
+    this.machine.on('forming.stalled', (e) => { this.o.log.warn({ group: g.name, expected: e.expected }, `group ${g.name}: no member joined yet`); });
+    let last: GroupState | null = null;
+    this.machine.subscribe((snap) => {
+      const st = groupStateOf(snap);
+      if (st !== last) { last = st; this.o.onState?.(st); this.inbox.poke(); }
+    });
   }
 
   get window(): number { return this.windowValue; }
   get syncMode(): WorkerGroupConfig['sync_mode'] { return this.o.group.sync_mode; }
+  /** The group's lifecycle state as this member's replica sees it. */
+  get state(): GroupState { return groupStateOf(this.machine.getSnapshot()); }
+  /** The membership as this member's replica sees it (lost members included). */
+  get members(): string[] { return [...this.machine.getSnapshot().context.members]; }
 
-  /** Spawns this member's mailbox (only the reducing modes exchange messages). */
+  /** Starts the replica and (reducing modes) the mailbox, and joins the peers. */
   async start(): Promise<void> {
+    this.machine.start();
+    this.machine.send(groupEvents.memberJoined(this.o.member));
     if (!this.reduces) return;
-    this.mailbox = await this.o.system.spawn(createGroupMemberActor({ group: this.o.group.name, member: this.o.member, runId: this.o.runId, inbox: this.inbox }));
+    const me = this.o.member;
+    this.mailbox = await this.o.system.spawn(createGroupMemberActor({
+      group: this.o.group.name, member: me, runId: this.o.runId,
+      sink: {
+        slice: (m) => {
+          this.heard(m.member);
+          this.inbox.addSlice(m);
+          this.machine.send(groupEvents.stepCompleted(m.member, m.total_steps));
+          this.machine.send(groupEvents.memberReady(m.member, m.window + 1));
+        },
+        pushed: (m) => { this.heard(m.member); this.inbox.addPushed(m); },
+        progress: (member, steps) => { this.heard(member); this.machine.send(groupEvents.stepCompleted(member, steps)); },
+        close: (member, window) => { this.heard(member); this.machine.send(groupEvents.syncRequested(member, window + 1)); },
+        join: (member) => { this.heard(member); },
+      },
+    }));
+    for (const peer of this.o.group.nodes) if (peer !== me) void this.join(peer);
   }
 
-  /** Removes this member's mailbox (before a regroup re-forms the member). */
-  async stop(): Promise<void> {
+  /** A regroup pauses this member: its replica shows `regrouping` until `stop`. */
+  regroup(reason: string): void { this.machine.send(groupEvents.regroup(reason)); }
+
+  /** Stops the replica and removes the mailbox (before a regroup re-forms the member, or at the end). */
+  async stop(reason = 'stopped'): Promise<void> {
+    this.stopped = true;
+    this.machine.send(groupEvents.stop(reason));
+    this.machine.stop();
     const m = this.mailbox;
     this.mailbox = null;
     if (m !== null) await this.o.system.despawn(m);
   }
 
+  /** A message from `member`: it is there (forming: joined; lost: back). */
+  private heard(member: string): void {
+    this.heardAt.set(member, this.clock.monotonic());
+    this.machine.send(groupEvents.memberJoined(member));
+    if (this.reportedLost.delete(member)) {
+      this.o.log.info({ group: this.o.group.name, member }, `group ${this.o.group.name}: ${member} is back`);
+      this.machine.send(groupEvents.memberRejoined(member));
+    }
+  }
+
+  /** True while this replica is forming and still waits for `peer`. */
+  private awaitsJoin(peer: string): boolean {
+    const snap = this.machine.getSnapshot();
+    return snap.status === 'active' && groupStateOf(snap) === 'forming' && snap.context.members.includes(peer) && !snap.context.joined.includes(peer);
+  }
+
+  /** Asks `peer`'s mailbox until it answers (it is up): then the peer joined. Gives up once the group formed without it. */
+  private async join(peer: string): Promise<void> {
+    for (let attempt = 0; !this.stopped && !this.o.shouldStop() && this.awaitsJoin(peer); attempt++) {
+      try {
+        await this.ref(peer).request('join', { run_id: this.o.runId, member: this.o.member }, { timeoutMs: 2_000, retries: 0 });
+        if (!this.stopped) this.heard(peer);
+        return;
+      } catch (e) {
+        if (!isRetryable(e)) { this.o.log.warn({ peer, err: (e as Error).message }, `group ${this.o.group.name}: cannot join ${peer}`); return; }
+        await this.clock.sleep(Math.min(1_000, 50 * 2 ** Math.min(attempt, 5)));
+      }
+    }
+  }
+
   private seenVersion(): number { return this.o.groupsVersionSeen?.() ?? 0; }
+
+  /** Members in the round sense: the membership minus the lost ones. */
+  private active(): string[] {
+    const c = this.machine.getSnapshot().context;
+    return c.members.filter((m) => !c.lost.includes(m));
+  }
 
   /** One window: steps from `source`, then the group's update of them (see the module comment). */
   async runWindow(source: WindowSource): Promise<WindowOutcome> {
     const w = this.windowValue;
+    const round = w + 1;
     const acc = this.acc;
     acc.reset();
     const steps: WindowStep[] = [];
-    const adaptive = this.o.group.sync_mode === 'adaptive';
-    for (;;) {
-      this.checkStop(w);
-      if (steps.length >= this.stepLimit) break;
-      if (adaptive && this.inbox.window(w).closed) break;
-      // A peer's progress may have opened the gap while this member waited for its batch.
-      if (adaptive && steps.length > 0 && this.adaptiveDue(w)) { this.announce('close', { window: w }); this.inbox.close(w); break; }
+    const phases: WindowPhases = { steps: 0, slices: 0, round: 0, gather: 0, push: 0, reports: 0 };
+    const t0 = this.clock.monotonic();
+    const stepper = this.o.stepper;
+    // The next batch is fetched and its rows pulled while the current step runs (the window's dense parameters are pulled once, by its first).
+    const fetch = async (reuseDense: boolean): Promise<PreparedStep | null> => {
       const batch = await source.next();
-      if (batch === null) {
-        if (adaptive) this.announce('close', { window: w });
-        break;
-      }
-      const c = await this.o.stepper.compute(batch, { reuseDense: steps.length > 0 });
+      return batch === null ? null : stepper.prepare(batch, { reuseDense });
+    };
+    let ahead: Promise<PreparedStep | null> | null = null;
+    const take = async (p: PreparedStep) => {
+      const c = await stepper.computePrepared(p);
       acc.add(c);
       steps.push({ loss: c.loss, samples: c.samples, computeMs: c.computeMs, stepMs: c.stepMs });
-      if (adaptive) {
-        this.inbox.addProgress(w, this.o.member, steps.length);
-        this.announce('progress', { window: w, steps: steps.length });
-        if (this.adaptiveDue(w)) { this.announce('close', { window: w }); this.inbox.close(w); break; }
+      this.stepCounter++;
+      this.machine.send(groupEvents.stepCompleted(this.o.member, this.stepCounter));
+      if (this.adaptive) this.announce('progress', { window: w, steps: this.stepCounter });
+    };
+    try {
+      for (;;) {
+        this.checkStop(w);
+        if (steps.length >= this.stepLimit) break;
+        // adaptive: the machine started this window's round (a gap, a peer's close); the others never start one before this member is ready.
+        if (this.dues.has(round)) break;
+        const p = await (ahead ?? fetch(steps.length > 0));
+        ahead = null;
+        if (p === null) break;
+        if (steps.length + 1 < this.stepLimit) ahead = fetch(true);
+        await take(p);
       }
+      // A batch fetched ahead is trained in this window: its batch is held by it (adaptive, when the round started meanwhile).
+      const left = ahead === null ? null : await ahead;
+      ahead = null;
+      if (left !== null) await take(left);
+    } finally {
+      // On a stop the batch fetched ahead is given back with the window's others.
+      if (ahead !== null) await (ahead as Promise<PreparedStep | null>).catch(() => null);
+    }
+    if (this.adaptive) {
+      this.announce('close', { window: w });
+      this.machine.send(groupEvents.syncRequested(this.o.member, round));
     }
     const idle = steps.length === 0;
     const drained = idle ? await source.drained() : false;
-    const out = this.reduces ? await this.exchange(w, steps.length, idle, drained) : await this.pushOwn(idle, drained);
+    if (!idle) source.prefetch?.();
+    phases.steps = this.clock.monotonic() - t0;
+    const out = this.reduces
+      ? await this.exchange(w, steps.length, idle, drained, phases)
+      : { ...(await this.pushOwn(idle, drained, phases)), groupsVersion: this.seenVersion(), members: [this.o.member], lostShards: [] };
     this.windowValue++;
-    return { window: w, steps, groupsVersion: this.seenVersion(), ...out };
+    return { window: w, steps, phases, ...out };
   }
 
-  private adaptiveDue(w: number): boolean {
-    const progress = this.inbox.window(w).progress;
-    return shouldSync({ policy: this.policy, members: this.members, lost: [], stepsSinceSync: Object.fromEntries(progress) });
-  }
-
-  /** accumulation / async: this member's mean gradient to every shard it touched. */
-  private async pushOwn(idle: boolean, drained: boolean): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'groupsVersion'>> {
+  /** async: this member's gradient to every shard it touched. */
+  private async pushOwn(idle: boolean, drained: boolean, phases: WindowPhases): Promise<Pick<WindowOutcome, 'droppedStale' | 'staleness' | 'done'>> {
     if (idle) return { droppedStale: false, staleness: 0, done: drained };
+    const t0 = this.clock.monotonic();
     const acc = this.acc;
-    const parts = acc.sums.byShard(new Set(this.o.plan.shards), 1 / acc.weight);
-    const results = await Promise.all([...parts].map(([shard, t]) => this.o.stepper.push(shard, this.pushBody(t, acc.weight, acc.baseVersion(shard)!))));
+    const parts = acc.parts().map((p) => ({ tensors: p.sums.byShard(new Set(this.o.plan.shards), 1 / p.weight) }));
+    const results = await Promise.all(this.o.plan.shards.flatMap((shard) => {
+      const body = this.pushBody(shard, parts.map((p) => p.tensors.get(shard) ?? null), acc.weight, acc.baseVersion(shard));
+      return body === null ? [] : [this.o.stepper.push(shard, body)];
+    }));
+    phases.push = this.clock.monotonic() - t0;
     return { droppedStale: results.some((r) => r.refused), staleness: maxPushStaleness(results), done: false };
   }
 
-  /** sync / adaptive: reduce-scatter the window's sums, push the reduced slices, wait until every member has. */
-  private async exchange(w: number, steps: number, idle: boolean, drained: boolean): Promise<Omit<WindowOutcome, 'window' | 'steps'>> {
-    const seen = this.seenVersion();
-    const { member, runId } = this.o;
+  /** This window's slices for `to` under `owners`. */
+  private slice(w: number, owners: readonly string[], to: string, steps: number, idle: boolean, drained: boolean): SliceMessage {
     const acc = this.acc;
-    await Promise.all(this.members.map(async (to) => {
-      const shards = this.shardsOf.get(to)!;
-      const tensors = mergeShardTensors(acc.sums.byShard(shards).values());
-      const base_versions: SliceMessage['base_versions'] = [];
-      for (const shard of shards) {
-        const v = acc.baseVersion(shard);
-        if (v !== null) base_versions.push({ shard, version: v });
-      }
-      const msg: SliceMessage = { run_id: runId, window: w, member, weight: acc.weight, steps, idle, drained, groups_version: seen, base_versions, ...tensors };
-      if (to === member) this.inbox.addSlice(msg);
-      else {
-        await this.o.stepper.link.transfer(tensorBytes(tensors));
-        await this.send(to, 'slice', msg);
-      }
-    }));
-    const slices = await this.waitForAll(w, 'slice');
+    const shards = new Set([...reduceOwners(this.o.plan.shards, owners)].filter(([, m]) => m === to).map(([s]) => s));
+    const parts = acc.parts().map((p) => ({ weight: p.weight, ...mergeShardTensors(p.sums.byShard(shards).values()) }));
+    const base_versions: SliceMessage['base_versions'] = [];
+    for (const shard of shards) {
+      const v = acc.baseVersion(shard);
+      if (v !== null) base_versions.push({ shard, version: v });
+    }
+    return {
+      run_id: this.o.runId, window: w, member: this.o.member, weight: acc.weight, steps, total_steps: this.stepCounter,
+      owners: [...owners], idle, drained, groups_version: this.seenVersion(), base_versions, parts,
+    };
+  }
 
-    // Reduce this member's shards: Σ over members of Σ samples·grad, divided by the group's samples.
-    const total = slices.reduce((n, s) => n + s.weight, 0);
-    const mine = this.shardsOf.get(member)!;
+  private async sendSlices(w: number, owners: readonly string[], steps: number, idle: boolean, drained: boolean): Promise<void> {
+    await Promise.all(owners.map(async (to) => {
+      const msg = this.slice(w, owners, to, steps, idle, drained);
+      if (to === this.o.member) { this.inbox.addSlice(msg); return; }
+      let bytes = 0;
+      for (const p of msg.parts) bytes += tensorBytes(p);
+      await this.o.stepper.link.transfer(bytes);
+      await this.send(to, 'slice', msg);
+    }));
+  }
+
+  /**
+   * Reducing modes: slices out (this member is then ready), wait for the
+   * machine to start the round, reduce this member's shards over the
+   * round's members, push, and wait until every member of the round has.
+   */
+  private async exchange(w: number, steps: number, idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases'>> {
+    const { member } = this.o;
+    const round = w + 1;
+    let owners = this.active();
+    if (!owners.includes(member)) owners = [...owners, member].sort();
+    let mark = this.clock.monotonic();
+    const lap = (phase: keyof WindowPhases) => { const now = this.clock.monotonic(); phases[phase] += now - mark; mark = now; };
+    await this.sendSlices(w, owners, steps, idle, drained);
+    this.machine.send(groupEvents.memberReady(member, round));
+    lap('slices');
+
+    const roundMembers = await this.waitUntil(w, 'the group to start its round', () => this.dues.get(round) ?? null,
+      () => owners.filter((m) => !this.inbox.window(w).slices.has(m)));
+    lap('round');
+    if (!sameMembers(roundMembers, owners)) {
+      // The round has other members than this member assumed (one was dropped, or joined late): the shards are dealt anew.
+      owners = roundMembers;
+      await this.sendSlices(w, owners, steps, idle, drained);
+      lap('slices');
+    }
+    const slices = await this.waitUntil(w, 'the gradient slices', () => {
+      const got = this.inbox.window(w).slices;
+      const out: SliceMessage[] = [];
+      for (const m of owners) {
+        const s = got.get(m);
+        if (s === undefined || !sameMembers(s.owners, owners)) {
+          // A member dropped meanwhile (recovery timeout) takes no part: reduce without it.
+          if (!this.active().includes(m) && m !== member) continue;
+          return null;
+        }
+        out.push(s);
+      }
+      return out;
+    }, () => owners.filter((m) => !sameMembers(this.inbox.window(w).slices.get(m)?.owners ?? [], owners)));
+
+    lap('gather');
+    // Reduce this member's shards: per part, Σ over members of Σ samples·grad, divided by the part's samples.
+    const mine = new Set([...reduceOwners(this.o.plan.shards, owners)].filter(([, m]) => m === member).map(([s]) => s));
     let results: { shard: string; r: PushResult }[] = [];
-    if (total > 0 && mine.size > 0) {
-      const sums = new ShardedSums(this.o.plan);
+    if (mine.size > 0) {
+      const nParts = Math.max(0, ...slices.map((s) => s.parts.length));
+      const parts: Map<string, ShardTensors>[] = [];
+      for (let k = 0; k < nParts; k++) {
+        const sums = new ShardedSums(this.o.plan);
+        let weight = 0;
+        for (const s of slices) {
+          const p = s.parts[k];
+          if (p === undefined || p.weight === 0) continue;
+          sums.addTensors(p, 1);
+          weight += p.weight;
+        }
+        parts.push(weight > 0 ? sums.byShard(mine, 1 / weight) : new Map());
+      }
       const base = new Map<string, number>();
       for (const s of slices) {
-        sums.addTensors(s, 1);
         for (const b of s.base_versions) {
           const v = base.get(b.shard);
-          if (v === undefined || b.version < v) base.set(b.shard, b.version);
+          if (v === undefined || b.version < v) base.set(b.shard, v === undefined ? b.version : Math.min(v, b.version));
         }
       }
-      const parts = sums.byShard(mine, 1 / total);
-      results = await Promise.all([...parts].map(async ([shard, t]) => {
-        const b = base.get(shard);
-        if (b === undefined) throw new HetpsError(`group ${this.o.group.name} window ${w}: gradient for shard ${shard} but no member reported the version it pulled`);
-        return { shard, r: await this.o.stepper.push(shard, this.pushBody(t, total, b)) };
+      const total = slices.reduce((n, s) => n + s.weight, 0);
+      results = await Promise.all([...mine].flatMap((shard) => {
+        const body = this.pushBody(shard, parts.map((p) => p.get(shard) ?? null), total, base.get(shard) ?? null);
+        return body === null ? [] : [this.o.stepper.push(shard, body).then((r) => ({ shard, r }))];
       }));
     }
     const pushed: PushedMessage = {
-      run_id: runId, window: w, member,
+      run_id: this.o.runId, window: w, member,
       applied: results.filter((x) => !x.r.refused).map((x) => x.shard),
       refused: results.filter((x) => x.r.refused).map((x) => x.shard),
       staleness: maxPushStaleness(results.map((x) => x.r)),
     };
-    await Promise.all(this.members.map((to) => (to === member ? (this.inbox.addPushed(pushed), undefined) : this.send(to, 'pushed', pushed))));
-    const reports = await this.waitForAll(w, 'pushed');
+    lap('push');
+    await Promise.all(owners.map((to) => (to === member ? (this.inbox.addPushed(pushed), undefined) : this.send(to, 'pushed', pushed))));
+    const reports = await this.waitUntil(w, 'the push reports', () => {
+      const got = this.inbox.window(w).pushed;
+      const out: PushedMessage[] = [];
+      for (const m of owners) {
+        const p = got.get(m);
+        if (p === undefined) { if (!this.active().includes(m)) continue; return null; }
+        out.push(p);
+      }
+      return out;
+    }, () => owners.filter((m) => !this.inbox.window(w).pushed.has(m)));
+    lap('reports');
+    const reported = new Set(reports.map((r) => r.member));
+    const lostShards = [...reduceOwners(this.o.plan.shards, owners)].filter(([, m]) => !reported.has(m)).map(([s]) => s);
+    if (lostShards.length > 0) {
+      this.o.log.warn({ group: this.o.group.name, window: w, shards: lostShards },
+        `group ${this.o.group.name} window ${w}: the update of shard(s) ${lostShards.join(', ')} was lost with a dropped member (it may or may not have been pushed)`);
+    }
     this.inbox.finish(w);
+    const version = Math.max(0, ...results.flatMap((x) => (x.r.refused ? [] : [x.r.reply.version])));
+    this.machine.send(groupEvents.syncCompleted(round, version));
     if (reports.some((p) => p.refused.length > 0)) {
       this.o.log.info({ group: this.o.group.name, window: w, refused: reports.flatMap((p) => p.refused) }, 'part of the group\'s update was refused as too stale and dropped; the next window pulls fresh parameters');
     }
@@ -520,14 +783,21 @@ export class GroupMember {
       droppedStale: reports.some((p) => p.refused.length > 0),
       staleness: Math.max(0, ...reports.map((p) => p.staleness)),
       done: slices.every((s) => s.drained),
-      groupsVersion: Math.max(seen, ...slices.map((s) => s.groups_version)),
+      groupsVersion: Math.max(this.seenVersion(), ...slices.map((s) => s.groups_version)),
+      members: [...owners],
+      lostShards,
     };
   }
 
-  private pushBody(t: ShardTensors, weight: number, baseVersion: number): PushRequest {
+  /** One push of `shard`'s parts (the first now, the rest as `later_steps`); null when no part touches the shard. */
+  private pushBody(shard: string, parts: readonly (ShardTensors | null)[], weight: number, baseVersion: number | null): PushRequest | null {
+    const steps = parts.filter((p): p is ShardTensors => p !== null && (p.dense.length > 0 || p.sparse.length > 0));
+    if (steps.length === 0) return null;
+    if (baseVersion === null) throw new HetpsError(`group ${this.o.group.name}: gradient for shard ${shard} but no member reported the version it pulled`);
+    const [first, ...later] = steps;
     return {
-      plan_version: this.o.plan.version, round: null, expected: null, weight, base_version: baseVersion, later_steps: [],
-      dense: t.dense, sparse: t.sparse,
+      plan_version: this.o.plan.version, round: null, expected: null, weight, base_version: baseVersion,
+      dense: first!.dense, sparse: first!.sparse, later_steps: later.map((t) => ({ dense: t.dense, sparse: t.sparse })),
     };
   }
 
@@ -537,7 +807,7 @@ export class GroupMember {
     return r;
   }
 
-  /** A slice or pushed message, re-sent (same seq: applied once) until the member's mailbox takes it. */
+  /** A slice or pushed message, re-sent (same seq: applied once) until the member's mailbox takes it, or the member is dropped. */
   private async send(to: string, type: 'slice' | 'pushed', fields: SliceMessage | PushedMessage): Promise<void> {
     const seq = this.o.system.nextSeq();
     const started = this.clock.monotonic();
@@ -549,11 +819,13 @@ export class GroupMember {
       } catch (e) {
         if (!isRetryable(e)) throw e;
         if (this.o.shouldStop()) throw new StopRequestedError(`stopped while sending ${type} to ${to}`, { cause: e });
+        if (!this.machine.getSnapshot().context.members.includes(to)) return; // dropped from the group: nobody waits for it
         const now = this.clock.monotonic();
+        this.checkSilent(to, started, now);
         if (now - lastNote >= (this.o.stallNoteMs ?? 10_000)) {
           lastNote = now;
           this.o.log.warn({ group: this.o.group.name, to, type, waited_s: Math.round((now - started) / 1000), err: (e as Error).message },
-            `group ${this.o.group.name}: ${to} does not take its ${type} yet (not started, or gone: a dead member stalls its group until fault tolerance lands)`);
+            `group ${this.o.group.name}: ${to} does not take its ${type} yet (not started, or gone: it is dropped after the recovery timeout)`);
         }
         await this.clock.sleep(Math.min(1_000, 50 * 2 ** Math.min(attempt, 5)));
       }
@@ -562,7 +834,7 @@ export class GroupMember {
 
   /** Fire-and-forget (adaptive progress and close). */
   private announce(type: 'progress' | 'close', fields: { window: number; steps?: number }): void {
-    for (const to of this.members) {
+    for (const to of this.active()) {
       if (to === this.o.member) continue;
       try {
         this.ref(to).tell(type, { run_id: this.o.runId, member: this.o.member, ...fields });
@@ -572,25 +844,41 @@ export class GroupMember {
     }
   }
 
-  private async waitForAll<K extends 'slice' | 'pushed'>(w: number, kind: K): Promise<(K extends 'slice' ? SliceMessage : PushedMessage)[]> {
+  /**
+   * Waits until `ready()` gives a value. Members in `missing()` that stay
+   * silent for `lostAfterMs` are reported lost to the machine (degraded; the
+   * recovery timeout then drops them); a note every `stallNoteMs`.
+   */
+  private async waitUntil<T>(w: number, what: string, ready: () => T | null, missing: () => string[]): Promise<T> {
     const started = this.clock.monotonic();
     let lastNote = started;
     const note = this.o.stallNoteMs ?? 10_000;
+    const lostAfter = this.o.lostAfterMs ?? 10_000;
     for (;;) {
-      const box = this.inbox.window(w);
-      const got = kind === 'slice' ? box.slices : box.pushed;
-      if (got.size >= this.members.length) return this.members.map((m) => got.get(m)!) as (K extends 'slice' ? SliceMessage : PushedMessage)[];
+      const v = ready();
+      if (v !== null) return v;
       this.checkStop(w);
       const now = this.clock.monotonic();
+      const absent = missing().filter((m) => m !== this.o.member);
+      for (const m of absent) this.checkSilent(m, started, now);
       if (now - lastNote >= note) {
         lastNote = now;
-        const missing = this.members.filter((m) => !got.has(m));
-        this.o.log.warn({ group: this.o.group.name, window: w, waiting_for: missing, waited_s: Math.round((now - started) / 1000) },
-          `group ${this.o.group.name} window ${w}: still waiting for ${kind === 'slice' ? 'the gradient slices' : 'the push reports'} of ${missing.join(', ')}`
-          + ' (a slower member, or a dead one: that stalls its group until fault tolerance lands)');
+        this.o.log.warn({ group: this.o.group.name, window: w, waiting_for: absent, state: this.state, waited_s: Math.round((now - started) / 1000) },
+          `group ${this.o.group.name} window ${w}: still waiting for ${what}${absent.length ? ` of ${absent.join(', ')}` : ''} (${this.state})`);
       }
-      await this.inbox.changed(this.clock, Math.min(1_000, note));
+      await this.inbox.changed(this.clock, Math.min(250, note, lostAfter));
     }
+  }
+
+  /** Reports `m` lost to the machine once it has been silent for lostAfterMs (counted from `since` at the earliest). */
+  private checkSilent(m: string, since: number, now: number): void {
+    if (m === this.o.member || this.reportedLost.has(m) || !this.active().includes(m)) return;
+    const lostAfter = this.o.lostAfterMs ?? 10_000;
+    if (now - Math.max(since, this.heardAt.get(m) ?? 0) < lostAfter) return;
+    this.reportedLost.add(m);
+    this.o.log.warn({ group: this.o.group.name, member: m, silent_ms: lostAfter },
+      `group ${this.o.group.name}: ${m} has been silent for ${(lostAfter / 1000).toFixed(1)} s; reported lost (the group waits for it up to the recovery timeout)`);
+    this.machine.send(groupEvents.memberLost(m));
   }
 
   private checkStop(w: number): void {

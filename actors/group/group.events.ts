@@ -16,6 +16,10 @@ export interface MemberRejoinedEvent { type: 'member.rejoined'; member: string }
 export interface GroupPartitionedEvent { type: 'group.partitioned'; members: string[] }
 /** A member finished its local step number `step` (its own counter, increasing). */
 export interface StepCompletedEvent { type: 'step.completed'; member: string; step: number }
+/** A member closed its window for round `round` and sent its gradient slices (`sync` / `accumulation`: a round starts once every active member is ready). */
+export interface MemberReadyEvent { type: 'member.ready'; member: string; round: number }
+/** A member asks round `round` to start now (`adaptive`: it saw the progress gap, hit its step cap, or ran out of batches). */
+export interface SyncRequestedEvent { type: 'sync.requested'; member: string; round: number }
 /** The reduction of sync round `round` finished; the group is at parameter `version`. */
 export interface SyncCompletedEvent { type: 'sync.completed'; round: number; version: number }
 /** Every active member now holds parameter `version`. */
@@ -33,6 +37,8 @@ export type GroupEvent =
   | MemberRejoinedEvent
   | GroupPartitionedEvent
   | StepCompletedEvent
+  | MemberReadyEvent
+  | SyncRequestedEvent
   | SyncCompletedEvent
   | ResyncCompletedEvent
   | GroupRegroupEvent
@@ -48,6 +54,8 @@ export const groupEvents = {
   memberRejoined: (member: string): MemberRejoinedEvent => ({ type: 'member.rejoined', member }),
   partitioned: (members: readonly string[]): GroupPartitionedEvent => ({ type: 'group.partitioned', members: [...members] }),
   stepCompleted: (member: string, step: number): StepCompletedEvent => ({ type: 'step.completed', member, step }),
+  memberReady: (member: string, round: number): MemberReadyEvent => ({ type: 'member.ready', member, round }),
+  syncRequested: (member: string, round: number): SyncRequestedEvent => ({ type: 'sync.requested', member, round }),
   syncCompleted: (round: number, version: number): SyncCompletedEvent => ({ type: 'sync.completed', round, version }),
   resyncCompleted: (version: number): ResyncCompletedEvent => ({ type: 'resync.completed', version }),
   regroup: (reason: string): GroupRegroupEvent => ({ type: 'group.regroup', reason }),

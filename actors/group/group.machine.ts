@@ -16,6 +16,14 @@
  * round starts and when a resync completes. Steps are recorded in every state,
  * so a member that kept training while the group was degraded does not look
  * far ahead afterwards.
+ *
+ * Readiness: a round also starts once every active member reported
+ * `member.ready` for it (its window is closed and its slices are out: a
+ * member that ran out of batches is ready with fewer steps), or when any
+ * member sent `sync.requested` for it (adaptive). Both are kept by round
+ * number (`readyFor`, `requestedRound`), so a report that arrives early —
+ * a fast member's next window while this replica still reduces — counts
+ * for the right round.
  */
 import { and, createActor, emit, assign, setup, type Actor, type InspectionEvent, type SnapshotFrom } from 'xstate';
 import { ValidationError, type Clock, type Timer } from '../../runtime/mod.ts';
@@ -74,6 +82,10 @@ export interface GroupContext {
   lastStep: Record<string, number>;
   /** Steps each member did since the last common point (see the file comment). */
   stepsSinceSync: Record<string, number>;
+  /** Highest round each member reported ready for (`member.ready`). */
+  readyFor: Record<string, number>;
+  /** Highest round some member requested (`sync.requested`). */
+  requestedRound: number;
   /** Number of the last round started; a round abandoned by a partition is never reused. */
   startedRound: number;
   /** Number of the last round that completed. */
@@ -121,12 +133,22 @@ function initialContext(input: GroupMachineInput): GroupContext {
     lost: [],
     lastStep: {},
     stepsSinceSync: {},
+    readyFor: {},
+    requestedRound: 0,
     startedRound: 0,
     completedRound: 0,
     version: 0,
     regroupReason: null,
     stopReason: null,
   };
+}
+
+/** Every active member is ready for the next round, or some member requested it. */
+function roundReady(context: GroupContext): boolean {
+  const next = context.startedRound + 1;
+  if (context.requestedRound >= next) return activeMembers(context).length > 0;
+  const active = activeMembers(context);
+  return active.length > 0 && active.every((m) => (context.readyFor[m] ?? 0) >= next);
 }
 
 /** Members of a partition event that are still active here. */
@@ -151,12 +173,13 @@ const groupSetup = setup({
     syncRoundsMode: ({ context }) => usesSyncRounds(context.policy),
     allJoined: ({ context }) => context.members.every((m) => context.joined.includes(m)),
     someJoined: ({ context }) => context.joined.length > 0,
-    syncDue: ({ context }) => shouldSync(context),
+    syncDue: ({ context }) => shouldSync(context) || roundReady(context),
     isExpectedNotJoined: ({ context, event }) =>
       (event.type === 'member.joined' || event.type === 'member.rejoined') && context.members.includes(event.member) && !context.joined.includes(event.member),
     isJoined: ({ context, event }) => event.type === 'member.lost' && context.joined.includes(event.member),
     partitionHitsJoined: ({ context, event }) => event.type === 'group.partitioned' && event.members.some((m) => context.joined.includes(m)),
-    isMember: ({ context, event }) => event.type === 'step.completed' && context.members.includes(event.member),
+    isMember: ({ context, event }) =>
+      (event.type === 'step.completed' || event.type === 'member.ready' || event.type === 'sync.requested') && context.members.includes(event.member),
     isActiveMember: ({ context, event }) => event.type === 'member.lost' && activeMembers(context).includes(event.member),
     partitionHitsActive: ({ context, event }) => event.type === 'group.partitioned' && activeAmong(context, event.members).length > 0,
     completesRound: ({ context, event }) => event.type === 'sync.completed' && event.round === context.startedRound,
@@ -196,6 +219,14 @@ const groupSetup = setup({
           [event.member, (context.stepsSinceSync[event.member] ?? 0) + advanced],
         ]),
       };
+    }),
+    recordReady: assign({
+      readyFor: ({ context, event }) => (event.type === 'member.ready' && event.round > (context.readyFor[event.member] ?? 0)
+        ? record([...Object.entries(context.readyFor).filter(([m]) => m !== event.member), [event.member, event.round]])
+        : context.readyFor),
+    }),
+    recordRequested: assign({
+      requestedRound: ({ context, event }) => (event.type === 'sync.requested' ? Math.max(context.requestedRound, event.round) : context.requestedRound),
     }),
     startRound: assign({
       startedRound: ({ context }) => context.startedRound + 1,
@@ -238,6 +269,7 @@ const groupSetup = setup({
         lost: [],
         policy: { ...event.policy },
         stepsSinceSync: {},
+        readyFor: {},
         regroupReason: null,
       };
     }),
@@ -256,6 +288,8 @@ function buildGroupMachine(context: GroupContext) {
     on: {
       'group.stop': { target: '.stopped', actions: 'recordStopReason' },
       'step.completed': { guard: 'isMember', actions: 'recordStep' },
+      'member.ready': { guard: 'isMember', actions: 'recordReady' },
+      'sync.requested': { guard: 'isMember', actions: 'recordRequested' },
     },
     states: {
       forming: {

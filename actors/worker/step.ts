@@ -75,6 +75,14 @@ export interface ComputedStep {
   stepMs: number;
 }
 
+/** A batch with its parameters pulled (`WorkerStepper.prepare`). */
+export interface PreparedStep {
+  batch: Batch;
+  index: CtrBagIndex | null;
+  rows: Map<string, Float32Array>;
+  versions: ReadonlyMap<string, number>;
+}
+
 /** Outcome of one push through the stepper: the shard's reply, or refused as too stale (the gradient is dropped). */
 export type PushResult = { refused: false; reply: PushReply } | { refused: true; error: StaleUpdateError };
 
@@ -157,6 +165,16 @@ export class WorkerStepper {
    * batch's rows are always pulled (each batch needs other ids).
    */
   async compute(batch: Batch, opts: { reuseDense: boolean }): Promise<ComputedStep> {
+    return this.computePrepared(await this.prepare(batch, opts));
+  }
+
+  /**
+   * The pulls of `compute`: the batch's rows, and the dense parameters
+   * unless `reuseDense` (then they must be pulled by an earlier prepare of
+   * the window). Lets a member fetch the next batch's rows while the
+   * current step runs; `computePrepared` runs the graph on them.
+   */
+  async prepare(batch: Batch, opts: { reuseDense: boolean }): Promise<PreparedStep> {
     const { plan, layout } = this.o;
     const tables = layout.tables;
     const index = this.indexOf(batch);
@@ -165,8 +183,16 @@ export class WorkerStepper {
     const replies = await Promise.all(exchanges.map((ex) => this.pull(ex.shard, pullRequest(plan, ex, tables, null))));
     const versions = new Map(exchanges.map((ex, s) => [ex.shard, replies[s]!.version]));
     const U = index?.uniqueIds.length ?? 0;
+    // Dense values go straight into the stepper's buffer; a prepare that reuses them never overwrites them.
     const rows = assemblePull(exchanges, replies, tables, this.dense, U);
     if (pullDense) this.densePulled = true;
+    return { batch, index, rows, versions };
+  }
+
+  /** Runs the step graph on a prepared batch (see `prepare`). */
+  async computePrepared(p: PreparedStep): Promise<ComputedStep> {
+    const { batch, index, rows, versions } = p;
+    const U = index?.uniqueIds.length ?? 0;
     const { result, timing } = await this.graph(batch, index, rows, U);
     return {
       loss: result.loss, samples: batch.size, uniqueIds: index?.uniqueIds ?? null, denseGrads: result.denseGrads,

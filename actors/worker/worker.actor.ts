@@ -32,7 +32,7 @@ import type { BatchQueue, QueuedBatch } from '../batch-queue.ts';
 import type { SparseLayout } from '../config-bridge.ts';
 import type { JobInfo, JobInfoStore } from '../job-info.ts';
 import { publishTelemetry, type BatchTelemetry, type DoneTelemetry, type ProgressTelemetry, type StartTelemetry } from '../telemetry.ts';
-import { GroupMember, type WindowOutcome } from '../group/group-sync.ts';
+import { GroupMember, type WindowOutcome, type WindowPhases } from '../group/group-sync.ts';
 import { ShardClient, StopRequestedError } from './shard-client.ts';
 import { WorkerStepper, batchFromDescriptor, type SyncRound } from './step.ts';
 import { workerMessages, type WorkerMessages, type WorkerStats } from './worker.messages.ts';
@@ -85,7 +85,8 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
   const emulated = o.emulateSpeed !== null || (o.bandwidthMbps ?? null) !== null;
   const requestTimeoutMs = o.requestTimeoutMs ?? 10_000;
   const stats: WorkerStats = {
-    node: o.node, group: o.group, state: 'starting', mode, sync_mode: groupSync?.sync_mode ?? null, windows: 0, dropped_stale_batches: 0,
+    node: o.node, group: o.group, state: 'starting', mode, sync_mode: groupSync?.sync_mode ?? null, windows: 0, group_state: null, lost_shard_updates: 0,
+    window_phases_ms: groupSync !== null ? { steps: 0, slices: 0, round: 0, gather: 0, push: 0, reports: 0 } : null, dropped_stale_batches: 0,
     busy_ms: 0, emulated_step_ms: 0, steps: 0, samples: 0, batches_acked: 0, ack_failures: 0,
     redelivered_taken: 0, empty_rounds: 0, round: null, mean_loss: null, emulated_speed: o.emulateSpeed, emulated, error: null,
   };
@@ -184,6 +185,19 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
       }
     };
 
+    /**
+     * hps: the next window's first batch, fetched while this window's group
+     * exchange runs (not held by this window: it is acknowledged with the
+     * window that trains it, or given back when training stops or pauses).
+     */
+    let carried: Promise<QueuedBatch | null> | null = null;
+    const giveBackCarried = async () => {
+      const c = carried;
+      carried = null;
+      const item = c === null ? null : await c.catch(() => null);
+      item?.nak();
+    };
+
     /** hps: one sync window of the group's strategy; the batches taken are acknowledged once the group's update of them is out. */
     const hpsWindow = async (member: GroupMember): Promise<WindowOutcome> => {
       const held: QueuedBatch[] = [];
@@ -193,7 +207,9 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
         outcome = await member.runWindow({
           next: async () => {
             if (stopRequested) return null;
-            const item = await o.queue.next(1_000);
+            const ahead = carried;
+            carried = null;
+            const item = ahead !== null ? await ahead : await o.queue.next(1_000);
             if (item === null) return null;
             held.push(item);
             if (item.redelivered) stats.redelivered_taken++;
@@ -201,6 +217,7 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
           },
           // Nothing waiting and nothing in flight anywhere (a dead worker's batch comes back after ack_wait).
           drained: async () => (await o.queue.pending().catch(() => 1)) === 0,
+          prefetch: () => { if (!stopRequested && carried === null) carried = o.queue.next(1_000); },
         });
       } catch (e) {
         keepAlive.cancel();
@@ -209,6 +226,9 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
       }
       keepAlive.cancel();
       stats.windows++;
+      stats.lost_shard_updates += outcome.lostShards.length;
+      const sums = stats.window_phases_ms;
+      if (sums !== null) for (const k of Object.keys(sums) as (keyof WindowPhases)[]) sums[k] += outcome.phases[k];
       stats.round = null;
       await Promise.all(held.map((item, i) => {
         const s = outcome.steps[i]!;
@@ -256,6 +276,9 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
             const member = new GroupMember({
               system, group: g, member: o.node, runId: version === 0 ? o.job.run_id : `${o.job.run_id}/g${version}`, plan: o.plan, stepper, log,
               shouldStop: () => stopRequested, requestTimeoutMs, groupsVersionSeen: () => seen,
+              // A silent member is waited for as long as its batches are (fault_tolerance.worker_recovery_timeout).
+              recoveryTimeoutMs: o.job.ack_wait_ms,
+              onState: (st) => { stats.group_state = st; },
             });
             await member.start();
             let pauseFor: number | null = null;
@@ -265,8 +288,10 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
                 if (outcome.done) break;
                 if (outcome.groupsVersion > version && store !== null) { pauseFor = outcome.groupsVersion; break; }
               }
+              if (pauseFor !== null) member.regroup(`groups v${pauseFor}`);
             } finally {
-              await member.stop();
+              await giveBackCarried();
+              await member.stop(pauseFor !== null ? 'regrouped' : 'stopped');
             }
             if (pauseFor === null || stopRequested || store === null) break;
             // Paused: every batch of the last window is pushed and acknowledged; nothing is held.
@@ -320,6 +345,7 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
         node: o.node, steps: stats.steps, samples: stats.samples, batches_acked: stats.batches_acked, empty_rounds: stats.empty_rounds, reason: stats.state,
         busy_ms: stats.busy_ms, emulated_step_ms: stats.emulated_step_ms, wall_ms: Math.max(0, clock.monotonic() - loopStart),
         emulated, emulated_speed: o.emulateSpeed, dropped_stale_batches: stats.dropped_stale_batches, windows: stats.windows,
+        window_phases_ms: stats.window_phases_ms === null ? null : { ...stats.window_phases_ms },
       };
       publishTelemetry(system.transport, job, 'done', o.node, body);
       log.info({

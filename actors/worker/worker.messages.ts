@@ -3,6 +3,8 @@
  * The training loop runs as a task the actor starts; these let the driver
  * (or any NATS client, in JSON) look at it and stop it.
  */
+import type { GroupState } from '../group/group.machine.ts';
+import type { WindowPhases } from '../group/group-sync.ts';
 import { z } from 'zod';
 import type { SyncMode } from '../../topology/mod.ts';
 
@@ -33,6 +35,12 @@ export interface WorkerStats {
   sync_mode: SyncMode | null;
   /** hps: sync windows completed. */
   windows: number;
+  /** hps: the group's lifecycle state as this worker's replica of the group machine sees it (null in asp / bsp). */
+  group_state: GroupState | null;
+  /** hps: shards whose part of a window's update was lost with a member dropped mid-round. */
+  lost_shard_updates: number;
+  /** hps: the windows' wall time by phase, ms summed over windows; null in asp / bsp. */
+  window_phases_ms: WindowPhases | null;
   /** hps: batches whose update was (partly) refused as too stale and dropped (still acknowledged). */
   dropped_stale_batches: number;
   /** Real compute of the step graphs so far. */

@@ -67,6 +67,7 @@ const SAMPLE_EVENTS: GroupEvent[] = [
   ev.memberLost('a'), ev.memberLost('b'),
   ev.partitioned(['b']), ev.partitioned(['a', 'b']),
   ev.stepCompleted('a', 1), ev.stepCompleted('b', 1),
+  ev.memberReady('a', 1), ev.memberReady('b', 1), ev.syncRequested('b', 1),
   ev.syncCompleted(1, 1), ev.syncCompleted(2, 2),
   ev.resyncCompleted(3),
   ev.regroup('rebalance'),
@@ -341,6 +342,31 @@ test('accumulation: a round once every member accumulated accumulationSteps grad
   g.send(ev.stepCompleted('b', 3));
   assert.equal(g.state(), 'running.sync.reducing');
   assert.equal(ofType(g.emitted, 'sync.due').length, 1);
+});
+
+test('readiness: a round starts once every active member is ready for it, whatever its steps; early reports count for their own round', () => {
+  const g = running({ policy: policy('sync', 4) });
+  g.send(ev.stepCompleted('a', 1), ev.memberReady('a', 1));
+  assert.equal(g.state(), 'running.sync.stepping', 'b is not ready yet');
+  g.send(ev.memberReady('b', 2));
+  assert.equal(g.state(), 'running.sync.reducing', 'b ready for round 2 is ready for round 1 too (it closed both windows)');
+  assert.deepEqual(ofType(g.emitted, 'sync.due').map((e) => e.round), [1]);
+  g.send(ev.memberReady('a', 2));
+  assert.equal(g.state(), 'running.sync.reducing', 'round 2 waits for round 1 to complete');
+  g.send(ev.syncCompleted(1, 1));
+  assert.equal(g.state(), 'running.sync.reducing', 'both were already ready for round 2: it starts at once');
+  assert.deepEqual(ofType(g.emitted, 'sync.due').map((e) => e.round), [1, 2]);
+  g.send(ev.memberReady('x', 3), ev.syncCompleted(2, 2));
+  assert.equal(g.state(), 'running.sync.stepping', 'a non-member\'s readiness counts for nothing');
+});
+
+test('readiness: sync.requested (adaptive) starts the round at once; a request for a finished round starts nothing', () => {
+  const g = running({ policy: policy('adaptive', 3), members: ['a', 'b', 'c'] });
+  g.send(ev.syncRequested('b', 1));
+  assert.equal(g.state(), 'running.sync.reducing');
+  assert.deepEqual(ofType(g.emitted, 'sync.due')[0]!.members, ['a', 'b', 'c']);
+  g.send(ev.syncCompleted(1, 1), ev.syncRequested('a', 1));
+  assert.equal(g.state(), 'running.sync.stepping', 'a request for a round already done starts nothing');
 });
 
 test('async: members push on their own; no rounds, sync.completed ignored', () => {

@@ -11,8 +11,9 @@ import { StepSession, bucketCtrIds, ctrBagIndex, streamOptions, type CtrBatch } 
 import { shardPlanFromConfig, sparseLayoutFromConfig, type SparseLayout } from '../../actors/config-bridge.ts';
 import { modelAndData, startServerNode, type ModelAndData } from '../../actors/nodes.ts';
 import { memoryPlanStore } from '../../actors/plan-store.ts';
-import { GroupMember, reduceOwners, windowStepLimit, type WindowOutcome, type WindowSource } from '../../actors/group/group-sync.ts';
-import { allocateDense, assemblePull, planExchange, pullRequest } from '../../actors/worker/param-exchange.ts';
+import { GroupMember, reduceOwners, windowStepLimit, type GroupMemberOptions, type WindowOutcome, type WindowSource } from '../../actors/group/group-sync.ts';
+import type { GroupState } from '../../actors/group/group.machine.ts';
+import { allocateDense, assemblePull, planExchange, pullRequest, pushRequest } from '../../actors/worker/param-exchange.ts';
 import { ShardClient } from '../../actors/worker/shard-client.ts';
 import { WorkerStepper } from '../../actors/worker/step.ts';
 
@@ -110,9 +111,9 @@ function group(mode: WorkerGroupConfig['sync_mode'], nodes: string[], n: number 
 }
 
 /** A member over the cluster, fed from a list of batches; drained once its list is empty. */
-async function member(c: Cluster, g: WorkerGroupConfig, name: string, session: StepSession) {
+async function member(c: Cluster, g: WorkerGroupConfig, name: string, session: StepSession, more: Partial<GroupMemberOptions> = {}) {
   const sys = await c.system(name);
-  const m = new GroupMember({ system: sys, group: g, member: name, runId: 'run-1', plan, stepper: c.stepper(sys, session), log: silentLogger(), shouldStop: () => false });
+  const m = new GroupMember({ system: sys, group: g, member: name, runId: 'run-1', plan, stepper: c.stepper(sys, session), log: silentLogger(), shouldStop: () => false, ...more });
   await m.start();
   return m;
 }
@@ -162,7 +163,7 @@ function compare(ours: Awaited<ReturnType<typeof readParams>>, ref: typeof ours,
 }
 
 /** Runs `work` over a fresh group cluster and a reference step sequence over another; compares the parameters of `ids` to 1e-5. */
-async function sameAsReference(work: (c: Cluster) => Promise<void>, reference: CtrBatch[], ids: Int32Array): Promise<void> {
+async function sameAsReference(work: (c: Cluster) => Promise<void>, reference: CtrBatch[] | ((stepper: WorkerStepper) => Promise<void>), ids: Int32Array): Promise<void> {
   const ours = await cluster('grp');
   const ref = await cluster('ref');
   try {
@@ -170,7 +171,8 @@ async function sameAsReference(work: (c: Cluster) => Promise<void>, reference: C
     const initial = await readParams(ref.client(refSys), ids);
     await work(ours);
     const stepper = ref.stepper(refSys, sessions[3]!);
-    for (const b of reference) await stepper.run(b, null);
+    if (typeof reference === 'function') await reference(stepper);
+    else for (const b of reference) await stepper.run(b, null);
     const got = await readParams(ours.client(await ours.system('reader')), ids);
     const want = await readParams(ref.client(refSys), ids);
     const { diff, moved } = compare(got, want, initial);
@@ -214,18 +216,64 @@ test('sync group of 3 over 2 shards (one member reduces nothing), sync_steps 1: 
   }, [u], uniqueIdsOf(u));
 });
 
-test('sync group of 2, sync_steps 2: each member accumulates 2 steps at fixed parameters; one sync equals the union of all 4 batches', async () => {
+/**
+ * The fixed-step reference, computed without any group code: every batch's
+ * gradient at the window's starting parameters, then one SGD update per
+ * batch, in order (gradients delayed by up to N − 1 steps).
+ */
+function delayedSteps(bs: readonly CtrBatch[]) {
+  return async (stepper: WorkerStepper) => {
+    const computed = [];
+    for (const b of bs) computed.push(await stepper.compute(b, { reuseDense: false }));
+    for (const [k, c] of computed.entries()) {
+      for (const ex of planExchange(plan, c.uniqueIds, { dense: true, allShards: false })) {
+        // The group's own earlier steps of the window are its designed delay, not staleness: each update is applied at the full rate.
+        const baseVersion = (c.versions.get(ex.shard) ?? 0) + k;
+        const r = await stepper.push(ex.shard, pushRequest(plan, ex, layout.tables, c.denseGrads, c.rowGrads, { round: null, expected: null, weight: c.samples, baseVersion }));
+        assert.equal(r.refused, false);
+      }
+    }
+  };
+}
+
+test('sync group of 2, sync_steps 2 (fixed-step): a window is 2 updates — step k averages both members\' k-th batches, computed at the window\'s parameters', async () => {
   const [b1, b2, b3, b4, b5] = batches;
-  const u = union([b1!, b2!, b3!, b4!]);
   await sameAsReference(async (c) => {
     const g = group('sync', ['a', 'b'], 2);
     const [ma, mb] = [await member(c, g, 'a', sessions[0]!), await member(c, g, 'b', sessions[1]!)];
     const [oa] = await Promise.all([runUntilDone(ma, source([b1!, b2!])), runUntilDone(mb, source([b3!, b4!]))]);
     assert.deepEqual(oa.map((o) => o.steps.length), [2, 0]);
+    assert.deepEqual(oa[0]!.members, ['a', 'b']);
+    const st = await c.client(await c.system('reader')).stats('s1');
+    assert.equal(st.version, 2, 'one window of 2 steps = 2 updates on the shard');
+  }, delayedSteps([union([b1!, b3!]), union([b2!, b4!])]), uniqueIdsOf(union([b1!, b2!, b3!, b4!, b5!])));
+});
+
+test('sync group of 2, sync_steps 2, one member runs short: step 2 is the other member\'s batch alone', async () => {
+  const [b1, b2, b3] = batches;
+  await sameAsReference(async (c) => {
+    const g = group('sync', ['a', 'b'], 2);
+    const [ma, mb] = [await member(c, g, 'a', sessions[0]!), await member(c, g, 'b', sessions[1]!)];
+    const [oa, ob] = await Promise.all([runUntilDone(ma, source([b1!, b2!])), runUntilDone(mb, source([b3!]))]);
+    assert.deepEqual(oa.map((o) => o.steps.length), [2, 0]);
+    assert.deepEqual(ob.map((o) => o.steps.length), [1, 0], 'b was ready with one step (no batch left)');
+  }, delayedSteps([union([b1!, b3!]), b2!]), uniqueIdsOf(union([b1!, b2!, b3!])));
+});
+
+test('accumulation group of 2 (accumulation_steps 2): a round is one update on the union of all 4 batches', async () => {
+  const [b1, b2, b3, b4, b5] = batches;
+  const u = union([b1!, b2!, b3!, b4!]);
+  await sameAsReference(async (c) => {
+    const g = group('accumulation', ['a', 'b'], 2);
+    const [ma, mb] = [await member(c, g, 'a', sessions[0]!), await member(c, g, 'b', sessions[1]!)];
+    const [oa] = await Promise.all([runUntilDone(ma, source([b1!, b2!])), runUntilDone(mb, source([b3!, b4!]))]);
+    assert.deepEqual(oa.map((o) => o.steps.length), [2, 0]);
+    const st = await c.client(await c.system('reader')).stats('s1');
+    assert.equal(st.version, 1, 'one round = one update');
   }, [u], uniqueIdsOf(union([u, b5!])));
 });
 
-test('accumulation member (accumulation_steps 2) pushes once: equals the union of its 2 batches; async members equal sequential application', async () => {
+test('a lone accumulation member (accumulation_steps 2) pushes once: equals the union of its 2 batches; async members equal sequential application', async () => {
   const [b1, b2, b3, b4] = batches;
   const acc = union([b1!, b2!]);
   await sameAsReference(async (c) => {
@@ -297,4 +345,40 @@ test('a group update staler than max_staleness is refused and dropped; the membe
   } finally {
     await c.close();
   }
+});
+
+test('the group machine drives membership: a member that dies is reported lost, dropped after the recovery timeout, and the round goes on among the others', async () => {
+  const [b1, b2, b3, b4, b5] = batches;
+  const timeouts = { lostAfterMs: 300, recoveryTimeoutMs: 600, stallNoteMs: 60_000 };
+  const statesOfA: GroupState[] = [];
+  await sameAsReference(async (c) => {
+    const g = group('sync', ['a', 'b', 'c'], 1);
+    const ma = await member(c, g, 'a', sessions[0]!, { ...timeouts, onState: (st) => statesOfA.push(st) });
+    const mb = await member(c, g, 'b', sessions[1]!, timeouts);
+    const mc = await member(c, g, 'c', sessions[2]!, timeouts);
+    const w0 = await Promise.all([ma.runWindow(source([b1!])), mb.runWindow(source([b2!])), mc.runWindow(source([b3!]))]);
+    assert.deepEqual(w0.map((o) => o.members), [['a', 'b', 'c'], ['a', 'b', 'c'], ['a', 'b', 'c']]);
+    await mc.stop('killed'); // c's process dies: its mailbox is gone, it sends nothing more
+    const t0 = Date.now();
+    const [oa, ob] = await Promise.all([runUntilDone(ma, source([b4!])), runUntilDone(mb, source([b5!]))]);
+    assert.deepEqual(oa[0]!.members, ['a', 'b'], 'the round after the drop is a and b only');
+    assert.deepEqual(ob[0]!.members, ['a', 'b']);
+    assert.ok(Date.now() - t0 >= 600, 'the group waited for the recovery timeout before going on');
+    assert.deepEqual(ma.members, ['a', 'b']);
+    for (const st of ['forming', 'running.sync.stepping', 'running.sync.reducing', 'degraded', 'resyncing'] as const) {
+      assert.ok(statesOfA.includes(st), `a's replica went through ${st} (saw ${statesOfA.join(' → ')})`);
+    }
+  }, [union([b1!, b2!, b3!]), union([b4!, b5!])], uniqueIdsOf(union([b1!, b2!, b3!, b4!, b5!])));
+});
+
+test('forming: a member that never starts is dropped after the forming timeout; the others train without it', async () => {
+  const [b1, b2] = batches;
+  await sameAsReference(async (c) => {
+    const g = group('sync', ['a', 'b'], 1);
+    const ma = await member(c, g, 'a', sessions[0]!, { formingTimeoutMs: 300, lostAfterMs: 60_000, stallNoteMs: 60_000 });
+    assert.equal(ma.state, 'forming');
+    const out = await runUntilDone(ma, source([b1!, b2!]));
+    assert.deepEqual(out.map((o) => o.members), [['a'], ['a'], ['a']]);
+    assert.deepEqual(ma.members, ['a']);
+  }, [b1!, b2!], uniqueIdsOf(union([b1!, b2!])));
 });
