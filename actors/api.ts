@@ -29,8 +29,10 @@ import { StepSession, type Batch, type DataSource } from '../native-bridge/mod.t
 import { natsBatchQueue, type BatchDescriptor, type BatchQueue, type QueuedBatch } from './batch-queue.ts';
 import { sparseLayoutFromConfig } from './config-bridge.ts';
 import { natsJobInfoStore, waitForJobInfo, type JobInfo } from './job-info.ts';
-import { DEFAULT_NODE_WAIT_MS, modelAndData, startServerNode, waitForPlan, workerNodeOf, type ModelAndData } from './nodes.ts';
+import { DEFAULT_NODE_WAIT_MS, UNGROUPED, modelAndData, startServerNode, waitForPlan, workerNodeByName, workerNodeOf, type ModelAndData } from './nodes.ts';
 import { natsConnectionOf, natsPlanStore } from './plan-store.ts';
+import { ProfileReporter } from './profile-reporter.ts';
+import { natsProfileStore } from './profile-store.ts';
 import type { ShardSnapshot } from './shard/shard.messages.ts';
 import { publishTelemetry } from './telemetry.ts';
 import { ShardClient, waitForShards } from './worker/shard-client.ts';
@@ -41,6 +43,8 @@ export interface HeterogeneousParameterServerOptions {
   role: 'worker' | 'server';
   /** Worker: the group in `cluster.worker_groups`. */
   groupName?: string;
+  /** Worker, instead of groupName / nodeRank: the worker by name (the only way to name one of `cluster.worker_nodes`). */
+  nodeName?: string;
   /** Worker: position in the group, from 0. */
   nodeRank?: number;
   /** Server: one of `cluster.server_nodes`. */
@@ -97,12 +101,13 @@ export class HeterogeneousParameterServer {
   private stepper: WorkerStepper | null = null;
   private session: StepSession | null = null;
   private workerNode: WorkerNode | null = null;
+  private profile: ProfileReporter | null = null;
   private pendingCheckpoints: Promise<unknown>[] = [];
   private stats = { steps: 0, samples: 0, acked: 0 };
   private closed = false;
 
   constructor(private readonly opts: HeterogeneousParameterServerOptions) {
-    this.log = opts.logger ?? createLogger({ name: opts.serverId ?? `${opts.groupName ?? 'worker'}-${opts.nodeRank ?? 0}`, stderr: true });
+    this.log = opts.logger ?? createLogger({ name: opts.serverId ?? opts.nodeName ?? `${opts.groupName ?? 'worker'}-${opts.nodeRank ?? 0}`, stderr: true });
   }
 
   get config(): HetpsConfig { return this.need(this.cfg, 'config'); }
@@ -125,8 +130,9 @@ export class HeterogeneousParameterServer {
       if (!o.serverId) throw new ConfigError('role server needs serverId');
       node = o.serverId;
     } else if (o.role === 'worker') {
-      if (!o.groupName) throw new ConfigError('role worker needs groupName');
-      this.workerNode = workerNodeOf(config, o.groupName, o.nodeRank ?? 0);
+      if (o.nodeName !== undefined && o.groupName !== undefined) throw new ConfigError('role worker takes nodeName or groupName (with nodeRank), not both');
+      if (o.nodeName === undefined && !o.groupName) throw new ConfigError('role worker needs nodeName, or groupName and nodeRank');
+      this.workerNode = o.nodeName !== undefined ? workerNodeByName(config, o.nodeName) : workerNodeOf(config, o.groupName!, o.nodeRank ?? 0);
       node = this.workerNode.name;
     } else {
       throw new ConfigError(`role must be worker or server, got ${JSON.stringify(o.role)}`);
@@ -146,21 +152,32 @@ export class HeterogeneousParameterServer {
       ({ plan: this.plan } = await startServerNode({ config, server: node, system: this.system, planStore, log: this.log, md: this.md, waitMs }));
       return;
     }
-    this.info = await waitForJobInfo(natsJobInfoStore(nc, job), {
-      clock: systemClock, timeoutMs: waitMs,
-      onWait: (ms) => this.log.info(ms === 0 ? `worker ${node} ready; waiting for the job` : `worker ${node} still waiting for the job`),
+    const overrides = nodeOverrides(config, node);
+    // Measured and published like a launched worker's, so the driver can group this node too.
+    this.profile = await ProfileReporter.join({
+      transport: this.transport, job, node, emulate: overrides.emulate, provider: overrides.provider ?? 'cpu', store: natsProfileStore(nc, job),
+      clock: systemClock, log: this.log, probeSeconds: config.cluster.profiling.probe_seconds, republishMs: config.cluster.profiling.republish_seconds * 1000,
     });
+    this.profile.keepStored();
+    try {
+      this.info = await waitForJobInfo(natsJobInfoStore(nc, job), {
+        clock: systemClock, timeoutMs: waitMs,
+        onWait: (ms) => this.log.info(ms === 0 ? `worker ${node} ready; waiting for the job` : `worker ${node} still waiting for the job`),
+      });
+    } finally {
+      this.profile.stopRefreshing();
+    }
     if (!this.info.workers.includes(node)) throw new ConfigError(`worker ${node} is not one of the job's workers (${this.info.workers.join(', ')})`);
     this.plan = await waitForPlan(planStore, { clock: systemClock, timeoutMs: waitMs, log: this.log });
     await waitForShards(this.system, this.plan.shards, { timeoutMs: waitMs, log: this.log });
     this.queue = natsBatchQueue(nc, job);
-    const overrides = nodeOverrides(config, node);
     this.session = await StepSession.create(this.md.model, { provider: overrides.provider ?? 'cpu', intraOpNumThreads: overrides.threads ?? 1, graph: 'step' });
     this.stepper = new WorkerStepper({
       client: this.client, plan: this.plan, model: this.md.model, layout: sparseLayoutFromConfig(config, this.md.model), session: this.session,
       clock: systemClock, log: this.log, emulateSpeed: overrides.emulate?.speed ?? null,
     });
-    publishTelemetry(this.transport, job, 'start', node, { node, group: this.workerNode!.group, mode: this.info.mode === 'bsp' ? 'bsp' : 'asp', emulated_speed: overrides.emulate?.speed ?? null });
+    publishTelemetry(this.transport, job, 'start', node, { node, group: this.workerNode!.group ?? UNGROUPED, mode: this.info.mode === 'bsp' ? 'bsp' : 'asp', emulated_speed: overrides.emulate?.speed ?? null });
+    this.profile.startTraining();
   }
 
   /**
@@ -220,6 +237,7 @@ export class HeterogeneousParameterServer {
       throw e;
     }
     const confirmed = await b.item.ack();
+    this.profile?.noteStep(out.stepMs);
     this.stats.steps++;
     this.stats.samples += out.samples;
     if (confirmed) this.stats.acked++;
@@ -275,6 +293,7 @@ export class HeterogeneousParameterServer {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    this.profile?.stop();
     await Promise.all(this.pendingCheckpoints);
     if (this.workerNode && this.transport && this.info) {
       publishTelemetry(this.transport, this.info.job, 'done', this.node, {

@@ -128,6 +128,8 @@ export interface NodeProfileOptions {
   emulate: EmulateConfig | null;
   /** A device profile measured earlier; null: measure now (about 1 s of ONNX Runtime, see DEFAULT_DEVICE_PROBE). */
   device: DeviceProfile | null;
+  /** The network measured earlier (nodes sharing one machine and link); null: measure now. */
+  networkProbe: NetworkProbe | null;
   deviceOptions: Partial<ProfileOptions>;
   network: Partial<NetworkProbeOptions>;
 }
@@ -136,7 +138,7 @@ export interface NodeProfileOptions {
 export async function measureNodeProfile(opts: Partial<NodeProfileOptions> & { transport: Transport; node: string }): Promise<NodeProfile> {
   // Shorter than `hetps profile`'s default (5 × 0.3 s) so joining stays under ~2 s; lazy so a given device skips onnxruntime.
   const device = opts.device ?? await (await import('../native-bridge/mod.ts')).profileDevice({ ...DEFAULT_DEVICE_PROBE, ...opts.deviceOptions, node: opts.node });
-  const net = await measureNetwork(opts.transport, opts.network ?? {});
+  const net = opts.networkProbe ?? await measureNetwork(opts.transport, opts.network ?? {});
   const emulate = opts.emulate ?? null;
   const speed = emulate?.speed ?? 1;
   return {

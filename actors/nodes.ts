@@ -4,17 +4,22 @@
  * `hetps launch` process (over NATS), inside `hetps up` in embedded mode (all
  * nodes in one process on the in-process bus) and under the API. Each waits
  * for what it needs (plan, job info, shards), so nodes and driver may start
- * in any order.
+ * in any order. A worker first measures itself and publishes its profile
+ * (actors/profile-reporter.ts): the driver groups `cluster.worker_nodes` by
+ * those profiles before it writes the job info.
  */
 import { ConfigError, TimeoutError, type ActorSystem, type Clock, type Logger } from '../runtime/mod.ts';
 import { allWorkerNodes, nodeOverrides, type HetpsConfig, type ShardPlan, type StalenessPolicy, type WorkerNode } from '../topology/mod.ts';
-import { initDenseParams, type CtrModel, type DataSource, type MlpModel } from '../native-bridge/mod.ts';
+import { initDenseParams, type CtrModel, type DataSource, type DeviceProfile, type ExecutionProvider, type MlpModel } from '../native-bridge/mod.ts';
 import type { BatchQueue } from './batch-queue.ts';
 import {
   EMBEDDING_INIT_SCALE, WIDE_TABLE, dataSourceFromConfig, modelFromConfig, optimizerInput, sparseLayoutFromConfig,
 } from './config-bridge.ts';
 import { groupOfWorker, waitForJobInfo, type JobInfo, type JobInfoStore } from './job-info.ts';
 import type { PlanStore } from './plan-store.ts';
+import type { NetworkProbe } from './node-profile.ts';
+import { ProfileReporter } from './profile-reporter.ts';
+import type { ProfileStore } from './profile-store.ts';
 import { createShardActor } from './shard/shard.actor.ts';
 import { waitForShards } from './worker/shard-client.ts';
 import { createWorkerActor, type WorkerActorDefinition } from './worker/worker.actor.ts';
@@ -103,6 +108,25 @@ export function workerNodeOf(config: HetpsConfig, group: string, rank: number): 
   return allWorkerNodes(config).find((n) => n.group === group && n.rank === rank)!;
 }
 
+/** A worker by name: one in a group of the YAML, or a `cluster.worker_nodes` entry (its group is measured at start). */
+export function workerNodeByName(config: HetpsConfig, name: string): WorkerNode {
+  const all = allWorkerNodes(config);
+  const n = all.find((w) => w.name === name);
+  if (!n) throw new ConfigError(`worker "${name}" is not in ${config.source.file} (its workers: ${all.map((w) => w.name).join(', ')})`);
+  return n;
+}
+
+/** How a worker profiles itself when it joins (actors/profile-reporter.ts); the probe times default to `cluster.profiling`. */
+export interface WorkerProfiling {
+  store: ProfileStore;
+  probeSeconds?: number;
+  republishMs?: number;
+  /** A device profile shared by the nodes of one machine (embedded mode, `hetps up`'s processes); absent: the node measures its own. */
+  device?: ((provider: ExecutionProvider) => Promise<DeviceProfile>) | null;
+  /** Likewise the network to NATS; absent: the node measures its own. */
+  network?: NetworkProbe | null;
+}
+
 export interface StartedWorker {
   def: WorkerActorDefinition;
   info: JobInfo;
@@ -113,22 +137,34 @@ export interface StartedWorker {
 export async function startWorkerNode(o: {
   config: HetpsConfig; node: WorkerNode; system: ActorSystem; planStore: PlanStore; jobStore: JobInfoStore; queue: BatchQueue;
   log: Logger; md?: ModelAndData; runId?: string | null; waitMs?: number;
+  /** Profile on join and while training; null or absent: no profile (the driver then cannot group this node by measurement). */
+  profiling?: WorkerProfiling | null;
 }): Promise<StartedWorker> {
   const { config, node, system, log } = o;
   const waitMs = o.waitMs ?? DEFAULT_NODE_WAIT_MS;
   // Data and model first, so a node started early is ready the moment the job appears.
   const { source, model } = o.md ?? modelAndData(config);
-  const info = await waitForJobInfo(o.jobStore, {
-    clock: system.clock, timeoutMs: waitMs, runId: o.runId ?? null,
-    onWait: (ms) => log.info(ms === 0 ? `worker ${node.name} ready; waiting for the job` : `worker ${node.name} still waiting for the job (start \`hetps up\` for it)`),
-  });
-  if (!info.workers.includes(node.name)) throw new ConfigError(`worker ${node.name} is not one of the job's workers (${info.workers.join(', ')}): a different config than the driver's?`);
-  const plan = await waitForPlan(o.planStore, { clock: system.clock, timeoutMs: waitMs, log });
-  await waitForShards(system, plan.shards, { timeoutMs: waitMs, log });
   const overrides = nodeOverrides(config, node.name);
+  const reporter = o.profiling ? await profileOnJoin(o.profiling, { config, node: node.name, system, log, provider: overrides.provider ?? 'cpu' }) : null;
+  let info: JobInfo;
+  let plan: ShardPlan;
+  try {
+    reporter?.keepStored();
+    info = await waitForJobInfo(o.jobStore, {
+      clock: system.clock, timeoutMs: waitMs, runId: o.runId ?? null,
+      onWait: (ms) => log.info(ms === 0 ? `worker ${node.name} ready; waiting for the job` : `worker ${node.name} still waiting for the job (start \`hetps up\` for it)`),
+    });
+    reporter?.stopRefreshing();
+    if (!info.workers.includes(node.name)) throw new ConfigError(`worker ${node.name} is not one of the job's workers (${info.workers.join(', ')}): a different config than the driver's?`);
+    plan = await waitForPlan(o.planStore, { clock: system.clock, timeoutMs: waitMs, log });
+    await waitForShards(system, plan.shards, { timeoutMs: waitMs, log });
+  } catch (e) {
+    reporter?.stop();
+    throw e;
+  }
   const groupSync = info.mode === 'hps' ? groupOfWorker(info, config, node.name) : null;
   const def = createWorkerActor({
-    node: node.name, group: groupSync?.name ?? node.group, job: info, plan, queue: o.queue, source, model,
+    node: node.name, group: groupSync?.name ?? node.group ?? UNGROUPED, job: info, plan, queue: o.queue, source, model,
     layout: sparseLayoutFromConfig(config, model),
     provider: overrides.provider ?? 'cpu',
     // One thread per worker by default: several workers share a machine here, and small towers gain nothing from more.
@@ -138,8 +174,42 @@ export async function startWorkerNode(o: {
     bandwidthMbps: overrides.emulate?.bandwidth_mbps ?? null,
     groupSync,
     jobStore: o.jobStore,
+    onBatchTrained: reporter ? (t) => reporter.noteStep(t.emulated_step_ms ?? t.busy_ms) : null,
   });
-  await system.spawn(def);
-  log.info({ node: node.name, group: node.group, mode: info.mode, rounds: info.mode === 'bsp' ? info.rounds : null }, 'worker training');
+  try {
+    await system.spawn(def);
+  } catch (e) {
+    reporter?.stop();
+    throw e;
+  }
+  if (reporter) {
+    reporter.startTraining();
+    void def.done.finally(() => reporter.stop());
+  }
+  log.info({ node: node.name, group: groupSync?.name ?? node.group, mode: info.mode, rounds: info.mode === 'bsp' ? info.rounds : null }, 'worker training');
   return { def, info, plan };
+}
+
+/** The group label of a `worker_nodes` entry in asp / bsp, which have no groups. */
+export const UNGROUPED = 'ungrouped';
+
+async function profileOnJoin(p: WorkerProfiling, o: { config: HetpsConfig; node: string; system: ActorSystem; log: Logger; provider: ExecutionProvider }): Promise<ProfileReporter> {
+  const { config, system, log } = o;
+  const reporter = await ProfileReporter.join({
+    transport: system.transport, job: config.job.name, node: o.node, emulate: nodeOverrides(config, o.node).emulate, provider: o.provider,
+    store: p.store, clock: system.clock, log,
+    probeSeconds: p.probeSeconds ?? config.cluster.profiling.probe_seconds,
+    republishMs: p.republishMs ?? config.cluster.profiling.republish_seconds * 1000,
+    device: p.device ?? null,
+    network: p.network ?? null,
+  });
+  const t = reporter.profile;
+  log.info({
+    matmul_gflops: t.matmul_gflops, gather_rows_per_s: t.gather_rows_per_s, bandwidth_mbps: t.bandwidth_mbps, rtt_ms: t.rtt_ms, variance: t.variance,
+    link: t.link, emulated: t.emulated, probe_ms: t.probe_ms,
+    device_from: t.device_from, network_from: t.network_from,
+  }, `${t.device_from === 'node' || t.network_from === 'node' ? `profiled ${o.node} in ${t.probe_ms} ms` : `profile of ${o.node}`}`
+    + `${t.device_from === 'host' ? ` (${t.network_from === 'host' ? 'device and network' : 'device'}: this machine's, measured once for the nodes it runs)` : ''}`
+    + `${t.emulated ? ` (EMULATED: compute scaled by emulate.speed${t.link === 'emulated' ? ', link by emulate.bandwidth_mbps' : ''})` : ''}; published`);
+  return reporter;
 }

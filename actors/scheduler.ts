@@ -5,8 +5,9 @@
  * The command: `hps.<job>.ctl.regroup`, request/reply, msgpack or JSON (by
  * the `Content-Type: application/json` header), body
  * `{ groups: [{ name, nodes, sync_mode, sync_steps, … }] | null, reason }`;
- * `groups: null` recomputes the grouping from the workers' observed step
- * times (see `speedGroups`). Reply (the actors' reply envelope):
+ * `groups: null` recomputes the grouping from the workers' latest profiles
+ * scaled by their observed slowdown, or from their step times alone when a
+ * worker has published no profile (see `speedGroups`). Reply (the actors' reply envelope):
  * `{ accepted, groups_version, groups }`, or an error (unknown node, a worker
  * missing from the new groups, a node in two groups, a regroup already in
  * progress, not an hps job).
@@ -40,11 +41,13 @@ import {
   type Clock, type Logger, type Timer, type Transport, type TransportMsg,
 } from '../runtime/mod.ts';
 import {
-  INITIAL_DEGRADATION_STATE, SYNC_MODES, baselineStepMs, detectDegradation, medianOf, noteRegrouped, regroupPlan,
-  type DegradationPolicy, type DegradationState, type WorkerGroupConfig,
+  INITIAL_DEGRADATION_STATE, SYNC_MODES, baselineStepMs, detectDegradation, groupNodes, medianOf, noteRegrouped, observedSlowdown,
+  profilesAtObservedSpeed, regroupPlan,
+  type DegradationPolicy, type DegradationState, type NodeProfile, type WorkerGroupConfig,
 } from '../topology/mod.ts';
 import type { JobInfo, JobInfoStore } from './job-info.ts';
-import { subscribeTelemetry } from './telemetry.ts';
+import type { ProfileStore } from './profile-store.ts';
+import { nodeProfileOf, subscribeTelemetry } from './telemetry.ts';
 
 export const REGROUP_COMMAND = 'regroup';
 
@@ -80,6 +83,8 @@ export interface RegroupRecord {
   groups: WorkerGroupConfig[];
   /** Nodes whose group changed. */
   moved: string[];
+  /** `command`: the groups were given; `profiles`: recomputed from profiles scaled by observed slowdown; `step_times`: from step times alone. */
+  grouped_by: 'command' | 'profiles' | 'step_times';
   /** Seconds from the new groups being written to the resume. */
   pause_s: number;
   /** Live workers that had not reported ready when the driver resumed (after readyTimeoutMs); empty normally. */
@@ -99,6 +104,10 @@ export interface RegroupControllerOptions {
   readyTimeoutMs?: number;
   /** Degradation checks; 0: no automatic regroup. Default 1 s. */
   autoEveryMs?: number;
+  /** The workers' latest profiles, read again before each recomputed grouping; null or absent: profile telemetry only. */
+  profileStore?: ProfileStore | null;
+  /** Profiles known when the job started (those its groups were measured from). */
+  profiles?: readonly NodeProfile[];
 }
 
 /** Recent step times kept per node (the median reads the last `window`). */
@@ -113,6 +122,10 @@ export class RegroupController {
   private readonly ended = new Set<string>();
   private readonly steps = new Map<string, number[]>();
   private readonly baselines = new Map<string, number>();
+  /** Latest profile per worker (the start's, then profile telemetry and the store). */
+  private readonly profiles = new Map<string, NodeProfile>();
+  /** Slowdown observed before the current baselines were taken (a regroup resets them). */
+  private readonly carriedSlowdown = new Map<string, number>();
   private degradation: DegradationState = INITIAL_DEGRADATION_STATE;
   private readonly t0: number;
   private readonly unsubscribe: () => void;
@@ -126,7 +139,9 @@ export class RegroupController {
     this.info = o.info;
     this.t0 = o.clock.monotonic();
     this.window = o.policy?.window ?? 20;
+    for (const p of o.profiles ?? []) this.profiles.set(p.node, p);
     this.unsubscribe = subscribeTelemetry(o.transport, o.job, {
+      profile: (t) => { this.profiles.set(t.node, nodeProfileOf(t)); },
       start: (t) => { this.started.add(t.node); },
       done: (t) => { this.ended.add(t.node); },
       batch: (t) => {
@@ -181,7 +196,10 @@ export class RegroupController {
       throw new HetpsError(`regroup: groups v${this.info.groups_version} are being put in place (workers pausing); try again once training has resumed`);
     }
     const current = this.groups;
-    const next = groups === null ? this.speedGroups() : groups.map((g) => groupSchema.parse(g));
+    if (groups === null) await this.refreshProfiles();
+    const computed = groups === null ? this.computeGroups() : null;
+    const next = computed?.groups ?? groups!.map((g) => groupSchema.parse(g));
+    const groupedBy: RegroupRecord['grouped_by'] = computed?.basis ?? 'command';
     this.validate(next);
     const plan = regroupPlan(current.map((g) => ({ name: g.name, nodes: g.nodes, centroid: null })), next.map((g) => ({ name: g.name, nodes: g.nodes, centroid: null })));
     if (!plan.changed && normalized(current) === normalized(next)) {
@@ -195,11 +213,13 @@ export class RegroupController {
       `regroup to groups v${v} (${reason}): ${plan.moves.map((m) => `${m.node} ${m.from ?? '-'} → ${m.to ?? '-'}`).join(', ') || 'group settings change'}; `
       + 'workers pause at their next window boundary');
     const started = this.o.clock.monotonic();
-    this.inProgress = this.complete(v, reason, trigger, next, moved, started).finally(() => { this.inProgress = null; });
+    this.inProgress = this.complete(v, reason, trigger, next, moved, groupedBy, started).finally(() => { this.inProgress = null; });
     return { accepted: true, groups_version: v, groups: next };
   }
 
-  private async complete(v: number, reason: string, trigger: RegroupRecord['trigger'], groups: WorkerGroupConfig[], moved: string[], started: number): Promise<void> {
+  private async complete(
+    v: number, reason: string, trigger: RegroupRecord['trigger'], groups: WorkerGroupConfig[], moved: string[], groupedBy: RegroupRecord['grouped_by'], started: number,
+  ): Promise<void> {
     const { clock, log } = this.o;
     const limit = this.o.readyTimeoutMs ?? 60_000;
     let lastNote = started;
@@ -223,12 +243,16 @@ export class RegroupController {
     this.info = { ...this.info, resume_version: v };
     await this.o.jobStore.put(this.info);
     const now = clock.monotonic();
-    // The slow speed is now the node's normal: new baselines, and the cooldown starts.
+    // The slow speed is now the node's normal: new baselines, and the cooldown starts. The profiles
+    // still describe the nodes as they joined, so the slowdown so far is carried over.
+    for (const w of this.info.workers) this.carriedSlowdown.set(w, this.slowdownOf(w));
     this.steps.clear();
     this.baselines.clear();
     this.degradation = noteRegrouped(this.degradation, now);
     const pause = (now - started) / 1000;
-    this.records.push({ at_s: +((started - this.t0) / 1000).toFixed(3), reason, trigger, groups_version: v, groups, moved, pause_s: +pause.toFixed(3), not_ready: missing });
+    this.records.push({
+      at_s: +((started - this.t0) / 1000).toFixed(3), reason, trigger, groups_version: v, groups, moved, grouped_by: groupedBy, pause_s: +pause.toFixed(3), not_ready: missing,
+    });
     log.info({ groups_version: v, pause_s: pause }, `regroup v${v} done: every group resumes from the shards' current parameters (paused ${pause.toFixed(1)} s)`);
   }
 
@@ -255,15 +279,80 @@ export class RegroupController {
   }
 
   /**
-   * Groups from observed speed: each worker's median recent step time (its
-   * current group's median when it has none yet), sorted, cut at the k − 1
-   * largest ratios between neighbours (k = the current number of groups):
-   * the optimal 1-D split on log step time into contiguous runs. The
-   * fastest cluster takes the name and sync settings of the currently
-   * fastest group, and so on, so the groups keep their roles and a
-   * degraded node moves to a slower group.
+   * Groups from the workers' current speed, k = the current number of groups,
+   * the groups keeping their roles: the fastest new group takes the name and
+   * sync settings of the currently fastest group, and so on, so a degraded
+   * node moves to a slower group.
+   *
+   * With a profile from every worker: `groupNodes` (k-means on the grouping
+   * features) over the profiles with each node's compute divided by its
+   * observed slowdown (`observedSlowdown`: recent median step time / its
+   * baseline, topology/regroup.ts), so a node that has been throttled since
+   * it joined groups with the nodes as slow as it is now; the current groups
+   * are ranked by the same scaled compute. When a worker has published no
+   * profile (an API worker, an older node): on observed step times alone
+   * (`stepTimeGroups`), logged as such.
    */
   speedGroups(): WorkerGroupConfig[] {
+    return this.computeGroups().groups;
+  }
+
+  /** speedGroups, and what it grouped on. */
+  private computeGroups(): { groups: WorkerGroupConfig[]; basis: 'profiles' | 'step_times' } {
+    const workers = this.info.workers;
+    const missing = workers.filter((w) => !this.profiles.has(w));
+    if (missing.length === 0) return { groups: this.profileGroups(), basis: 'profiles' };
+    this.o.log.info({ without_profile: missing },
+      `regroup: no profile from ${missing.join(', ')}; grouping every worker on its observed step times only`);
+    return { groups: this.stepTimeGroups(), basis: 'step_times' };
+  }
+
+  /** Recent median step time / baseline, times what was carried over from before the last regroup; 1 while unknown. */
+  private slowdownOf(node: string): number {
+    return observedSlowdown({
+      baselineMs: this.baselines.get(node) ?? null, stepMs: this.steps.get(node) ?? [], window: this.window, carried: this.carriedSlowdown.get(node) ?? 1,
+    });
+  }
+
+  private async refreshProfiles(): Promise<void> {
+    const store = this.o.profileStore ?? null;
+    if (store === null) return;
+    try {
+      for (const [node, t] of await store.getMany(this.info.workers)) this.profiles.set(node, nodeProfileOf(t));
+    } catch (e) {
+      this.o.log.warn({ err: (e as Error).message }, 'regroup: could not read the profile store; using the profiles seen in telemetry');
+    }
+  }
+
+  private profileGroups(): WorkerGroupConfig[] {
+    const current = this.groups;
+    const workers = this.info.workers;
+    const slowdown = new Map(workers.map((w) => [w, this.slowdownOf(w)]));
+    const scaled = profilesAtObservedSpeed(workers.map((w) => this.profiles.get(w)!), slowdown);
+    const speedOf = new Map(scaled.map((p) => [p.node, Math.log(p.matmul_gflops) + Math.log(p.gather_rows_per_s)]));
+    const k = Math.max(1, Math.min(current.length, workers.length));
+    // groupNodes names its groups fastest first (mean ln matmul + ln gather): the same order as the roles below.
+    const grouping = groupNodes(scaled, { k });
+    const groupSpeed = (g: WorkerGroupConfig) => {
+      const xs = g.nodes.map((n) => speedOf.get(n)).filter((x): x is number => x !== undefined);
+      return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : -Infinity;
+    };
+    const roles = [...current].sort((a, b) => groupSpeed(b) - groupSpeed(a));
+    this.o.log.info({ slowdown: Object.fromEntries(slowdown), groups: grouping.groups.map((g) => g.nodes) },
+      `regroup on profiles scaled by observed slowdown (k=${grouping.k})`);
+    return grouping.groups.map((g, i) => {
+      const r = roles[i] ?? roles[roles.length - 1]!;
+      return { ...r, nodes: [...g.nodes] };
+    });
+  }
+
+  /**
+   * Groups from observed step times alone: each worker's median recent step
+   * time (its current group's median when it has none yet), sorted, cut at
+   * the k − 1 largest ratios between neighbours: the optimal 1-D split on
+   * log step time into contiguous runs; roles by the groups' median step time.
+   */
+  private stepTimeGroups(): WorkerGroupConfig[] {
     const current = this.groups;
     const stepOf = new Map<string, number>();
     for (const w of this.info.workers) {

@@ -2,7 +2,8 @@
  * What workers report on `hps.<job>.tel.<kind>.<node>` (msgpack), and what
  * the driver reads back: one `batch` message per acknowledged batch (the
  * exactly-once accounting and the progress line), a `progress` message every
- * few seconds, and one `done` message when a worker's training loop ends.
+ * few seconds, one `done` message when a worker's training loop ends, and its
+ * `profile` when it joins and every half minute or so while it trains.
  *
  * Time accounting (for utilisation = busy / wall): `busy_ms` is the real
  * compute of the step graph; `emulated_step_ms` is the step as the emulated
@@ -14,11 +15,11 @@
  */
 import { z } from 'zod';
 import { decode, encode, telemetrySubject, telemetryWildcard, type Transport } from '../runtime/mod.ts';
-import { SYNC_MODES } from '../topology/mod.ts';
+import { SYNC_MODES, type NodeProfile } from '../topology/mod.ts';
 
 const msOrNull = () => z.number().nonnegative().nullable().default(null);
 
-export const TELEMETRY_KINDS = { start: 'start', batch: 'batch', progress: 'progress', done: 'done', regroup: 'regroup' } as const;
+export const TELEMETRY_KINDS = { start: 'start', batch: 'batch', progress: 'progress', done: 'done', regroup: 'regroup', profile: 'profile' } as const;
 
 export const batchTelemetrySchema = z.object({
   node: z.string(),
@@ -117,6 +118,49 @@ export const regroupTelemetrySchema = z.object({
 });
 export type RegroupTelemetry = z.infer<typeof regroupTelemetrySchema>;
 
+/**
+ * A worker's profile (topology/grouping.ts `NodeProfile`): published once
+ * when it joins (`phase: 'join'`, measured by actors/node-profile.ts) and
+ * again every `cluster.profiling.republish_seconds` while it trains
+ * (`phase: 'training'`, with `step_ms_variance` from its last `steps` step
+ * times). Emulation is labelled (`emulated`, `link`). The latest one is also
+ * in the job's profile store (actors/profile-store.ts).
+ */
+export const profileTelemetrySchema = z.object({
+  node: z.string().min(1),
+  matmul_gflops: z.number().positive(),
+  gather_rows_per_s: z.number().positive(),
+  memory_gb: z.number().positive(),
+  cpus: z.number().int().positive(),
+  providers: z.array(z.string().min(1)),
+  variance: z.number().nonnegative(),
+  bandwidth_mbps: z.number().positive(),
+  rtt_ms: z.number().nonnegative(),
+  step_ms_variance: z.number().nonnegative().nullable(),
+  emulated: z.boolean(),
+  link: z.enum(['nats', 'embedded', 'emulated']).nullable(),
+  phase: z.enum(['join', 'training']),
+  /** Step times behind step_ms_variance; 0 at join. */
+  steps: z.number().int().nonnegative(),
+  /** How long the join-time probe took (device + network), ms. */
+  probe_ms: z.number().nonnegative(),
+  /**
+   * Who measured the device part (matmul, gather, memory, cpus, variance) and
+   * the network part (rtt, bandwidth): `node` itself, or `host`: measured
+   * once for a machine shared by several nodes (embedded mode, the processes
+   * `hetps up` launches on its machine), each node applying its own emulation.
+   */
+  device_from: z.enum(['node', 'host']).default('node'),
+  network_from: z.enum(['node', 'host']).default('node'),
+});
+export type ProfileTelemetry = z.infer<typeof profileTelemetrySchema>;
+
+/** The NodeProfile inside a profile message (what grouping reads). */
+export function nodeProfileOf(t: ProfileTelemetry): NodeProfile {
+  const { phase: _phase, steps: _steps, probe_ms: _probe, device_from: _device, network_from: _network, ...profile } = t;
+  return { ...profile, providers: [...profile.providers] };
+}
+
 export function publishTelemetry(transport: Transport, job: string, kind: keyof typeof TELEMETRY_KINDS, node: string, body: object): void {
   try {
     transport.publish(telemetrySubject(job, TELEMETRY_KINDS[kind], node), encode(body));
@@ -131,6 +175,7 @@ export interface TelemetryHandlers {
   progress?: (t: ProgressTelemetry) => void;
   done?: (t: DoneTelemetry) => void;
   regroup?: (t: RegroupTelemetry) => void;
+  profile?: (t: ProfileTelemetry) => void;
 }
 
 /** Subscribes to a job's worker telemetry; malformed messages are skipped. Returns the unsubscribe function. */
@@ -143,6 +188,7 @@ export function subscribeTelemetry(transport: Transport, job: string, handlers: 
       else if (kind === 'batch') { const r = batchTelemetrySchema.safeParse(v); if (r.success) handlers.batch!(r.data); }
       else if (kind === 'progress') { const r = progressTelemetrySchema.safeParse(v); if (r.success) handlers.progress!(r.data); }
       else if (kind === 'regroup') { const r = regroupTelemetrySchema.safeParse(v); if (r.success) handlers.regroup!(r.data); }
+      else if (kind === 'profile') { const r = profileTelemetrySchema.safeParse(v); if (r.success) handlers.profile!(r.data); }
       else { const r = doneTelemetrySchema.safeParse(v); if (r.success) handlers.done!(r.data); }
     }));
   return () => { for (const s of subs) s.unsubscribe(); };

@@ -7,6 +7,7 @@
  * is over, on SIGTERM / SIGINT, or when the process that started them dies.
  */
 import type { Command } from 'commander';
+import { readFile } from 'node:fs/promises';
 import {
   ActorSystem, ConfigError, SeededRandom, connectTransport, controlSubject, createLogger, decode, hashString, systemClock, token,
   type Logger, type Transport,
@@ -14,8 +15,11 @@ import {
 import { loadConfig, natsConnection, type HetpsConfig } from '../topology/mod.ts';
 import { natsBatchQueue } from '../actors/batch-queue.ts';
 import { natsJobInfoStore } from '../actors/job-info.ts';
-import { DEFAULT_NODE_WAIT_MS, startServerNode, startWorkerNode, workerNodeOf } from '../actors/nodes.ts';
+import { DEFAULT_NODE_WAIT_MS, startServerNode, startWorkerNode, workerNodeByName, workerNodeOf } from '../actors/nodes.ts';
 import { natsConnectionOf, natsPlanStore } from '../actors/plan-store.ts';
+import { hostProfileSchema, probeSettings, type HostProfile } from '../actors/profile-reporter.ts';
+import { profileDevice } from '../native-bridge/mod.ts';
+import { natsProfileStore } from '../actors/profile-store.ts';
 
 export interface LaunchFlags {
   role: string;
@@ -23,6 +27,8 @@ export interface LaunchFlags {
   serverId?: string;
   group?: string;
   nodeRank?: string;
+  node?: string;
+  hostProfile?: string;
   nats?: string;
   job?: string;
   runId?: string;
@@ -84,6 +90,19 @@ function shutdownSignal(transport: Transport, job: string, runId: string | null,
   };
 }
 
+/** `--host-profile FILE`: this machine's device and link as `hetps up` measured them for the processes it starts. */
+async function readHostProfile(file: string): Promise<HostProfile> {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(await readFile(file, 'utf8'));
+  } catch (e) {
+    throw new ConfigError(`--host-profile ${file}: cannot read it as JSON (${(e as Error).message})`, { cause: e, data: { field: '--host-profile' } });
+  }
+  const r = hostProfileSchema.safeParse(raw);
+  if (!r.success) throw new ConfigError(`--host-profile ${file}: ${r.error.issues.map((i) => `${i.path.join('.') || '(file)'}: ${i.message}`).join('; ')}`, { data: { field: '--host-profile' } });
+  return r.data;
+}
+
 export async function runLaunch(flags: LaunchFlags): Promise<number> {
   if (flags.role !== 'server' && flags.role !== 'worker') throw new ConfigError(`--role must be server or worker, got ${JSON.stringify(flags.role)}`, { data: { field: '--role' } });
   const config = withJobName(await loadConfig(flags.config), flags.job);
@@ -95,12 +114,20 @@ export async function runLaunch(flags: LaunchFlags): Promise<number> {
     node = flags.serverId;
     if (!config.cluster.server_nodes.includes(node)) throw new ConfigError(`--server-id ${node} is not in cluster.server_nodes (${config.cluster.server_nodes.join(', ')})`, { data: { field: '--server-id' } });
   } else {
-    if (!flags.group) throw new ConfigError('--role worker needs --group NAME and --node-rank N', { data: { field: '--group' } });
-    const rank = Number(flags.nodeRank ?? '0');
-    workerNode = workerNodeOf(config, flags.group, rank);
+    if (flags.node !== undefined && flags.group !== undefined) {
+      throw new ConfigError('give --node NAME or --group NAME --node-rank N, not both', { data: { field: '--node' } });
+    }
+    if (flags.node !== undefined) {
+      workerNode = workerNodeByName(config, flags.node);
+    } else {
+      if (!flags.group) throw new ConfigError('--role worker needs --node NAME (any worker), or --group NAME and --node-rank N (a worker in cluster.worker_groups)', { data: { field: '--group' } });
+      const rank = Number(flags.nodeRank ?? '0');
+      workerNode = workerNodeOf(config, flags.group, rank);
+    }
     node = workerNode.name;
   }
   const servers = natsServersFrom(flags.nats, config);
+  const host = flags.hostProfile !== undefined ? await readHostProfile(flags.hostProfile) : null;
   const waitMs = flags.wait !== undefined ? Number(flags.wait) * 1000 : DEFAULT_NODE_WAIT_MS;
   if (!(waitMs > 0)) throw new ConfigError(`--wait must be a positive number of seconds, got ${JSON.stringify(flags.wait)}`, { data: { field: '--wait' } });
   const log = createLogger({ level: process.env.HETPS_LOG_LEVEL ?? config.logging.level, name: node, stderr: true });
@@ -125,9 +152,17 @@ export async function runLaunch(flags: LaunchFlags): Promise<number> {
     } else {
       const queue = natsBatchQueue(nc, job, { log: (m) => log.debug(m) });
       const jobStore = natsJobInfoStore(nc, job);
-      log.info({ job, servers, group: workerNode!.group }, `worker ${node}: connected; loading data and model`);
+      log.info({ job, servers, group: workerNode!.group ?? '(measured at start)' }, `worker ${node}: connected; loading data and model`);
       const started = await Promise.race([
-        startWorkerNode({ config, node: workerNode!, system, planStore, jobStore, queue, log, runId: flags.runId ?? null, waitMs }),
+        startWorkerNode({
+          config, node: workerNode!, system, planStore, jobStore, queue, log, runId: flags.runId ?? null, waitMs,
+          profiling: {
+            store: natsProfileStore(nc, job),
+            // A host profile for another provider than this node's does not describe it: the node measures itself then.
+            device: host ? async (provider) => (provider === host.provider ? host.device : profileDevice({ ...probeSettings(config.cluster.profiling.probe_seconds, provider).device, node })) : null,
+            network: host?.network ?? null,
+          },
+        }),
         shutdown.promise,
       ]);
       if (typeof started === 'string') { log.info(`${started} before training started`); return 0; }
@@ -161,8 +196,10 @@ export function register(program: Command): void {
     .requiredOption('--role <role>', 'server or worker')
     .requiredOption('--config <file>', 'job YAML')
     .option('--server-id <name>', 'server node to run (role server), e.g. server-1')
-    .option('--group <name>', 'worker group (role worker)')
-    .option('--node-rank <n>', 'position of the node in its group, from 0 (role worker)', '0')
+    .option('--node <name>', 'worker to run, by name (role worker): any worker, and the only way to name one of cluster.worker_nodes')
+    .option('--group <name>', 'worker group (role worker; instead of --node)')
+    .option('--node-rank <n>', 'position of the node in its group, from 0 (role worker, with --group)', '0')
+    .option('--host-profile <file>', 'role worker: this machine\'s device and network profile as `hetps up` measured it once for the processes it starts (default: the worker measures itself)')
     .option('--nats <urls>', 'NATS URLs, comma-separated (default: nats.servers of the config)')
     .option('--job <name>', 'job name (default: job.name of the config)')
     .option('--run-id <id>', 'take part in this run of the job only (set by hetps up)')

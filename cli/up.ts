@@ -1,11 +1,12 @@
 /**
  * `hetps up --config FILE`: the whole job on this machine. Reads and
  * validates the config, says which settings are not active yet, starts a
- * local 3-node NATS cluster (unless `nats.servers` is given), creates the job
- * (shard plan, the batch work queue with every epoch's batches, job info),
- * starts one `hetps launch` process per node of the YAML, shows training
- * progress, evaluates the trained parameters on the test split, stops
- * everything and writes a summary.
+ * local 3-node NATS cluster (unless `nats.servers` is given), starts one
+ * `hetps launch` process per node of the YAML (each worker profiles itself as
+ * it joins; hps groups `cluster.worker_nodes` by those profiles), creates the
+ * job (shard plan, the batch work queue with every epoch's batches, job info
+ * with the groups), shows training progress, evaluates the trained
+ * parameters on the test split, stops everything and writes a summary.
  *
  * Without a `nats-server` binary (and without `nats.servers`), or with
  * `--embedded`, the same actors run in this one process on the in-process
@@ -14,6 +15,7 @@
 import type { Command } from 'commander';
 import { z } from 'zod';
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
+import { hostname } from 'node:os';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { randomUUID } from 'node:crypto';
@@ -22,17 +24,20 @@ import {
   ActorSystem, ConfigError, HetpsError, InProcessBroker, JSON_CONTENT_TYPE, MissingDependencyError, SeededRandom, connectTransport, controlSubject,
   encode, hashString, systemClock, type Logger, type Transport,
 } from '../runtime/mod.ts';
-import { allWorkerNodes, inactiveSettings, loadConfig, natsConnection, type HetpsConfig } from '../topology/mod.ts';
-import type { Evaluation } from '../native-bridge/mod.ts';
+import { allWorkerNodes, groupsMeasuredAtStart, inactiveSettings, loadConfig, natsConnection, type HetpsConfig } from '../topology/mod.ts';
+import { profileDevice, type DeviceProfile, type Evaluation, type ExecutionProvider } from '../native-bridge/mod.ts';
 import { ackWaitFromConfig, createBatchStream, memoryBatchQueue, natsBatchQueue, type BatchQueue } from '../actors/batch-queue.ts';
 import { sparseLayoutFromConfig } from '../actors/config-bridge.ts';
 import {
-  TrainingMonitor, prepareJob, type CurvePoint, type PreparedJob, type TrainingProgress, type TrainingReport, type UtilisationReport,
+  TrainingMonitor, planJobGroups, prepareJob, profilesOf, waitForProfiles,
+  type CurvePoint, type JobGrouping, type PreparedJob, type TrainingProgress, type TrainingReport, type UtilisationReport,
 } from '../actors/driver.ts';
 import { EVAL_BATCH_MIN, ShardEvaluator, evaluateOnShards } from '../actors/evaluate.ts';
 import { memoryJobInfoStore, natsJobInfoStore, resetNatsJobInfo, type JobInfoStore } from '../actors/job-info.ts';
-import { modelAndData, startServerNode, startWorkerNode, type ModelAndData } from '../actors/nodes.ts';
+import { DEFAULT_NODE_WAIT_MS, modelAndData, startServerNode, startWorkerNode, type ModelAndData } from '../actors/nodes.ts';
 import { memoryPlanStore, natsConnectionOf, natsPlanStore, type PlanStore } from '../actors/plan-store.ts';
+import { measureHostProfile, probeSettings } from '../actors/profile-reporter.ts';
+import { memoryProfileStore, natsProfileStore, resetNatsProfiles, type ProfileStore } from '../actors/profile-store.ts';
 import { RegroupController, type RegroupRecord } from '../actors/scheduler.ts';
 import { ShardClient, shardStalenessSummary, type StalenessSummary } from '../actors/worker/shard-client.ts';
 import { withJobName } from './launch.ts';
@@ -112,6 +117,13 @@ export interface UpSummary {
   per_worker_group: Record<string, Record<string, number>>;
   /** --ctl-script: each command sent and the reply it got (absent without the flag). */
   control_replies?: { after_batches: number; command: string; reply: unknown }[];
+  /**
+   * hps: the groups the job started with and how they were chosen: `criterion`
+   * `config` for the YAML's worker_groups, `silhouette` or `fixed` for
+   * cluster.worker_nodes grouped by the workers' profiles (listed in
+   * `profiles`). null in asp / bsp.
+   */
+  grouping: JobGrouping | null;
 }
 
 /** Progress on stderr: a redrawn line on a terminal, a plain line every few seconds otherwise; other lines print above it. */
@@ -159,6 +171,8 @@ interface JobBackend {
   queue: BatchQueue;
   planStore: PlanStore;
   jobStore: JobInfoStore;
+  /** The workers' profiles (each puts its own when it joins). */
+  profileStore: ProfileStore;
   /** Starts the nodes (processes or in-process actors); may be called before the job exists. */
   startNodes(): Promise<void>;
   /** A reason to give up, checked while training runs. */
@@ -191,7 +205,10 @@ export async function runUp(flags: UpFlags): Promise<UpSummary> {
   const workers = allWorkerNodes(config);
   const emulated: Record<string, number> = {};
   for (const w of workers) { const s = config.nodes[w.name]?.emulate?.speed; if (s !== undefined) emulated[w.name] = s; }
-  con.line(`hetps up: job ${job} (${config.training.mode}), ${config.cluster.server_nodes.length} server(s), ${workers.length} worker(s) in ${config.cluster.worker_groups.length} group(s); run dir ${runDir}`);
+  const measured = groupsMeasuredAtStart(config);
+  const groupsText = config.cluster.worker_groups.length > 0 ? `in ${config.cluster.worker_groups.length} group(s)`
+    : measured ? 'to be grouped by their measured profiles' : 'without groups';
+  con.line(`hetps up: job ${job} (${config.training.mode}), ${config.cluster.server_nodes.length} server(s), ${workers.length} worker(s) ${groupsText}; run dir ${runDir}`);
   if (Object.keys(emulated).length) {
     con.line(`emulated heterogeneity: ${Object.entries(emulated).map(([n, s]) => `${n} at speed ${s}`).join(', ')} (each step takes ${config.training.emulation_reference_step_ms} ms / speed; not real hardware)`);
   }
@@ -267,13 +284,33 @@ export async function runUp(flags: UpFlags): Promise<UpSummary> {
   let staleness: StalenessSummary | null = null;
   let periodic: ShardEvaluator | null = null;
   let regrouper: RegroupController | null = null;
+  let grouping: JobGrouping | null = null;
   const pendingCtl: Promise<void>[] = [];
   const sentCtl = new Set<number>();
   const shardClient = new ShardClient(backend.system, { requestTimeoutMs: 30_000, log, shouldStop: () => false });
   try {
     await backend.startNodes();
+    if (measured) {
+      // Every worker measures itself when it joins; the groups come from those profiles, before any worker trains.
+      const names = workers.map((w) => w.name);
+      const found = await waitForProfiles(backend.profileStore, names, {
+        clock: systemClock, timeoutMs: DEFAULT_NODE_WAIT_MS, check: () => backend.check(),
+        onProgress: (have, missing) => con.line(`waiting for profiles: ${have}/${names.length}${missing.length ? ` (missing: ${missing.join(', ')})` : ''}`),
+      });
+      grouping = planJobGroups(config, profilesOf(found, names));
+    } else if (config.training.mode === 'hps') {
+      grouping = planJobGroups(config, []);
+    }
+    if (grouping !== null) {
+      con.line(`worker groups (${grouping.criterion === 'config' ? `as written in ${config.source.file}` : `measured: k=${grouping.k} by ${grouping.criterion}`}`
+        + `${grouping.score === null ? '' : `, silhouette ${grouping.score}`}; ${grouping.reason}): `
+        + grouping.groups.map((g) => `${g.name} [${g.nodes.join(', ')}] ${g.sync_mode}${g.sync_steps !== null ? ` every ${g.sync_steps}` : ''}`).join('; '));
+      const emulatedProfiles = grouping.profiles.filter((p) => p.emulated).map((p) => p.node);
+      if (emulatedProfiles.length) con.line(`note: the profiles of ${emulatedProfiles.join(', ')} are EMULATED (compute scaled by emulate.speed), not real hardware`);
+    }
     prepared = await prepareJob({
       config, runId, maxPayload: backend.transport.bus.maxPayload, md, planStore: backend.planStore, jobStore: backend.jobStore, queue: backend.queue, ackWaitMs,
+      groups: grouping?.criterion === 'config' ? null : grouping?.groups ?? null,
     });
     con.line(`job created: plan v${prepared.plan.version} (${prepared.plan.dense.length} dense blocks, ${prepared.plan.partitions} sparse partitions over ${prepared.plan.shards.join(', ')}), `
       + `${prepared.descriptors.length} batches of ${config.data.batch_size} over ${config.data.epochs} epoch(s) queued`
@@ -286,7 +323,10 @@ export async function runUp(flags: UpFlags): Promise<UpSummary> {
       });
     }
     if (prepared.info.mode === 'hps') {
-      regrouper = new RegroupController({ transport: backend.transport, job, jobStore: backend.jobStore, info: prepared.info, clock: systemClock, log });
+      regrouper = new RegroupController({
+        transport: backend.transport, job, jobStore: backend.jobStore, info: prepared.info, clock: systemClock, log, profileStore: backend.profileStore,
+        profiles: grouping?.profiles ?? [],
+      });
     }
     const sendCtl = (batchesAcked: number) => {
       ctlScript.forEach((c, i) => {
@@ -394,6 +434,7 @@ export async function runUp(flags: UpFlags): Promise<UpSummary> {
     regroups: regrouper?.records ?? [],
     per_worker_group: report.per_worker_group,
     ...(flags.ctlScript !== undefined ? { control_replies: controlReplies } : {}),
+    grouping,
   };
   const text = `${JSON.stringify(summary, null, 2)}\n`;
   await writeFile(join(runDir, 'summary.json'), text);
@@ -416,6 +457,7 @@ async function natsBackend(
   const system = new ActorSystem({ transport, job, node: 'driver', clock: systemClock, random: new SeededRandom(config.training.random_seed), logger: log });
   // A run of the same job name before this one (on a long-running NATS) must not feed this one.
   await resetNatsJobInfo(nc, job);
+  await resetNatsProfiles(nc, job);
   const { replicas } = await createBatchStream(nc, job, { ackWaitMs, replicas: servers.length >= 3 ? 3 : 1, reset: true });
   log.debug({ replicas }, 'batch stream created');
   const queue = natsBatchQueue(nc, job);
@@ -428,19 +470,34 @@ async function natsBackend(
   const describeExit = (e: { code: number | null; signal: NodeJS.Signals | null }) => (e.signal ? `signal ${e.signal}` : `code ${e.code}`);
 
   return {
-    transport, system, queue, planStore: natsPlanStore(nc, job), jobStore: natsJobInfoStore(nc, job),
+    transport, system, queue, planStore: natsPlanStore(nc, job), jobStore: natsJobInfoStore(nc, job), profileStore: natsProfileStore(nc, job),
     async startNodes() {
       if (!flags.launch) {
         con.line(`--no-launch: start the nodes yourself, e.g. hetps launch --role server --config ${flags.config} --server-id ${config.cluster.server_nodes[0]} --nats ${servers.join(',')} --job ${job}`);
         return;
       }
+      // Every worker process runs on this machine: measured once here, before they start, instead of each
+      // timing the same cores while the others load (they still apply their own emulation).
+      const launched = allWorkerNodes(config).filter((w) => !skip.has(w.name));
+      const hostFiles = new Map<ExecutionProvider, string>();
+      for (const provider of new Set(launched.map((w) => config.nodes[w.name]?.provider ?? 'cpu'))) {
+        const host = await measureHostProfile({ probeSeconds: config.cluster.profiling.probe_seconds, provider, transport, node: hostname() });
+        const file = join(runDir, `host-profile-${provider}.json`);
+        await writeFile(file, `${JSON.stringify(host, null, 2)}\n`);
+        hostFiles.set(provider, file);
+        con.line(`profiled this machine once for its ${launched.length} worker process(es): ${host.device.matmul_gflops} GFLOP/s matmul, `
+          + `${host.device.gather_rows_per_s} rows/s gather (${provider})`
+          + (host.network ? `, rtt ${host.network.rtt_ms} ms, ${host.network.bandwidth_mbps} Mbit/s to NATS` : ''));
+      }
       for (const s of config.cluster.server_nodes) {
         if (skip.has(s)) continue;
         procs.start({ name: s, role: 'server', args: ['--role', 'server', '--server-id', s, ...common] });
       }
-      for (const w of allWorkerNodes(config)) {
-        if (skip.has(w.name)) continue;
-        procs.start({ name: w.name, role: 'worker', args: ['--role', 'worker', '--group', w.group, '--node-rank', String(w.rank), ...common] });
+      for (const w of launched) {
+        // A worker_nodes entry has no group yet: it is named, and takes its group from the job info.
+        const which = w.group === null ? ['--node', w.name] : ['--group', w.group, '--node-rank', String(w.rank)];
+        const host = hostFiles.get(config.nodes[w.name]?.provider ?? 'cpu');
+        procs.start({ name: w.name, role: 'worker', args: ['--role', 'worker', ...which, ...(host ? ['--host-profile', host] : []), ...common] });
       }
       if (skip.size) con.line(`--skip: not starting ${[...skip].join(', ')}; start them yourself (hetps launch … --nats ${servers.join(',')} --job ${job})`);
     },
@@ -509,20 +566,30 @@ async function embeddedBackend(config: HetpsConfig, md: ModelAndData, log: Logge
   const queue = memoryBatchQueue({ clock: systemClock, ackWaitMs });
   const planStore = memoryPlanStore();
   const jobStore = memoryJobInfoStore();
+  const profileStore = memoryProfileStore();
+  // One process is one device: measured once, shared by every worker (each applies its own emulation).
+  const devices = new Map<ExecutionProvider, Promise<DeviceProfile>>();
+  const sharedDevice = (provider: ExecutionProvider) => {
+    let d = devices.get(provider);
+    if (!d) { d = profileDevice({ ...probeSettings(config.cluster.profiling.probe_seconds, provider).device, node: 'embedded' }); devices.set(provider, d); }
+    return d;
+  };
   const failures: string[] = [];
   const starts: Promise<unknown>[] = [];
   const track = (what: string, p: Promise<unknown>) => {
     starts.push(p.catch((e: unknown) => { failures.push(`${what}: ${(e as Error).message}`); }));
   };
   return {
-    transport: system.transport, system, queue, planStore, jobStore,
+    transport: system.transport, system, queue, planStore, jobStore, profileStore,
     async startNodes() {
       for (const s of config.cluster.server_nodes) {
         track(`server ${s}`, mk(s).then((sys) => startServerNode({ config, server: s, system: sys, planStore, log: sys.log, md })));
       }
       for (const w of allWorkerNodes(config)) {
         track(`worker ${w.name}`, mk(w.name).then(async (sys) => {
-          const started = await startWorkerNode({ config, node: w, system: sys, planStore, jobStore, queue, log: sys.log, md, runId });
+          const started = await startWorkerNode({
+            config, node: w, system: sys, planStore, jobStore, queue, log: sys.log, md, runId, profiling: { store: profileStore, device: sharedDevice },
+          });
           const end = await started.def.done;
           if (end.state === 'failed') failures.push(`worker ${w.name} failed: ${end.error}`);
         }));

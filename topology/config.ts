@@ -87,10 +87,46 @@ export interface WorkerGroupConfig {
   adaptive_threshold: number | null;
 }
 
+/**
+ * How `hps` groups the workers of `cluster.worker_nodes` from their measured
+ * profiles at start (topology/grouping.ts: `groupNodes`, `syncSettingsForGroups`).
+ */
+export interface GroupingConfig {
+  /** A fixed number of groups (at most the number of workers); null: chosen by silhouette within `k_range`. */
+  k: number | null;
+  /** Inclusive range searched when `k` is null (clamped to the number of workers). */
+  k_range: [number, number];
+  /** k-means++ seed: the same profiles and seed give the same groups. */
+  seed: number;
+  /** sync_steps of the fastest group; slower sync groups get proportionally more (see syncSettingsForGroups). */
+  sync_steps: number;
+  /** The slowest group trains async when its speed is below this share of the fastest group's; 0: never. */
+  async_below: number;
+}
+
+/** The profile every worker measures and publishes when it joins (actors/profile-reporter.ts). */
+export interface ProfilingConfig {
+  /** Seconds a worker spends measuring itself (device, then network) when it joins. */
+  probe_seconds: number;
+  /** While training, a worker re-publishes its profile with the variation of its step times this often; 0: only at join. */
+  republish_seconds: number;
+}
+
 export interface ClusterConfig {
+  /** The YAML's groups; empty when the workers are listed in `worker_nodes` only. */
   worker_groups: WorkerGroupConfig[];
+  /** Workers listed without a group; hps groups them by measurement at start. Empty when not given. */
+  worker_nodes: string[];
+  /** Defaults filled even when unused (the YAML lists its groups, or the mode is not hps). */
+  grouping: GroupingConfig;
+  profiling: ProfilingConfig;
   server_nodes: string[];
 }
+
+/** `cluster.grouping` defaults: k by silhouette in the article's 3–5, the article's sync_steps 4 for the fastest group. */
+export const DEFAULT_GROUPING_CONFIG: Readonly<GroupingConfig> = Object.freeze<GroupingConfig>({ k: null, k_range: [3, 5], seed: 0, sync_steps: 4, async_below: 0.25 });
+/** Half a second of probing per joining worker: tests start many nodes on a 2-core machine. */
+export const DEFAULT_PROFILING_CONFIG: Readonly<ProfilingConfig> = Object.freeze<ProfilingConfig>({ probe_seconds: 0.5, republish_seconds: 30 });
 
 export interface EmulateConfig {
   /**
@@ -525,7 +561,21 @@ const configSchema = section({
       sync_steps: posInt().optional(),
       accumulation_steps: posInt().optional(),
       adaptive_threshold: posInt().optional(),
-    }), 'a list of groups').min(1, { error: 'must list at least one worker group' }),
+    }), 'a list of groups').min(1, { error: 'must list at least one worker group' }).optional(),
+    // Required unless worker_groups is given: crossChecks says so.
+    worker_nodes: list(subjectToken('node name'), 'a list of node names')
+      .min(1, { error: 'must list at least one node (or leave it out and list the workers in cluster.worker_groups)' }).optional(),
+    grouping: section({
+      k: posInt().optional(),
+      k_range: list(posInt(), 'two positive integers [low, high], e.g. [3, 5]').length(2, { error: 'must be two positive integers [low, high], e.g. [3, 5]' }).optional(),
+      seed: z.number({ error: mustBe('an integer from 0 to 4294967295') }).int().min(0).max(0xffff_ffff).optional(),
+      sync_steps: posInt().optional(),
+      async_below: unitHalfOpen().optional(),
+    }).optional(),
+    profiling: section({
+      probe_seconds: z.number({ error: mustBe('a number of seconds in (0, 30]') }).gt(0).lte(30).optional(),
+      republish_seconds: nonNegNum().optional(),
+    }).optional(),
     server_nodes: list(subjectToken('node name'), 'a list of node names').min(1, { error: 'must list at least one server node' }),
   }),
   nodes: z.record(z.string(), section({
@@ -875,6 +925,7 @@ function crossChecks(raw: Obj, where: (p: Path) => string): RawIssue[] {
     }
     if (Array.isArray(g.nodes)) g.nodes.forEach((n, ni) => claimNode(n, [...gPath, 'nodes', ni]));
   });
+  checkWorkerNodes(raw, cluster, nodeSeen, claimNode, where, add);
   if (Array.isArray(cluster.server_nodes)) cluster.server_nodes.forEach((n, i) => claimNode(n, ['cluster', 'server_nodes', i]));
 
   // nodes: overrides only for nodes the cluster has
@@ -882,7 +933,7 @@ function crossChecks(raw: Obj, where: (p: Path) => string): RawIssue[] {
     const known = [...nodeSeen.keys()];
     for (const name of Object.keys(raw.nodes)) {
       if (!nodeSeen.has(name)) {
-        add(['nodes', name], `unknown node "${name}": not in cluster.worker_groups or cluster.server_nodes${suggestion(name, known, 'nodes')}`, 'key');
+        add(['nodes', name], `unknown node "${name}": not in cluster.worker_groups, cluster.worker_nodes or cluster.server_nodes${suggestion(name, known, 'nodes')}`, 'key');
       }
     }
   }
@@ -966,6 +1017,63 @@ function crossChecks(raw: Obj, where: (p: Path) => string): RawIssue[] {
   return issues;
 }
 
+/**
+ * `cluster.worker_nodes` and `cluster.grouping`. Workers are listed in
+ * `worker_groups` (groups as written), in `worker_nodes` (grouped by
+ * measurement when hps starts), or in both when every `worker_nodes` entry
+ * is also in a group: the YAML's groups override measurement, so a worker
+ * left out of them would have no group. `grouping` only applies when hps
+ * groups by measurement, and k can never exceed the number of workers.
+ */
+function checkWorkerNodes(
+  raw: Obj, cluster: Obj, nodeSeen: Map<string, Path>, claimNode: (name: unknown, path: Path) => void,
+  where: (p: Path) => string, add: (p: Path, m: string, at?: 'key' | 'value') => void,
+): void {
+  if (!isObject(raw.cluster)) return;
+  const hasGroups = cluster.worker_groups !== undefined;
+  const hasNodes = cluster.worker_nodes !== undefined;
+  if (!hasGroups && !hasNodes) {
+    add(['cluster', 'worker_groups'], 'is required: list the workers in cluster.worker_groups (groups as written) or in cluster.worker_nodes (hps groups them by their measured profiles)');
+  }
+  const listed = Array.isArray(cluster.worker_nodes) ? cluster.worker_nodes : [];
+  const inGroups = new Set(nodeSeen.keys());
+  const seen = new Map<string, Path>();
+  listed.forEach((n, i) => {
+    if (typeof n !== 'string') return;
+    const path: Path = ['cluster', 'worker_nodes', i];
+    const first = seen.get(n);
+    if (first) { add(path, `duplicate node name "${n}": already listed at ${where(first)}`); return; }
+    seen.set(n, path);
+    if (inGroups.has(n)) return; // listed in a group as well: the group says where it trains
+    if (hasGroups) {
+      add(path, `"${n}" is in no group of cluster.worker_groups; with both cluster.worker_groups and cluster.worker_nodes given the groups are used as written, `
+        + `so every worker needs one: add "${n}" to a group, or leave out cluster.worker_groups to group the workers by measurement`);
+    }
+    claimNode(n, path);
+  });
+
+  const grouping = cluster.grouping;
+  if (!isObject(grouping)) return;
+  const training = isObject(raw.training) ? raw.training : {};
+  const mode = training.mode === undefined ? 'hps' : oneOfValues(training.mode, TRAINING_MODES);
+  if (hasGroups) {
+    add(['cluster', 'grouping'], 'grouping only applies to workers grouped by measurement (cluster.worker_nodes without cluster.worker_groups); cluster.worker_groups are used as written', 'key');
+  } else if (mode !== null && mode !== 'hps') {
+    add(['cluster', 'grouping'], `grouping only applies to training.mode hps (training.mode is ${mode}, which has no worker groups)`, 'key');
+  }
+  if (grouping.k !== undefined && grouping.k_range !== undefined) {
+    add(['cluster', 'grouping', 'k_range'], `k_range only applies when k is left out (k is ${describe(grouping.k)}: the number of groups is fixed)`, 'key');
+  }
+  const range = grouping.k_range;
+  if (Array.isArray(range) && range.length === 2 && typeof range[0] === 'number' && typeof range[1] === 'number' && range[0] > range[1]) {
+    add(['cluster', 'grouping', 'k_range'], `must be [low, high] with low ≤ high, got [${range[0]}, ${range[1]}]`);
+  }
+  const workers = hasGroups ? 0 : seen.size;
+  if (typeof grouping.k === 'number' && Number.isInteger(grouping.k) && workers > 0 && grouping.k > workers) {
+    add(['cluster', 'grouping', 'k'], `k ${grouping.k} is more groups than the ${workers} worker${workers === 1 ? '' : 's'} in cluster.worker_nodes; k may be at most ${workers}`);
+  }
+}
+
 function checkOptimizer(opt: Obj, path: Path, type: OptimizerType | null, add: (p: Path, m: string, at?: 'key' | 'value') => void): void {
   if (type) {
     for (const key of ALL_OPTIMIZER_SPECIFIC) {
@@ -1029,7 +1137,7 @@ function resolve(p: Parsed, file: string, given: string[]): HetpsConfig {
       ping_interval_ms: p.nats?.ping_interval_ms ?? 2_000,
     },
     cluster: {
-      worker_groups: p.cluster.worker_groups.map((g) => {
+      worker_groups: (p.cluster.worker_groups ?? []).map((g) => {
         const mode = g.sync_mode ?? 'sync';
         return {
           name: g.name,
@@ -1040,6 +1148,18 @@ function resolve(p: Parsed, file: string, given: string[]): HetpsConfig {
           adaptive_threshold: mode === 'adaptive' ? g.adaptive_threshold ?? DEFAULT_ADAPTIVE_THRESHOLD : null,
         };
       }),
+      worker_nodes: [...(p.cluster.worker_nodes ?? [])],
+      grouping: {
+        k: p.cluster.grouping?.k ?? DEFAULT_GROUPING_CONFIG.k,
+        k_range: p.cluster.grouping?.k_range ? [p.cluster.grouping.k_range[0]!, p.cluster.grouping.k_range[1]!] : [...DEFAULT_GROUPING_CONFIG.k_range],
+        seed: p.cluster.grouping?.seed ?? DEFAULT_GROUPING_CONFIG.seed,
+        sync_steps: p.cluster.grouping?.sync_steps ?? DEFAULT_GROUPING_CONFIG.sync_steps,
+        async_below: p.cluster.grouping?.async_below ?? DEFAULT_GROUPING_CONFIG.async_below,
+      },
+      profiling: {
+        probe_seconds: p.cluster.profiling?.probe_seconds ?? DEFAULT_PROFILING_CONFIG.probe_seconds,
+        republish_seconds: p.cluster.profiling?.republish_seconds ?? DEFAULT_PROFILING_CONFIG.republish_seconds,
+      },
       server_nodes: [...p.cluster.server_nodes],
     },
     nodes,
@@ -1151,13 +1271,14 @@ function resolveSchedule(s: NonNullable<OptimizerInput['schedule']>): ScheduleCo
 
 // ---------------------------------------------------------------- helpers for the layers above
 
+/** A worker of the YAML. The group fields are null for a `cluster.worker_nodes` entry in no group: its group is measured at start (the job info's `groups`). */
 export interface WorkerNode {
   name: string;
-  group: string;
+  group: string | null;
   /** Position in the group's `nodes` list, from 0. */
-  rank: number;
-  groupSize: number;
-  syncMode: SyncMode;
+  rank: number | null;
+  groupSize: number | null;
+  syncMode: SyncMode | null;
 }
 
 export interface ServerNode {
@@ -1166,10 +1287,14 @@ export interface ServerNode {
   rank: number;
 }
 
-/** Every worker node in file order, with its group and rank within the group. */
+/** Every worker node in file order, with its group and rank within the group; then the `worker_nodes` in no group. */
 export function allWorkerNodes(config: HetpsConfig): WorkerNode[] {
-  return config.cluster.worker_groups.flatMap((g) =>
+  const grouped: WorkerNode[] = config.cluster.worker_groups.flatMap((g) =>
     g.nodes.map((name, rank) => ({ name, group: g.name, rank, groupSize: g.nodes.length, syncMode: g.sync_mode })));
+  const inGroups = new Set(grouped.map((n) => n.name));
+  const ungrouped = config.cluster.worker_nodes.filter((name) => !inGroups.has(name))
+    .map((name): WorkerNode => ({ name, group: null, rank: null, groupSize: null, syncMode: null }));
+  return [...grouped, ...ungrouped];
 }
 
 export function serverNodes(config: HetpsConfig): ServerNode[] {
@@ -1180,9 +1305,9 @@ const NO_OVERRIDE: NodeOverride = Object.freeze({ emulate: null, provider: null,
 
 /** A node's overrides (all null when the file has none for it); a name the cluster lacks is a ConfigError. */
 export function nodeOverrides(config: HetpsConfig, name: string): NodeOverride {
-  const isNode = config.cluster.server_nodes.includes(name) || config.cluster.worker_groups.some((g) => g.nodes.includes(name));
+  const isNode = config.cluster.server_nodes.includes(name) || config.cluster.worker_nodes.includes(name) || config.cluster.worker_groups.some((g) => g.nodes.includes(name));
   if (!isNode) {
-    throw new ConfigError(`node "${name}" is not in ${config.source.file} (not in cluster.worker_groups or cluster.server_nodes)`, { data: { file: config.source.file, node: name } });
+    throw new ConfigError(`node "${name}" is not in ${config.source.file} (not in cluster.worker_groups, cluster.worker_nodes or cluster.server_nodes)`, { data: { file: config.source.file, node: name } });
   }
   return config.nodes[name] ?? NO_OVERRIDE;
 }

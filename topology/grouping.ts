@@ -37,7 +37,7 @@
 import { ConfigError } from '../runtime/errors.ts';
 import { SeededRandom, type Random } from '../runtime/random.ts';
 import { token } from '../runtime/subjects.ts';
-import type { HetpsConfig } from './config.ts';
+import type { HetpsConfig, WorkerGroupConfig } from './config.ts';
 
 // ---------------------------------------------------------------- types
 
@@ -547,4 +547,73 @@ export function groupsFromConfig(config: HetpsConfig): Grouping | null {
 /** The YAML's groups when it lists any, else groups measured from `profiles`. */
 export function planGroups(config: HetpsConfig, profiles: readonly NodeProfile[], options: Partial<GroupingOptions> = {}): Grouping {
   return groupsFromConfig(config) ?? groupNodes(profiles, options);
+}
+
+/** The grouping options `cluster.grouping` asks for (k fixed, or chosen in k_range; the seed). */
+export function groupingOptionsFromConfig(config: HetpsConfig): Partial<GroupingOptions> {
+  const g = config.cluster.grouping;
+  return { k: g.k, kRange: [g.k_range[0], g.k_range[1]], seed: g.seed };
+}
+
+/**
+ * True when hps groups this job's workers by their measured profiles at start:
+ * the YAML lists no worker_groups (they would override measurement).
+ */
+export function groupsMeasuredAtStart(config: HetpsConfig): boolean {
+  return config.training.mode === 'hps' && groupsFromConfig(config) === null;
+}
+
+// ---------------------------------------------------------------- sync settings of measured groups
+
+/** A group's compute speed: the geometric mean of its centroid's matmul GFLOP/s and gather rows/s (the order `g0`, `g1`, … follows). */
+export function groupSpeed(centroid: GroupCentroid): number {
+  return Math.sqrt(centroid.matmul_gflops * centroid.gather_rows_per_s);
+}
+
+export interface SyncSettingsOptions {
+  /** sync_steps of the fastest group (`cluster.grouping.sync_steps`). */
+  syncSteps: number;
+  /** The slowest group goes async below this share of the fastest group's speed; 0: never. */
+  asyncBelow: number;
+  /** Cap on a slower group's sync_steps, as a multiple of `syncSteps`. */
+  maxFactor: number;
+}
+
+export const DEFAULT_SYNC_SETTINGS: SyncSettingsOptions = { syncSteps: 4, asyncBelow: 0.25, maxFactor: 4 };
+
+/**
+ * Sync settings for measured groups, after the article's example (A100s sync
+ * every 4 steps, V100s every 6, the CPU boxes async). With r = a group's
+ * speed / the fastest group's (`groupSpeed` of the centroids, to 3 decimals):
+ * - the fastest group: `sync`, `syncSteps`;
+ * - the slowest group, when there are at least two and r < `asyncBelow`:
+ *   `async` (so much slower that a barrier buys nothing: its updates arrive
+ *   stale whatever it does);
+ * - every other group: `sync` with min(round(syncSteps / r), maxFactor ×
+ *   syncSteps) steps (never fewer than syncSteps): a group 2/3 as fast syncs
+ *   every 6 steps to the fastest group's 4, so the groups' windows take about
+ *   the same wall time and their pushes arrive at a similar rate.
+ * Groups are returned fastest first. Throws for groups without a centroid (the YAML's).
+ */
+export function syncSettingsForGroups(groups: Grouping | readonly NodeGroup[], options: Partial<SyncSettingsOptions> = {}): WorkerGroupConfig[] {
+  const o = { ...DEFAULT_SYNC_SETTINGS, ...options };
+  if (!(Number.isInteger(o.syncSteps) && o.syncSteps >= 1)) throw new ConfigError(`syncSteps must be an integer ≥ 1, got ${o.syncSteps}`);
+  if (!(o.asyncBelow >= 0 && o.asyncBelow < 1)) throw new ConfigError(`asyncBelow must be in [0, 1), got ${o.asyncBelow}`);
+  if (!(o.maxFactor >= 1)) throw new ConfigError(`maxFactor must be ≥ 1, got ${o.maxFactor}`);
+  const list = 'groups' in groups ? groups.groups : groups;
+  if (list.length === 0) return [];
+  const speeds = list.map((g) => {
+    if (g.centroid === null) throw new ConfigError(`group ${g.name} has no measured centroid: sync settings come from the YAML for groups written there`);
+    return { g, speed: groupSpeed(g.centroid) };
+  }).sort((a, b) => b.speed - a.speed); // stable: equal speeds keep their order
+  const fastest = speeds[0]!.speed;
+  const cap = Math.floor(o.maxFactor * o.syncSteps);
+  return speeds.map(({ g, speed }, i): WorkerGroupConfig => {
+    // To 3 decimals: profiles are rounded (GFLOP/s to 0.01, rows/s to 1), so a speed-0.25 node must not read as 0.2499.
+    const r = fastest > 0 ? round(speed / fastest, 3) : 1;
+    const base = { name: g.name, nodes: [...g.nodes], accumulation_steps: null, adaptive_threshold: null };
+    if (i > 0 && i === speeds.length - 1 && r < o.asyncBelow) return { ...base, sync_mode: 'async', sync_steps: null };
+    const steps = i === 0 ? o.syncSteps : Math.min(cap, Math.max(o.syncSteps, Math.round(o.syncSteps / r)));
+    return { ...base, sync_mode: 'sync', sync_steps: steps };
+  });
 }

@@ -125,6 +125,35 @@ export function slowedProfile(profile: NodeProfile, ratio: number): NodeProfile 
   return { ...profile, matmul_gflops: profile.matmul_gflops / ratio, gather_rows_per_s: profile.gather_rows_per_s / ratio };
 }
 
+/**
+ * How much slower a node runs now than at its baseline: the median of its
+ * last `window` step times / its baseline (2 = twice as slow), times the
+ * slowdown `carried` from before the baseline was taken (a regroup takes new
+ * baselines, but the profile still describes the node as it joined). 1 when
+ * the node cannot be judged yet (no baseline, or fewer than `window` recent
+ * steps): its profile stands as measured.
+ */
+export function observedSlowdown(o: { baselineMs: number | null; stepMs: readonly number[]; window: number; carried?: number }): number {
+  const carried = o.carried ?? 1;
+  if (o.baselineMs === null || !(o.baselineMs > 0) || o.stepMs.length < o.window) return carried;
+  const ratio = medianOf(o.stepMs.slice(-o.window)) / o.baselineMs;
+  return Number.isFinite(ratio) && ratio > 0 ? carried * ratio : carried;
+}
+
+/**
+ * Profiles as the nodes run now: each node's compute (matmul, gather) divided
+ * by its observed slowdown (`slowedProfile`), so a node measured fast at join
+ * that has been running 3× slower since groups with the slow nodes. Nodes
+ * without an entry in `slowdown` keep their profile.
+ */
+export function profilesAtObservedSpeed(profiles: readonly NodeProfile[], slowdown: ReadonlyMap<string, number> | Readonly<Record<string, number>>): NodeProfile[] {
+  const of = (node: string) => (slowdown instanceof Map ? slowdown.get(node) : (slowdown as Readonly<Record<string, number>>)[node]);
+  return profiles.map((p) => {
+    const s = of(p.node);
+    return s === undefined || s === 1 ? { ...p } : slowedProfile(p, s);
+  });
+}
+
 export interface RegroupMove {
   node: string;
   /** Old group; null for a node that was in no group. */

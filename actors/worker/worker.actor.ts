@@ -69,6 +69,8 @@ export interface WorkerActorOptions {
   jobStore?: JobInfoStore | null;
   /** How long a paused worker waits for the driver's resume before it fails. Default 120 s. */
   regroupResumeTimeoutMs?: number;
+  /** Called with each acknowledged batch's telemetry (the node's profile reporter keeps its step times). */
+  onBatchTrained?: ((t: BatchTelemetry) => void) | null;
 }
 
 export type WorkerActorDefinition = ActorDefinition<WorkerMessages> & {
@@ -159,6 +161,7 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
         dropped_stale: t.droppedStale, window: t.window, group: groupSync?.name ?? null,
       };
       publishTelemetry(system.transport, job, 'batch', o.node, tel);
+      o.onBatchTrained?.(tel);
     };
 
     const step = async (item: QueuedBatch | null, sync: SyncRound | null): Promise<void> => {

@@ -395,7 +395,7 @@ ${MODEL_AND_DATA}`;
 
   test('an override for a node the cluster does not have is an error naming it', () => {
     const text = BASE + 'nodes:\n  w1: { provider: cuda }\n  w3: { threads: 4 }\n';
-    expectIssue(text, { path: 'nodes.w3', words: ['unknown node "w3"', 'not in cluster.worker_groups or cluster.server_nodes'], line: 10, column: 3 });
+    expectIssue(text, { path: 'nodes.w3', words: ['unknown node "w3"', 'not in cluster.worker_groups, cluster.worker_nodes or cluster.server_nodes'], line: 10, column: 3 });
   });
 
   test('backups need more servers than the backup factor', () => {

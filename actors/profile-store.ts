@@ -1,0 +1,88 @@
+/**
+ * The workers' latest profiles, where the driver can read them whatever the
+ * start order: a JetStream KV bucket `HPS_<job>_profiles` (one key per node)
+ * over NATS, a map in embedded mode — the same two backends as the job info
+ * (actors/job-info.ts). A sibling bucket rather than a key in the job info's:
+ * workers write here before the driver has created the job, and the driver
+ * rewrites the job info whole.
+ *
+ * A driver starting a run empties the bucket (`resetNatsProfiles`), so an
+ * earlier run's profiles never group this one; a worker that joined before
+ * the driver writes its profile again every few seconds until it sees the
+ * job (actors/profile-reporter.ts), so it is not lost to that reset.
+ */
+import { Kvm, type KV } from '@nats-io/kv';
+import type { NatsConnection } from '@nats-io/nats-core';
+import { decode, encode, streamName } from '../runtime/mod.ts';
+import { profileTelemetrySchema, type ProfileTelemetry } from './telemetry.ts';
+
+export interface ProfileStore {
+  put(profile: ProfileTelemetry): Promise<void>;
+  /** The latest profile of each of `nodes` that has one. */
+  getMany(nodes: readonly string[]): Promise<Map<string, ProfileTelemetry>>;
+}
+
+export function memoryProfileStore(): ProfileStore {
+  const profiles = new Map<string, ProfileTelemetry>();
+  return {
+    async put(p) { const v = profileTelemetrySchema.parse(p); profiles.set(v.node, v); },
+    async getMany(nodes) {
+      const out = new Map<string, ProfileTelemetry>();
+      for (const n of nodes) { const p = profiles.get(n); if (p) out.set(n, p); }
+      return out;
+    },
+  };
+}
+
+export function profileBucket(job: string): string { return streamName(job, 'profiles'); }
+
+/**
+ * A node name as a KV key. Node names are subject tokens, which may hold
+ * characters KV keys may not (`:` in `a100-node-1:8080`): those are
+ * base64url-encoded under another prefix, so the two forms never collide.
+ */
+export function profileKey(node: string): string {
+  return /^[-_A-Za-z0-9]+$/.test(node) ? `n.${node}` : `x.${Buffer.from(node, 'utf8').toString('base64url')}`;
+}
+
+/** Workers create the bucket on their first put; the driver only opens it (and resets it before a run). */
+export function natsProfileStore(nc: NatsConnection, job: string): ProfileStore {
+  const bucket = profileBucket(job);
+  let writer: KV | null = null;
+  let reader: KV | null = null;
+  return {
+    async put(p) {
+      const v = profileTelemetrySchema.parse(p);
+      try {
+        writer ??= await new Kvm(nc).create(bucket, { history: 1 });
+        await writer.put(profileKey(v.node), encode(v));
+      } catch (e) {
+        writer = null; // the bucket was reset under us: create it again next time
+        throw e;
+      }
+    },
+    async getMany(nodes) {
+      const out = new Map<string, ProfileTelemetry>();
+      try {
+        reader ??= await new Kvm(nc).open(bucket);
+        for (const n of nodes) {
+          const e = await reader.get(profileKey(n));
+          if (!e || e.operation !== 'PUT' || e.value.byteLength === 0) continue;
+          const r = profileTelemetrySchema.safeParse(decode(e.value));
+          if (r.success && r.data.node === n) out.set(n, r.data);
+        }
+      } catch {
+        reader = null; // no bucket yet (no worker has joined): look again next time
+      }
+      return out;
+    },
+  };
+}
+
+/** Empties the profile bucket of an earlier run of this job name (driver, before it starts the nodes). */
+export async function resetNatsProfiles(nc: NatsConnection, job: string): Promise<void> {
+  try {
+    const kv = await new Kvm(nc).open(profileBucket(job));
+    await kv.destroy();
+  } catch { /* not there */ }
+}
