@@ -9,7 +9,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { hetps, tempDirForFile } from '../support/ps.ts';
+import { hetps, smallHpsJobTail, tempDirForFile } from '../support/ps.ts';
 
 const tempDir = tempDirForFile('hetps-autogroups-');
 
@@ -26,18 +26,7 @@ nodes:
   w2: { emulate: { speed: 0.25 } }
   w3: { emulate: { speed: 1.0 } }
   w4: { emulate: { speed: 0.25 } }
-model:
-  type: ctr
-  ctr: { embedding_dim: 8, hidden: [32, 16], pooling: mean, wide: true, hash_buckets: 65536 }
-data: { source: spam, batch_size: 32, epochs: 1, samples: 640, test_fraction: 0.2, vocab_size: 65536, max_tokens: 256 }
-optimizer:
-  type: adam
-  learning_rate: 0.003
-  sparse: { type: adagrad, learning_rate: 0.05 }
-training: { mode: hps, random_seed: 42, max_staleness: 8, emulation_reference_step_ms: 30 }
-fault_tolerance: { worker_recovery_timeout: 10 }
-logging: { level: info }
-`);
+${smallHpsJobTail()}`);
   const summaryFile = join(tempDir(), 'auto.json');
   const r = await hetps(['up', '--config', cfg, '--embedded', '--summary', summaryFile], { timeoutMs: 55_000 }).exited;
   assert.equal(r.code, 0, r.stderr.slice(-4000));

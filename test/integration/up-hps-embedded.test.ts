@@ -7,7 +7,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { hetps, tempDirForFile } from '../support/ps.ts';
+import { hetps, smallHpsJobTail, tempDirForFile } from '../support/ps.ts';
 
 const tempDir = tempDirForFile('hetps-hps-');
 
@@ -21,18 +21,7 @@ cluster:
   server_nodes: [s1, s2]
 nodes:
   w4: { emulate: { speed: 0.5 } }
-model:
-  type: ctr
-  ctr: { embedding_dim: 8, hidden: [32, 16], pooling: mean, wide: true, hash_buckets: 65536 }
-data: { source: spam, batch_size: 32, epochs: 1, samples: 640, test_fraction: 0.2, vocab_size: 65536, max_tokens: 256 }
-optimizer:
-  type: adam
-  learning_rate: 0.003
-  sparse: { type: adagrad, learning_rate: 0.05 }
-training: { mode: hps, random_seed: 42, max_staleness: 8, emulation_reference_step_ms: 30 }
-fault_tolerance: { worker_recovery_timeout: 10 }
-logging: { level: info }
-`);
+${smallHpsJobTail()}`);
   const summaryFile = join(tempDir(), 'hps.json');
   const r = await hetps(['up', '--config', cfg, '--embedded', '--summary', summaryFile], { timeoutMs: 80_000 }).exited;
   assert.equal(r.code, 0, r.stderr.slice(-4000));

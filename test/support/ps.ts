@@ -105,6 +105,26 @@ logging: { level: info }
 }
 
 /** The last line of stdout as JSON (commands run with --json print one object there). */
+/**
+ * The model, data, optimizer and training sections of the small embedded hps
+ * jobs (Wide & Deep on 640 Spam Assassin mails by default): one tail for the
+ * `hetps up --embedded` tests, which differ in their cluster and nodes.
+ */
+export function smallHpsJobTail(o: { hidden?: string; samples?: number; maxTokens?: number; seed?: number; referenceStepMs?: number } = {}): string {
+  return `model:
+  type: ctr
+  ctr: { embedding_dim: 8, hidden: ${o.hidden ?? '[32, 16]'}, pooling: mean, wide: true, hash_buckets: 65536 }
+data: { source: spam, batch_size: 32, epochs: 1, samples: ${o.samples ?? 640}, test_fraction: 0.2, vocab_size: 65536, max_tokens: ${o.maxTokens ?? 256} }
+optimizer:
+  type: adam
+  learning_rate: 0.003
+  sparse: { type: adagrad, learning_rate: 0.05 }
+training: { mode: hps, random_seed: ${o.seed ?? 42}, max_staleness: 8, emulation_reference_step_ms: ${o.referenceStepMs ?? 30} }
+fault_tolerance: { worker_recovery_timeout: 10 }
+logging: { level: info }
+`;
+}
+
 export function lastJson(stdout: string): Record<string, unknown> {
   const lines = stdout.trim().split('\n').filter(Boolean);
   return JSON.parse(lines[lines.length - 1] ?? 'null') as Record<string, unknown>;
