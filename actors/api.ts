@@ -16,7 +16,11 @@
  * one. `shardDataloader` hands out this worker's share of the job's batches:
  * it takes them from the job's work queue when the script is ready for the
  * next, so a fast node trains more of them. Each batch is acknowledged by
- * `optimizer.step` once every shard has its gradients.
+ * `optimizer.step` once every shard has its gradients — or, for a worker in
+ * an hps group that reduces together, with its group window (api-group.ts):
+ * `step` resolves with the loss as soon as the window trained the batch, and
+ * `close` takes part in the group's last windows until it agrees the job
+ * is done.
  */
 import { mkdir, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
@@ -28,7 +32,9 @@ import { loadConfig, natsConnection, nodeOverrides, type HetpsConfig, type Optim
 import { StepSession, type Batch, type DataSource } from '../native-bridge/mod.ts';
 import { natsBatchQueue, type BatchDescriptor, type BatchQueue, type QueuedBatch } from './batch-queue.ts';
 import { sparseLayoutFromConfig } from './config-bridge.ts';
-import { natsJobInfoStore, waitForJobInfo, type JobInfo } from './job-info.ts';
+import { GroupWindows } from './api-group.ts';
+import { GroupMember, reducesInGroup, type WindowOutcome } from './group/group-sync.ts';
+import { groupOfWorker, natsJobInfoStore, waitForJobInfo, type JobInfo } from './job-info.ts';
 import { DEFAULT_NODE_WAIT_MS, UNGROUPED, modelAndData, startServerNode, waitForPlan, workerNodeByName, workerNodeOf, type ModelAndData } from './nodes.ts';
 import { natsConnectionOf, natsPlanStore } from './plan-store.ts';
 import { ProfileReporter } from './profile-reporter.ts';
@@ -103,8 +109,12 @@ export class HeterogeneousParameterServer {
   private workerNode: WorkerNode | null = null;
   private profile: ProfileReporter | null = null;
   private pendingCheckpoints: Promise<unknown>[] = [];
+  /** hps, in a group that reduces together: this worker's member and the windows the script's steps feed. */
+  private member: GroupMember | null = null;
+  private windows: GroupWindows | null = null;
   private stats = { steps: 0, samples: 0, acked: 0 };
   private closed = false;
+  private closing = false;
 
   constructor(private readonly opts: HeterogeneousParameterServerOptions) {
     this.log = opts.logger ?? createLogger({ name: opts.serverId ?? opts.nodeName ?? `${opts.groupName ?? 'worker'}-${opts.nodeRank ?? 0}`, stderr: true });
@@ -176,8 +186,41 @@ export class HeterogeneousParameterServer {
       client: this.client, plan: this.plan, model: this.md.model, layout: sparseLayoutFromConfig(config, this.md.model), session: this.session,
       clock: systemClock, log: this.log, emulateSpeed: overrides.emulate?.speed ?? null,
     });
-    publishTelemetry(this.transport, job, 'start', node, { node, group: this.workerNode!.group ?? UNGROUPED, mode: this.info.mode === 'bsp' ? 'bsp' : 'asp', emulated_speed: overrides.emulate?.speed ?? null });
+    const group = this.info.mode === 'hps' ? groupOfWorker(this.info, config, node) : null;
+    publishTelemetry(this.transport, job, 'start', node, {
+      node, group: group?.name ?? this.workerNode!.group ?? UNGROUPED, mode: this.info.mode, emulated_speed: overrides.emulate?.speed ?? null, sync_mode: group?.sync_mode ?? null,
+    });
+    if (group !== null && reducesInGroup(group.sync_mode)) {
+      // A member of the group's rounds, like a launched worker (an async group's member pushes each step: the plain path below).
+      const queue = this.queue;
+      this.member = new GroupMember({
+        system: this.system, group, member: node, runId: this.info.run_id, plan: this.plan, stepper: this.stepper, log: this.log,
+        shouldStop: () => this.closed, recoveryTimeoutMs: this.info.ack_wait_ms,
+      });
+      await this.member.start();
+      this.windows = new GroupWindows({
+        member: this.member, log: this.log, shouldStop: () => this.closed,
+        drained: async () => (await queue.pending().catch(() => 1)) === 0,
+        onWindow: (held, outcome) => this.acknowledgeWindow(held, outcome, group.name),
+      });
+    }
     this.profile.startTraining();
+  }
+
+  /** A group window's batches, acknowledged once the group's update of them is out, and reported. */
+  private async acknowledgeWindow(held: readonly QueuedBatch[], outcome: WindowOutcome, group: string): Promise<void> {
+    await Promise.all(held.map(async (item, i) => {
+      const s = outcome.steps[i]!;
+      const confirmed = await item.ack();
+      this.profile?.noteStep(s.stepMs);
+      this.stats.steps++;
+      this.stats.samples += s.samples;
+      if (confirmed) this.stats.acked++;
+      publishTelemetry(this.transport!, this.job.job, 'batch', this.node, {
+        node: this.node, batch_id: item.desc.batch_id, samples: s.samples, loss: s.loss, redelivered: item.redelivered, ack_confirmed: confirmed,
+        staleness: outcome.staleness, round: null, busy_ms: s.computeMs, emulated_step_ms: s.stepMs, dropped_stale: outcome.droppedStale, window: outcome.window, group,
+      });
+    }));
   }
 
   /**
@@ -219,6 +262,8 @@ export class HeterogeneousParameterServer {
     while (!this.closed) {
       const item = await queue.next(1_000);
       if (item === null) {
+        // A group window in progress closes with the batches it has rather than wait for one.
+        this.windows?.noBatchNow();
         if ((await queue.pending().catch(() => 1)) === 0) return;
         continue;
       }
@@ -228,6 +273,11 @@ export class HeterogeneousParameterServer {
 
   private async trainStep(b: WorkBatch): Promise<number> {
     const info = this.job;
+    if (this.windows !== null) {
+      // Trained in this worker's group window; acknowledged with the window (acknowledgeWindow).
+      const s = await this.windows.step(b.batch, b.item);
+      return s.loss;
+    }
     const sync = b.round === null ? null : { round: b.round, expected: info.workers.length };
     let out;
     try {
@@ -291,8 +341,12 @@ export class HeterogeneousParameterServer {
   }
 
   async close(): Promise<void> {
-    if (this.closed) return;
+    if (this.closed || this.closing) return;
+    this.closing = true;
+    // A group member takes part in the group's windows until the group agrees the job is done.
+    if (this.windows !== null) await this.windows.finish().catch((e: unknown) => this.log.error({ err: e }, 'group windows failed'));
     this.closed = true;
+    await this.member?.stop();
     this.profile?.stop();
     await Promise.all(this.pendingCheckpoints);
     if (this.workerNode && this.transport && this.info) {

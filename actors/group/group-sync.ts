@@ -366,6 +366,8 @@ export interface WindowSource {
   drained(): Promise<boolean>;
   /** Optional: start fetching the next window's first batch now (called when this window's steps are done, before its exchange). */
   prefetch?(): void;
+  /** Optional: told after each step of the window, in order (a training script gets its loss at once, not at the window's end). */
+  stepped?(step: WindowStep): void;
 }
 
 export interface WindowStep {
@@ -596,7 +598,9 @@ export class GroupMember {
     const take = async (p: PreparedStep) => {
       const c = await stepper.computePrepared(p);
       acc.add(c);
-      steps.push({ loss: c.loss, samples: c.samples, computeMs: c.computeMs, stepMs: c.stepMs });
+      const st: WindowStep = { loss: c.loss, samples: c.samples, computeMs: c.computeMs, stepMs: c.stepMs };
+      steps.push(st);
+      source.stepped?.(st);
       this.stepCounter++;
       this.machine.send(groupEvents.stepCompleted(this.o.member, this.stepCounter));
       if (this.adaptive) this.announce('progress', { window: w, steps: this.stepCounter });
