@@ -72,11 +72,14 @@ export function stalenessPolicyFromConfig(config: HetpsConfig): StalenessPolicy 
 /** Spawns the shard of `server` once the plan is there. */
 export async function startServerNode(o: {
   config: HetpsConfig; server: string; system: ActorSystem; planStore: PlanStore; log: Logger; md?: ModelAndData; waitMs?: number;
+  /** Profile on join, published once (a server has no steps to time; servers are not grouped); null or absent: none. */
+  profiling?: WorkerProfiling | null;
 }): Promise<{ plan: ShardPlan }> {
   const { config, server, system } = o;
   if (!config.cluster.server_nodes.includes(server)) {
     throw new ConfigError(`server "${server}" is not in cluster.server_nodes of ${config.source.file} (${config.cluster.server_nodes.join(', ')})`);
   }
+  if (o.profiling) (await profileOnJoin(o.profiling, { config, node: server, system, log: o.log, provider: 'cpu' })).stop();
   const { model } = o.md ?? modelAndData(config);
   const plan = await waitForPlan(o.planStore, { clock: system.clock, timeoutMs: o.waitMs ?? DEFAULT_NODE_WAIT_MS, log: o.log });
   if (!plan.shards.includes(server)) throw new ConfigError(`server "${server}" has no shard in plan v${plan.version} (shards: ${plan.shards.join(', ')})`);
@@ -116,7 +119,7 @@ export function workerNodeByName(config: HetpsConfig, name: string): WorkerNode 
   return n;
 }
 
-/** How a worker profiles itself when it joins (actors/profile-reporter.ts); the probe times default to `cluster.profiling`. */
+/** How a node profiles itself when it joins (actors/profile-reporter.ts); the probe times default to `cluster.profiling`. */
 export interface WorkerProfiling {
   store: ProfileStore;
   probeSeconds?: number;

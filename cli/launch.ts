@@ -146,7 +146,10 @@ export async function runLaunch(flags: LaunchFlags): Promise<number> {
   try {
     if (flags.role === 'server') {
       log.info({ job, servers }, `server ${node}: waiting for the shard plan`);
-      const started = await Promise.race([startServerNode({ config, server: node, system, planStore, log, waitMs }), shutdown.promise]);
+      const started = await Promise.race([startServerNode({
+        config, server: node, system, planStore, log, waitMs,
+        profiling: { store: natsProfileStore(nc, job), device: host ? async () => host.device : null, network: host?.network ?? null },
+      }), shutdown.promise]);
       if (typeof started === 'string') { log.info(`${started} before the shard started`); return 0; }
       log.info(`shard ${node} stopped: ${await shutdown.promise}`);
     } else {

@@ -491,7 +491,8 @@ async function natsBackend(
       }
       for (const s of config.cluster.server_nodes) {
         if (skip.has(s)) continue;
-        procs.start({ name: s, role: 'server', args: ['--role', 'server', '--server-id', s, ...common] });
+        const host = hostFiles.get('cpu');
+        procs.start({ name: s, role: 'server', args: ['--role', 'server', '--server-id', s, ...(host ? ['--host-profile', host] : []), ...common] });
       }
       for (const w of launched) {
         // A worker_nodes entry has no group yet: it is named, and takes its group from the job info.
@@ -583,7 +584,7 @@ async function embeddedBackend(config: HetpsConfig, md: ModelAndData, log: Logge
     transport: system.transport, system, queue, planStore, jobStore, profileStore,
     async startNodes() {
       for (const s of config.cluster.server_nodes) {
-        track(`server ${s}`, mk(s).then((sys) => startServerNode({ config, server: s, system: sys, planStore, log: sys.log, md })));
+        track(`server ${s}`, mk(s).then((sys) => startServerNode({ config, server: s, system: sys, planStore, log: sys.log, md, profiling: { store: profileStore, device: sharedDevice } })));
       }
       for (const w of allWorkerNodes(config)) {
         track(`worker ${w.name}`, mk(w.name).then(async (sys) => {

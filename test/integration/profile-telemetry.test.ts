@@ -72,3 +72,45 @@ training: { mode: hps }
     }
   });
 });
+
+test('a joining server publishes its profile too (once: it has no steps to time)', { timeout: 60_000 }, async () => {
+  await withCluster(async (nats) => {
+    const job = `profs${process.pid}`;
+    const cfg = join(tempDir(), 'profile-server.yaml');
+    await writeFile(cfg, `job: { name: ${job}, run_dir: ${JSON.stringify(join(tempDir(), 'runs-s'))} }
+cluster:
+  worker_nodes: [w1]
+  profiling: { probe_seconds: 0.3 }
+  server_nodes: [s1]
+model: { type: ctr, ctr: { embedding_dim: 8, hidden: [16], pooling: mean, wide: true, hash_buckets: 4096 } }
+data: { source: spam, batch_size: 32, epochs: 1, samples: 64, test_fraction: 0.2, vocab_size: 4096, max_tokens: 64 }
+training: { mode: hps }
+`);
+    const watcher = await connectTransport({ servers: nats.urls, name: 'profile-watcher-s' });
+    const seen: { subject: string; body: unknown }[] = [];
+    const sub = watcher.subscribe(telemetryWildcard(job, 'profile'), (m) => seen.push({ subject: m.subject, body: decode(m.data) }));
+    await watcher.flush();
+    // No driver: the server profiles itself, then waits for the shard plan.
+    const server = hetps(['launch', '--role', 'server', '--config', cfg, '--server-id', 's1', '--nats', nats.urls.join(','), '--wait', '30'], { timeoutMs: 50_000 });
+    try {
+      const deadline = Date.now() + 40_000;
+      while (seen.length === 0) {
+        if (Date.now() > deadline || server.child.exitCode !== null) assert.fail(`no profile message; server output:\n${server.stderr().slice(-3000)}`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      assert.equal(seen[0]!.subject, `hps.${job}.tel.profile.s1`);
+      const t: ProfileTelemetry = profileTelemetrySchema.parse(seen[0]!.body);
+      assert.equal(t.node, 's1');
+      assert.equal(t.phase, 'join');
+      assert.ok(t.rtt_ms > 0 && t.bandwidth_mbps > 0 && t.matmul_gflops > 0);
+      assert.equal(t.emulated, false);
+      await new Promise((r) => setTimeout(r, 1_000));
+      assert.equal(seen.length, 1, 'published once');
+    } finally {
+      server.kill('SIGTERM');
+      await server.exited;
+      sub.unsubscribe();
+      await watcher.close();
+    }
+  });
+});
