@@ -17,7 +17,8 @@
  * Emulation (`nodes.<name>.emulate` in the YAML): `speed` scales matmul and
  * gather (a speed-0.5 node is half as fast as a speed-1 node on the same
  * box), `bandwidth_mbps` replaces the measured bandwidth (`link: 'emulated'`);
- * either sets `emulated: true`.
+ * any `emulate` sets `emulated: true` (speed 1 too: the node's step time is
+ * emulated, whatever its factor).
  */
 import type { Clock, Transport } from '../runtime/mod.ts';
 import { probeSubject, systemClock } from '../runtime/mod.ts';
@@ -152,7 +153,7 @@ export async function measureNodeProfile(opts: Partial<NodeProfileOptions> & { t
     bandwidth_mbps: emulate?.bandwidth_mbps ?? net.bandwidth_mbps,
     rtt_ms: net.rtt_ms,
     step_ms_variance: null,
-    emulated: emulate !== null && (speed !== 1 || emulate.bandwidth_mbps !== null),
+    emulated: emulate !== null,
     link: emulate?.bandwidth_mbps != null ? 'emulated' : net.link,
   };
 }
