@@ -67,7 +67,7 @@ const SAMPLE_EVENTS: GroupEvent[] = [
   ev.memberLost('a'), ev.memberLost('b'),
   ev.partitioned(['b']), ev.partitioned(['a', 'b']),
   ev.stepCompleted('a', 1), ev.stepCompleted('b', 1),
-  ev.memberReady('a', 1), ev.memberReady('b', 1), ev.syncRequested('b', 1),
+  ev.memberReady('a', 1), ev.syncRequested('b', 1),
   ev.syncCompleted(1, 1), ev.syncCompleted(2, 2),
   ev.resyncCompleted(3),
   ev.regroup('rebalance'),
