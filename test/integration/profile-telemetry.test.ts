@@ -1,21 +1,51 @@
 /**
- * A worker profiles itself when it joins, before any driver exists: a
+ * A node profiles itself when it joins, before any driver exists: a
  * `hetps launch --role worker --node NAME` process on a real 3-node NATS
  * cluster publishes its profile on `hps.<job>.tel.profile.<node>` and puts
- * it in the job's profile bucket, where a driver started later finds it.
+ * it in the job's profile bucket, where a driver started later finds it; a
+ * server publishes its own once.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { connectTransport, decode, telemetryWildcard } from '../../runtime/mod.ts';
+import { connectTransport, decode, telemetryWildcard, type Transport } from '../../runtime/mod.ts';
 import { natsConnectionOf } from '../../actors/plan-store.ts';
 import { natsProfileStore } from '../../actors/profile-store.ts';
 import { profileTelemetrySchema, type ProfileTelemetry } from '../../actors/telemetry.ts';
 import { withCluster } from '../support/cluster.ts';
-import { hetps, tempDirForFile } from '../support/ps.ts';
+import { hetps, tempDirForFile, type Child } from '../support/ps.ts';
 
 const tempDir = tempDirForFile('hetps-profile-');
+
+/**
+ * Launches `hetps launch <args>` with no driver and calls `check` with the
+ * profile messages seen once the first one arrived (and the watcher, and the
+ * node's process); the node is stopped afterwards.
+ */
+async function withFirstProfile(
+  urls: string[], job: string, args: string[],
+  check: (seen: { subject: string; body: unknown }[], watcher: Transport, child: Child) => Promise<void>,
+): Promise<void> {
+  const watcher = await connectTransport({ servers: urls, name: `profile-watcher-${job}` });
+  const seen: { subject: string; body: unknown }[] = [];
+  const sub = watcher.subscribe(telemetryWildcard(job, 'profile'), (m) => seen.push({ subject: m.subject, body: decode(m.data) }));
+  await watcher.flush();
+  const child = hetps(['launch', ...args, '--nats', urls.join(','), '--wait', '30'], { timeoutMs: 50_000 });
+  try {
+    const deadline = Date.now() + 40_000;
+    while (seen.length === 0) {
+      if (Date.now() > deadline || child.child.exitCode !== null) assert.fail(`no profile message; node output:\n${child.stderr().slice(-3000)}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    await check(seen, watcher, child);
+  } finally {
+    child.kill('SIGTERM');
+    await child.exited;
+    sub.unsubscribe();
+    await watcher.close();
+  }
+}
 
 test('a joining worker publishes its measured profile (rtt, bandwidth, compute, emulation labelled) and stores it for the driver', { timeout: 60_000 }, async () => {
   await withCluster(async (nats) => {
@@ -34,18 +64,8 @@ model:
 data: { source: spam, batch_size: 32, epochs: 1, samples: 64, test_fraction: 0.2, vocab_size: 4096, max_tokens: 64 }
 training: { mode: hps }
 `);
-    const watcher = await connectTransport({ servers: nats.urls, name: 'profile-watcher' });
-    const seen: { subject: string; body: unknown }[] = [];
-    const sub = watcher.subscribe(telemetryWildcard(job, 'profile'), (m) => seen.push({ subject: m.subject, body: decode(m.data) }));
-    await watcher.flush();
     // No driver: the worker waits for the job after it has profiled itself.
-    const worker = hetps(['launch', '--role', 'worker', '--config', cfg, '--node', 'w2', '--nats', nats.urls.join(','), '--wait', '30'], { timeoutMs: 50_000 });
-    try {
-      const deadline = Date.now() + 40_000;
-      while (seen.length === 0) {
-        if (Date.now() > deadline || worker.child.exitCode !== null) assert.fail(`no profile message; worker output:\n${worker.stderr().slice(-3000)}`);
-        await new Promise((r) => setTimeout(r, 50));
-      }
+    await withFirstProfile(nats.urls, job, ['--role', 'worker', '--config', cfg, '--node', 'w2'], async (seen, watcher, worker) => {
       assert.equal(seen[0]!.subject, `hps.${job}.tel.profile.w2`);
       const t: ProfileTelemetry = profileTelemetrySchema.parse(seen[0]!.body);
       assert.equal(t.node, 'w2');
@@ -64,12 +84,7 @@ training: { mode: hps }
       assert.deepEqual([...stored.keys()], ['w2']);
       assert.deepEqual(stored.get('w2'), t);
       assert.match(worker.stderr(), /profiled w2 in \d+ ms \(EMULATED/);
-    } finally {
-      worker.kill('SIGTERM');
-      await worker.exited;
-      sub.unsubscribe();
-      await watcher.close();
-    }
+    });
   });
 });
 
@@ -86,18 +101,8 @@ model: { type: ctr, ctr: { embedding_dim: 8, hidden: [16], pooling: mean, wide: 
 data: { source: spam, batch_size: 32, epochs: 1, samples: 64, test_fraction: 0.2, vocab_size: 4096, max_tokens: 64 }
 training: { mode: hps }
 `);
-    const watcher = await connectTransport({ servers: nats.urls, name: 'profile-watcher-s' });
-    const seen: { subject: string; body: unknown }[] = [];
-    const sub = watcher.subscribe(telemetryWildcard(job, 'profile'), (m) => seen.push({ subject: m.subject, body: decode(m.data) }));
-    await watcher.flush();
     // No driver: the server profiles itself, then waits for the shard plan.
-    const server = hetps(['launch', '--role', 'server', '--config', cfg, '--server-id', 's1', '--nats', nats.urls.join(','), '--wait', '30'], { timeoutMs: 50_000 });
-    try {
-      const deadline = Date.now() + 40_000;
-      while (seen.length === 0) {
-        if (Date.now() > deadline || server.child.exitCode !== null) assert.fail(`no profile message; server output:\n${server.stderr().slice(-3000)}`);
-        await new Promise((r) => setTimeout(r, 50));
-      }
+    await withFirstProfile(nats.urls, job, ['--role', 'server', '--config', cfg, '--server-id', 's1'], async (seen) => {
       assert.equal(seen[0]!.subject, `hps.${job}.tel.profile.s1`);
       const t: ProfileTelemetry = profileTelemetrySchema.parse(seen[0]!.body);
       assert.equal(t.node, 's1');
@@ -106,11 +111,6 @@ training: { mode: hps }
       assert.equal(t.emulated, false);
       await new Promise((r) => setTimeout(r, 1_000));
       assert.equal(seen.length, 1, 'published once');
-    } finally {
-      server.kill('SIGTERM');
-      await server.exited;
-      sub.unsubscribe();
-      await watcher.close();
-    }
+    });
   });
 });
