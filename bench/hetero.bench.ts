@@ -340,7 +340,7 @@ async function main(): Promise<void> {
     for (const r of Object.values(out.modes)) r.time_to_target_s = roundOrNull(timeToTarget(r.curve, target), 1);
     out.target_loss = target;
     out.target_reached_by_all = Object.values(out.modes).every((r) => r.time_to_target_s !== null);
-    const ideal = { value: out.ideal_samples_per_s, from: out.ideal_from.split(':')[0]! };
+    const ideal = { value: out.ideal_samples_per_s, from: out.ideal_from.startsWith('measured') ? 'measured solo sum' : 'nominal (no solo runs)' };
     out.goals = goals(out.modes, 'hps', ideal);
     out.goals_hps_sync_steps_1 = goals(out.modes, 'hps_sync_steps_1', ideal);
     writeFileSync(join(RESULTS, 'hetero.json'), `${JSON.stringify(out, null, 2)}\n`);
