@@ -194,9 +194,12 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
      * window that trains it, or given back when training stops or pauses).
      */
     let carried: Promise<QueuedBatch | null> | null = null;
+    /** The carried batch once it arrived: kept alive with the window's own (a group exchange may wait longer than ack_wait). */
+    let carriedItem: QueuedBatch | null = null;
     const giveBackCarried = async () => {
       const c = carried;
       carried = null;
+      carriedItem = null;
       const item = c === null ? null : await c.catch(() => null);
       item?.nak();
     };
@@ -204,7 +207,7 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
     /** hps: one sync window of the group's strategy; the batches taken are acknowledged once the group's update of them is out. */
     const hpsWindow = async (member: GroupMember): Promise<WindowOutcome> => {
       const held: QueuedBatch[] = [];
-      const keepAlive = clock.setInterval(() => { for (const h of held) h.working(); }, Math.max(500, Math.floor(o.job.ack_wait_ms / 3)));
+      const keepAlive = clock.setInterval(() => { for (const h of held) h.working(); carriedItem?.working(); }, Math.max(500, Math.floor(o.job.ack_wait_ms / 3)));
       let outcome: WindowOutcome;
       try {
         outcome = await member.runWindow({
@@ -212,6 +215,7 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
             if (stopRequested) return null;
             const ahead = carried;
             carried = null;
+            carriedItem = null;
             const item = ahead !== null ? await ahead : await o.queue.next(1_000);
             if (item === null) return null;
             held.push(item);
@@ -220,7 +224,11 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
           },
           // Nothing waiting and nothing in flight anywhere (a dead worker's batch comes back after ack_wait).
           drained: async () => (await o.queue.pending().catch(() => 1)) === 0,
-          prefetch: () => { if (!stopRequested && carried === null) carried = o.queue.next(1_000); },
+          prefetch: () => {
+            if (stopRequested || carried !== null) return;
+            const fetching: Promise<QueuedBatch | null> = o.queue.next(1_000).then((item) => { if (carried === fetching) carriedItem = item; return item; });
+            carried = fetching;
+          },
         });
       } catch (e) {
         keepAlive.cancel();
@@ -281,6 +289,8 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
               shouldStop: () => stopRequested, requestTimeoutMs, groupsVersionSeen: () => seen,
               // A silent member is waited for as long as its batches are (fault_tolerance.worker_recovery_timeout).
               recoveryTimeoutMs: o.job.ack_wait_ms,
+              // Silent for half of it (at most 10 s): reported lost, so the recovery timeout starts.
+              lostAfterMs: Math.min(10_000, Math.max(500, Math.floor(o.job.ack_wait_ms / 2))),
               onState: (st) => { stats.group_state = st; },
             });
             await member.start();

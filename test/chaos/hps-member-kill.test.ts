@@ -1,0 +1,87 @@
+/**
+ * hps over a real 3-node NATS cluster: a member of a sync group is
+ * SIGKILLed mid-training. Its group reports it lost, drops it after the
+ * recovery timeout and goes on without it; its unacknowledged batches come
+ * back from the queue; every batch is acknowledged exactly once.
+ */
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { connectTransport, type Transport } from '../../runtime/mod.ts';
+import { subscribeTelemetry } from '../../actors/telemetry.ts';
+import { startTestCluster, type TestCluster } from '../support/cluster.ts';
+import { hetps, writeJobConfig, type Child, type Exited } from '../support/ps.ts';
+
+let nats: TestCluster;
+let dir: string;
+
+const explain = (r: Exited) => `exit ${r.code ?? r.signal}; stderr (tail):\n${r.stderr.split('\n').slice(-40).join('\n')}`;
+
+before(async () => {
+  nats = await startTestCluster({ nodes: 3 });
+  dir = await mkdtemp(join(tmpdir(), 'hetps-hps-kill-'));
+});
+
+after(async () => {
+  await nats?.[Symbol.asyncDispose]();
+  if (dir) await rm(dir, { recursive: true, force: true });
+});
+
+test('hps: a sync-group member SIGKILLed mid-training is dropped after the recovery timeout; its group goes on; every batch acknowledged once', { timeout: 120_000 }, async (t) => {
+  const job = 'hpskill';
+  // g1 [w1, w2] and g2 [w3, w4], sync every 4 steps; worker_recovery_timeout 3 s.
+  const cfg = await writeJobConfig(dir, { job, mode: 'hps', servers: nats.urls, runDir: join(dir, 'runs'), samples: 3200, epochs: 1, workerRecoveryTimeoutS: 3 });
+  const watcher: Transport = await connectTransport({ servers: nats.urls, name: 'test-watcher' });
+  const acks = new Map<string, number>();
+  const byNode = new Map<string, number>();
+  const stop = subscribeTelemetry(watcher, job, {
+    batch: (b) => {
+      if (!b.ack_confirmed) return;
+      acks.set(b.batch_id, (acks.get(b.batch_id) ?? 0) + 1);
+      byNode.set(b.node, (byNode.get(b.node) ?? 0) + 1);
+    },
+  });
+  await watcher.flush();
+  const children: Child[] = [];
+  try {
+    for (const s of ['s1', 's2']) children.push(hetps(['launch', '--role', 'server', '--config', cfg, '--server-id', s], { timeoutMs: 110_000 }));
+    const workers = [['g1', '0'], ['g1', '1'], ['g2', '0'], ['g2', '1']].map(([g, r]) =>
+      hetps(['launch', '--role', 'worker', '--config', cfg, '--group', g!, '--node-rank', r!], { timeoutMs: 110_000 }));
+    children.push(...workers);
+    const [victim, w2] = workers as [Child, Child, Child, Child];
+    const summaryFile = join(dir, 'summary.json');
+    const driver = hetps(['up', '--config', cfg, '--no-launch', '--summary', summaryFile], { timeoutMs: 110_000 });
+    children.push(driver);
+
+    const deadline = Date.now() + 60_000;
+    while ((byNode.get('w1') ?? 0) < 8) {
+      assert.ok(Date.now() < deadline, `w1 never acknowledged 8 batches; driver stderr:\n${driver.stderr().slice(-3000)}`);
+      await sleep(20);
+    }
+    victim.kill('SIGKILL');
+    const killedAt = byNode.get('w1')!;
+    const w2Before = byNode.get('w2') ?? 0;
+
+    const r = await driver.exited;
+    assert.equal(r.code, 0, explain(r));
+    const s = JSON.parse(await readFile(summaryFile, 'utf8')) as { batches: number; batches_acked: number; duplicate_acks: number; redelivered: number };
+    t.diagnostic(`w1 killed after ${killedAt} acks; per worker ${JSON.stringify(Object.fromEntries(byNode))}; ${s.redelivered} redelivered`);
+    assert.equal(s.batches_acked, s.batches);
+    assert.equal(s.duplicate_acks, 0);
+    assert.equal(acks.size, s.batches, 'every batch id was acknowledged');
+    assert.deepEqual([...acks.entries()].filter(([, n]) => n !== 1), [], 'and each exactly once');
+    assert.equal(byNode.get('w1'), killedAt, 'the killed member acknowledged nothing more');
+    assert.ok((byNode.get('w2') ?? 0) > w2Before + 4, 'its group mate went on training without it');
+    const e2 = await w2.exited;
+    assert.equal(e2.code, 0, explain(e2));
+    assert.match(e2.stderr, /w1 has been silent for [\d.]+ s; reported lost/);
+    assert.match(e2.stderr, /w1 did not come back within the recovery timeout; the group goes on without them/);
+  } finally {
+    stop();
+    await watcher.close();
+    for (const c of children) c.kill('SIGKILL');
+  }
+});
