@@ -10,10 +10,8 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { connectTransport, type Transport } from '../../runtime/mod.ts';
-import { subscribeTelemetry } from '../../actors/telemetry.ts';
 import { startTestCluster, type TestCluster } from '../support/cluster.ts';
-import { hetps, writeJobConfig, type Child, type Exited } from '../support/ps.ts';
+import { hetps, watchAcks, writeJobConfig, type Child, type Exited } from '../support/ps.ts';
 
 let nats: TestCluster;
 let dir: string;
@@ -34,17 +32,8 @@ test('hps: a sync-group member SIGKILLed mid-training is dropped after the recov
   const job = 'hpskill';
   // g1 [w1, w2] and g2 [w3, w4], sync every 4 steps; worker_recovery_timeout 3 s.
   const cfg = await writeJobConfig(dir, { job, mode: 'hps', servers: nats.urls, runDir: join(dir, 'runs'), samples: 3200, epochs: 1, workerRecoveryTimeoutS: 3 });
-  const watcher: Transport = await connectTransport({ servers: nats.urls, name: 'test-watcher' });
-  const acks = new Map<string, number>();
-  const byNode = new Map<string, number>();
-  const stop = subscribeTelemetry(watcher, job, {
-    batch: (b) => {
-      if (!b.ack_confirmed) return;
-      acks.set(b.batch_id, (acks.get(b.batch_id) ?? 0) + 1);
-      byNode.set(b.node, (byNode.get(b.node) ?? 0) + 1);
-    },
-  });
-  await watcher.flush();
+  const watch = await watchAcks(nats.urls, job);
+  const { acks, byNode } = watch;
   const children: Child[] = [];
   try {
     for (const s of ['s1', 's2']) children.push(hetps(['launch', '--role', 'server', '--config', cfg, '--server-id', s], { timeoutMs: 110_000 }));
@@ -80,8 +69,7 @@ test('hps: a sync-group member SIGKILLed mid-training is dropped after the recov
     assert.match(e2.stderr, /w1 has been silent for [\d.]+ s; reported lost/);
     assert.match(e2.stderr, /w1 did not come back within the recovery timeout; the group goes on without them/);
   } finally {
-    stop();
-    await watcher.close();
+    await watch.close();
     for (const c of children) c.kill('SIGKILL');
   }
 });

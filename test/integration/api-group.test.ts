@@ -9,10 +9,8 @@ import assert from 'node:assert/strict';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { connectTransport, type Transport } from '../../runtime/mod.ts';
-import { subscribeTelemetry } from '../../actors/telemetry.ts';
 import { startTestCluster, type TestCluster } from '../support/cluster.ts';
-import { hetps, node, writeJobConfig, type Exited } from '../support/ps.ts';
+import { hetps, node, watchAcks, writeJobConfig, type Exited } from '../support/ps.ts';
 
 let nats: TestCluster;
 let dir: string;
@@ -33,16 +31,8 @@ test('hps: an API worker trains as a member of its sync group (rounds with a lau
   const job = 'apigroup';
   // g1 [w1, w2] and g2 [w3, w4], both sync (sync_steps 4 by default); w2 is the API script.
   const cfg = await writeJobConfig(dir, { job, mode: 'hps', servers: nats.urls, runDir: join(dir, 'runs'), samples: 640, epochs: 1, workerRecoveryTimeoutS: 10 });
-  const watcher: Transport = await connectTransport({ servers: nats.urls, name: 'test-watcher' });
-  const windowsOfW2 = new Set<number>();
-  const acks = new Map<string, number>();
-  const stop = subscribeTelemetry(watcher, job, {
-    batch: (b) => {
-      if (b.ack_confirmed) acks.set(b.batch_id, (acks.get(b.batch_id) ?? 0) + 1);
-      if (b.node === 'w2' && b.window !== null) windowsOfW2.add(b.window);
-    },
-  });
-  await watcher.flush();
+  const watch = await watchAcks(nats.urls, job);
+  const { acks } = watch;
   const summaryFile = join(dir, 'summary.json');
   const driver = hetps(['up', '--config', cfg, '--skip', 'w2', '--summary', summaryFile], { timeoutMs: 100_000 });
   const api = node(['--import', 'tsx', 'examples/api-worker.ts', cfg, 'g1', '1'], {
@@ -54,17 +44,16 @@ test('hps: an API worker trains as a member of its sync group (rounds with a lau
     const a = await api.exited;
     assert.equal(a.code, 0, explain(a));
     const s = JSON.parse(await readFile(summaryFile, 'utf8')) as { batches: number; batches_acked: number; duplicate_acks: number; per_worker: Record<string, number>; per_worker_group: Record<string, Record<string, number>> };
-    t.diagnostic(`per worker ${JSON.stringify(s.per_worker)}; w2 windows ${windowsOfW2.size}`);
+    t.diagnostic(`per worker ${JSON.stringify(s.per_worker)}; w2 windows ${(watch.windowsOf.get('w2')?.size ?? 0)}`);
     assert.equal(s.batches_acked, s.batches);
     assert.equal(s.duplicate_acks, 0);
     assert.deepEqual([...acks.values()].filter((n) => n !== 1), [], 'each batch acknowledged exactly once');
     assert.ok((s.per_worker.w2 ?? 0) >= 4, `the API worker trained batches (${s.per_worker.w2})`);
     assert.deepEqual(Object.keys(s.per_worker_group.w2 ?? {}), ['g1'], 'in its group g1');
-    assert.ok(windowsOfW2.size >= 2, 'its batches were trained in the group\'s windows');
+    assert.ok((watch.windowsOf.get('w2')?.size ?? 0) >= 2, 'its batches were trained in the group\'s windows');
     assert.match(a.stdout, /checkpoint of 2 shards/);
   } finally {
-    stop();
-    await watcher.close();
+    await watch.close();
     driver.kill('SIGKILL');
     api.kill('SIGKILL');
   }

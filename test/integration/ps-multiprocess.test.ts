@@ -10,10 +10,8 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { connectTransport, type Transport } from '../../runtime/mod.ts';
-import { subscribeTelemetry } from '../../actors/telemetry.ts';
 import { startTestCluster, type TestCluster } from '../support/cluster.ts';
-import { hetps, lastJson, node, writeJobConfig, type Child, type Exited } from '../support/ps.ts';
+import { hetps, lastJson, node, watchAcks, writeJobConfig, type Child, type Exited } from '../support/ps.ts';
 
 const SAMPLES = 1200;
 const EPOCHS = 2;
@@ -61,17 +59,8 @@ test('asp: nodes started before the driver, one worker SIGKILLed mid-epoch — e
   const job = 'psasp';
   const cfg = await writeJobConfig(dir, { job, mode: 'asp', servers: nats.urls, runDir: join(dir, 'runs'), samples: SAMPLES, epochs: EPOCHS, workerRecoveryTimeoutS: 3 });
   // Our own view of the acknowledgements, independent of the driver's.
-  const watcher: Transport = await connectTransport({ servers: nats.urls, name: 'test-watcher' });
-  const acks = new Map<string, number>();
-  const byNode = new Map<string, number>();
-  const stop = subscribeTelemetry(watcher, job, {
-    batch: (b) => {
-      if (!b.ack_confirmed) return;
-      acks.set(b.batch_id, (acks.get(b.batch_id) ?? 0) + 1);
-      byNode.set(b.node, (byNode.get(b.node) ?? 0) + 1);
-    },
-  });
-  await watcher.flush();
+  const watch = await watchAcks(nats.urls, job);
+  const { acks, byNode } = watch;
   const children: Child[] = [];
   try {
     // Nodes first, the driver last: start order must not matter.
@@ -124,8 +113,7 @@ test('asp: nodes started before the driver, one worker SIGKILLed mid-epoch — e
     assert.match((await api.exited).stdout, /checkpoint of 2 shards/);
     assert.ok(existsSync(join(checkpoint, 'manifest.json')) && existsSync(join(checkpoint, 's1.msgpack')), 'the API wrote the checkpoint');
   } finally {
-    stop();
-    await watcher.close();
+    await watch.close();
     for (const c of children) c.kill('SIGKILL');
   }
 });

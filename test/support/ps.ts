@@ -9,6 +9,8 @@ import { tmpdir } from 'node:os';
 import { after, before } from 'node:test';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { connectTransport } from '../../runtime/mod.ts';
+import { subscribeTelemetry } from '../../actors/telemetry.ts';
 
 export const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 export const BIN = join(ROOT, 'bin', 'hetps.mjs');
@@ -123,6 +125,34 @@ training: { mode: hps, random_seed: ${o.seed ?? 42}, max_staleness: 8, emulation
 fault_tolerance: { worker_recovery_timeout: 10 }
 logging: { level: info }
 `;
+}
+
+/** Confirmed batch acknowledgements as the workers' telemetry reports them: a view independent of the driver's. */
+export interface AckWatch {
+  /** Confirmed acknowledgements per batch id. */
+  acks: Map<string, number>;
+  /** Confirmed acknowledgements per node. */
+  byNode: Map<string, number>;
+  /** hps: the windows each node's batches were trained in. */
+  windowsOf: Map<string, Set<number>>;
+  close(): Promise<void>;
+}
+
+export async function watchAcks(urls: string[], job: string): Promise<AckWatch> {
+  const watcher = await connectTransport({ servers: urls, name: `ack-watcher-${job}` });
+  const acks = new Map<string, number>();
+  const byNode = new Map<string, number>();
+  const windowsOf = new Map<string, Set<number>>();
+  const stop = subscribeTelemetry(watcher, job, {
+    batch: (b) => {
+      if (b.window !== null) { let w = windowsOf.get(b.node); if (!w) { w = new Set(); windowsOf.set(b.node, w); } w.add(b.window); }
+      if (!b.ack_confirmed) return;
+      acks.set(b.batch_id, (acks.get(b.batch_id) ?? 0) + 1);
+      byNode.set(b.node, (byNode.get(b.node) ?? 0) + 1);
+    },
+  });
+  await watcher.flush();
+  return { acks, byNode, windowsOf, close: async () => { stop(); await watcher.close(); } };
 }
 
 export function lastJson(stdout: string): Record<string, unknown> {
