@@ -41,6 +41,14 @@ test('hps: a sync-group member SIGKILLed mid-training is dropped after the recov
       hetps(['launch', '--role', 'worker', '--config', cfg, '--group', g!, '--node-rank', r!], { timeoutMs: 110_000 }));
     children.push(...workers);
     const [victim, w2] = workers as [Child, Child, Child, Child];
+    // Every node profiles itself when it joins: let them finish before the driver starts (not a race this test is about).
+    const ready = Date.now() + 60_000;
+    for (const w of workers) {
+      while (!/ready; waiting for the job/.test(w.stderr())) {
+        assert.ok(Date.now() < ready && w.child.exitCode === null, `a worker did not get ready:\n${w.stderr().slice(-2000)}`);
+        await sleep(50);
+      }
+    }
     const summaryFile = join(dir, 'summary.json');
     const driver = hetps(['up', '--config', cfg, '--no-launch', '--summary', summaryFile], { timeoutMs: 110_000 });
     children.push(driver);
