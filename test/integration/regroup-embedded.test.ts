@@ -9,19 +9,14 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { hetps, smallHpsJobTail, tempDirForFile } from '../support/ps.ts';
+import { FAST_AND_LOOSE_CLUSTER, hetps, smallHpsJobTail, tempDirForFile } from '../support/ps.ts';
 
 const tempDir = tempDirForFile('hetps-regroup-');
 
 test('hetps up --embedded (hps): a ctl.regroup command mid-training moves a node; no batch is lost or trained twice', { timeout: 120_000 }, async () => {
   const cfg = join(tempDir(), 'regroup.yaml');
   await writeFile(cfg, `job: { name: embregroup, run_dir: ${JSON.stringify(join(tempDir(), 'runs'))} }
-cluster:
-  worker_groups:
-    - { name: fast, nodes: [w1, w2], sync_mode: sync, sync_steps: 2 }
-    - { name: loose, nodes: [w3, w4], sync_mode: async }
-  server_nodes: [s1, s2]
-nodes:
+${FAST_AND_LOOSE_CLUSTER}nodes:
   w1: { emulate: { speed: 1 } }
   w2: { emulate: { speed: 1 } }
   w3: { emulate: { speed: 1 } }

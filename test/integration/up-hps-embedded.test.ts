@@ -7,19 +7,14 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { hetps, smallHpsJobTail, tempDirForFile } from '../support/ps.ts';
+import { FAST_AND_LOOSE_CLUSTER, hetps, smallHpsJobTail, tempDirForFile } from '../support/ps.ts';
 
 const tempDir = tempDirForFile('hetps-hps-');
 
 test('hetps up --embedded (hps): a sync group and an async group train every batch exactly once to a useful model', { timeout: 90_000 }, async () => {
   const cfg = join(tempDir(), 'hps.yaml');
   await writeFile(cfg, `job: { name: embhps, run_dir: ${JSON.stringify(join(tempDir(), 'runs'))} }
-cluster:
-  worker_groups:
-    - { name: fast, nodes: [w1, w2], sync_mode: sync, sync_steps: 2 }
-    - { name: loose, nodes: [w3, w4], sync_mode: async }
-  server_nodes: [s1, s2]
-nodes:
+${FAST_AND_LOOSE_CLUSTER}nodes:
   w4: { emulate: { speed: 0.5 } }
 ${smallHpsJobTail()}`);
   const summaryFile = join(tempDir(), 'hps.json');

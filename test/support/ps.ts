@@ -107,6 +107,14 @@ logging: { level: info }
 }
 
 /** The last line of stdout as JSON (commands run with --json print one object there). */
+/** The small embedded hps jobs' cluster: a sync group `fast` [w1, w2] (every 2 steps) and an async group `loose` [w3, w4] on 2 servers. */
+export const FAST_AND_LOOSE_CLUSTER = `cluster:
+  worker_groups:
+    - { name: fast, nodes: [w1, w2], sync_mode: sync, sync_steps: 2 }
+    - { name: loose, nodes: [w3, w4], sync_mode: async }
+  server_nodes: [s1, s2]
+`;
+
 /**
  * The model, data, optimizer and training sections of the small embedded hps
  * jobs (Wide & Deep on 640 Spam Assassin mails by default): one tail for the
