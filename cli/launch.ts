@@ -13,13 +13,13 @@ import {
   type Logger, type Transport,
 } from '../runtime/mod.ts';
 import { loadConfig, natsConnection, type HetpsConfig } from '../topology/mod.ts';
-import { natsBatchQueue } from '../actors/batch-queue.ts';
-import { natsJobInfoStore } from '../actors/job-info.ts';
-import { DEFAULT_NODE_WAIT_MS, startServerNode, startWorkerNode, workerNodeByName, workerNodeOf } from '../actors/nodes.ts';
-import { natsConnectionOf, natsPlanStore } from '../actors/plan-store.ts';
-import { hostProfileSchema, probeSettings, type HostProfile } from '../actors/profile-reporter.ts';
+import { natsBatchQueue } from '../actors/store/batch-queue.ts';
+import { natsJobInfoStore } from '../actors/store/job-info.ts';
+import { DEFAULT_NODE_WAIT_MS, startServerNode, startWorkerNode, workerNodeByName, workerNodeOf } from '../actors/node/nodes.ts';
+import { natsConnectionOf, natsPlanStore } from '../actors/store/plan-store.ts';
+import { hostProfileSchema, probeSettings, type HostProfile } from '../actors/node/profile-reporter.ts';
 import { profileDevice } from '../native-bridge/mod.ts';
-import { natsProfileStore } from '../actors/profile-store.ts';
+import { natsProfileStore } from '../actors/store/profile-store.ts';
 
 export interface LaunchFlags {
   role: string;

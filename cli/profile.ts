@@ -4,7 +4,7 @@ import { hostname } from 'node:os';
 import { ConfigError } from '../runtime/errors.ts';
 import { profileDevice } from '../native-bridge/profile.ts';
 import { connectTransport } from '../runtime/connect.ts';
-import { measureNodeProfile } from '../actors/node-profile.ts';
+import { measureNodeProfile } from '../actors/node/node-profile.ts';
 
 export function register(program: Command): void {
   program

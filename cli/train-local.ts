@@ -10,10 +10,10 @@ import { performance } from 'node:perf_hooks';
 import { ConfigError } from '../runtime/errors.ts';
 import { loadConfig } from '../topology/mod.ts';
 import { LocalTrainer, type EpochProgress, type Evaluation, type ExecutionProvider } from '../native-bridge/mod.ts';
-import { EMBEDDING_INIT_SCALE, dataSourceFromConfig, modelFromConfig, optimizersFromConfig } from '../actors/config-bridge.ts';
+import { EMBEDDING_INIT_SCALE, dataSourceFromConfig, modelFromConfig, optimizersFromConfig } from '../actors/node/config-bridge.ts';
 
-// The config → native-bridge helpers moved to actors/config-bridge.ts; re-exported for existing callers.
-export { dataSourceFromConfig, modelFromConfig, optimizerInput } from '../actors/config-bridge.ts';
+// The config → native-bridge helpers moved to actors/node/config-bridge.ts; re-exported for existing callers.
+export { dataSourceFromConfig, modelFromConfig, optimizerInput } from '../actors/node/config-bridge.ts';
 
 /** Evaluation batches are larger than training ones: no gradients, fewer session calls. */
 const EVAL_BATCH_MIN = 512;

@@ -26,19 +26,19 @@ import {
 } from '../runtime/mod.ts';
 import { allWorkerNodes, groupsMeasuredAtStart, inactiveSettings, loadConfig, natsConnection, type HetpsConfig } from '../topology/mod.ts';
 import { profileDevice, type DeviceProfile, type Evaluation, type ExecutionProvider } from '../native-bridge/mod.ts';
-import { ackWaitFromConfig, createBatchStream, memoryBatchQueue, natsBatchQueue, type BatchQueue } from '../actors/batch-queue.ts';
-import { sparseLayoutFromConfig } from '../actors/config-bridge.ts';
+import { ackWaitFromConfig, createBatchStream, memoryBatchQueue, natsBatchQueue, type BatchQueue } from '../actors/store/batch-queue.ts';
+import { sparseLayoutFromConfig } from '../actors/node/config-bridge.ts';
+import { planJobGroups, prepareJob, profilesOf, waitForProfiles, type JobGrouping, type PreparedJob } from '../actors/scheduler/job.ts';
 import {
-  TrainingMonitor, planJobGroups, prepareJob, profilesOf, waitForProfiles,
-  type CurvePoint, type JobGrouping, type PreparedJob, type TrainingProgress, type TrainingReport, type UtilisationReport,
-} from '../actors/driver.ts';
-import { EVAL_BATCH_MIN, ShardEvaluator, evaluateOnShards } from '../actors/evaluate.ts';
-import { memoryJobInfoStore, natsJobInfoStore, resetNatsJobInfo, type JobInfoStore } from '../actors/job-info.ts';
-import { DEFAULT_NODE_WAIT_MS, modelAndData, startServerNode, startWorkerNode, type ModelAndData } from '../actors/nodes.ts';
-import { memoryPlanStore, natsConnectionOf, natsPlanStore, type PlanStore } from '../actors/plan-store.ts';
-import { measureHostProfile, probeSettings } from '../actors/profile-reporter.ts';
-import { memoryProfileStore, natsProfileStore, resetNatsProfiles, type ProfileStore } from '../actors/profile-store.ts';
-import { RegroupController, type RegroupRecord } from '../actors/scheduler.ts';
+  TrainingMonitor, type CurvePoint, type TrainingProgress, type TrainingReport, type UtilisationReport,
+} from '../actors/monitor/training-monitor.ts';
+import { EVAL_BATCH_MIN, ShardEvaluator, evaluateOnShards } from '../actors/monitor/evaluate.ts';
+import { memoryJobInfoStore, natsJobInfoStore, resetNatsJobInfo, type JobInfoStore } from '../actors/store/job-info.ts';
+import { DEFAULT_NODE_WAIT_MS, modelAndData, startServerNode, startWorkerNode, type ModelAndData } from '../actors/node/nodes.ts';
+import { memoryPlanStore, natsConnectionOf, natsPlanStore, type PlanStore } from '../actors/store/plan-store.ts';
+import { measureHostProfile, probeSettings } from '../actors/node/profile-reporter.ts';
+import { memoryProfileStore, natsProfileStore, resetNatsProfiles, type ProfileStore } from '../actors/store/profile-store.ts';
+import { RegroupController, type RegroupRecord } from '../actors/scheduler/regroup.ts';
 import { ShardClient, shardStalenessSummary, type StalenessSummary } from '../actors/worker/shard-client.ts';
 import { withJobName } from './launch.ts';
 import { NodeProcesses, lineLogger } from './node-processes.ts';

@@ -13,7 +13,7 @@
  * directory (default: <job.run_dir>/api-checkpoint).
  */
 import { join } from 'node:path';
-import { HeterogeneousParameterServer } from '../actors/api.ts';
+import { HeterogeneousParameterServer } from '../actors/api/api.ts';
 
 const [configFile = 'examples/quickstart.yaml', groupName = 'fast', rank = '0'] = process.argv.slice(2);
 

@@ -104,7 +104,7 @@ export interface GroupingConfig {
   async_below: number;
 }
 
-/** The profile every worker measures and publishes when it joins (actors/profile-reporter.ts). */
+/** The profile every worker measures and publishes when it joins (actors/node/profile-reporter.ts). */
 export interface ProfilingConfig {
   /** Seconds a worker spends measuring itself (device, then network) when it joins. */
   probe_seconds: number;

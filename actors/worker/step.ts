@@ -18,8 +18,8 @@ import {
   CtrModel, buildCtrFeeds, buildMlpFeeds, bucketCtrIds, ctrBagIndex, hashedBagOfIds, headOfBatch, runTrainingStep, streamOptions,
   type Batch, type CtrBagIndex, type DataSource, type MlpModel, type StepSession,
 } from '../../native-bridge/mod.ts';
-import type { BatchDescriptor } from '../batch-queue.ts';
-import { EMB_TABLE, WIDE_TABLE, type SparseLayout } from '../config-bridge.ts';
+import type { BatchDescriptor } from '../store/batch-queue.ts';
+import { EMB_TABLE, WIDE_TABLE, type SparseLayout } from '../node/config-bridge.ts';
 import type { PullReply, PullRequest, PushReply, PushRequest } from '../shard/shard.messages.ts';
 import { StaleUpdateError } from '../shard/shard.errors.ts';
 import { ComputePacer, EmulatedLink, pullBytes, pushBytes } from './emulation.ts';

@@ -28,10 +28,10 @@ import {
 } from '../../runtime/mod.ts';
 import type { ShardPlan, WorkerGroupConfig } from '../../topology/mod.ts';
 import { StepSession, type CtrModel, type DataSource, type ExecutionProvider, type MlpModel } from '../../native-bridge/mod.ts';
-import type { BatchQueue, QueuedBatch } from '../batch-queue.ts';
-import type { SparseLayout } from '../config-bridge.ts';
-import type { JobInfo, JobInfoStore } from '../job-info.ts';
-import { publishTelemetry, type BatchTelemetry, type DoneTelemetry, type ProgressTelemetry, type StartTelemetry } from '../telemetry.ts';
+import type { BatchQueue, QueuedBatch } from '../store/batch-queue.ts';
+import type { SparseLayout } from '../node/config-bridge.ts';
+import type { JobInfo, JobInfoStore } from '../store/job-info.ts';
+import { publishTelemetry, type BatchTelemetry, type DoneTelemetry, type ProgressTelemetry, type StartTelemetry } from '../monitor/telemetry.ts';
 import { GroupMember, type WindowOutcome, type WindowPhases } from '../group/group-sync.ts';
 import { ShardClient, StopRequestedError } from './shard-client.ts';
 import { WorkerStepper, batchFromDescriptor, type SyncRound } from './step.ts';

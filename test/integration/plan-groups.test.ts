@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startTestCluster } from '../support/cluster.ts';
 import { connectTransport } from '../../runtime/mod.ts';
-import { measureNodeProfile } from '../../actors/node-profile.ts';
+import { measureNodeProfile } from '../../actors/node/node-profile.ts';
 import { groupNodes, parseNodeProfiles } from '../../topology/grouping.ts';
 
 const run = promisify(execFile);

@@ -10,9 +10,9 @@ import assert from 'node:assert/strict';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { connectTransport, decode, telemetryWildcard, type Transport } from '../../runtime/mod.ts';
-import { natsConnectionOf } from '../../actors/plan-store.ts';
-import { natsProfileStore } from '../../actors/profile-store.ts';
-import { profileTelemetrySchema, type ProfileTelemetry } from '../../actors/telemetry.ts';
+import { natsConnectionOf } from '../../actors/store/plan-store.ts';
+import { natsProfileStore } from '../../actors/store/profile-store.ts';
+import { profileTelemetrySchema, type ProfileTelemetry } from '../../actors/monitor/telemetry.ts';
 import { withCluster } from '../support/cluster.ts';
 import { hetps, tempDirForFile, type Child } from '../support/ps.ts';
 

@@ -10,7 +10,7 @@ import { after, before } from 'node:test';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { connectTransport } from '../../runtime/mod.ts';
-import { subscribeTelemetry } from '../../actors/telemetry.ts';
+import { subscribeTelemetry } from '../../actors/monitor/telemetry.ts';
 
 export const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 export const BIN = join(ROOT, 'bin', 'hetps.mjs');

@@ -1,7 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { SimulatedClock, ValidationError } from '../../runtime/mod.ts';
-import { decodeDescriptor, encodeDescriptor, memoryBatchQueue, type BatchDescriptor } from '../../actors/batch-queue.ts';
+import { decodeDescriptor, encodeDescriptor, memoryBatchQueue, type BatchDescriptor } from '../../actors/store/batch-queue.ts';
 
 const desc = (index: number): BatchDescriptor => ({ batch_id: `src/train/e0/b${index}`, epoch: 0, index, split: 'train', batch_size: 32, samples: 32 });
 

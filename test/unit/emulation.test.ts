@@ -5,9 +5,9 @@ import {
 } from '../../runtime/mod.ts';
 import { parseConfig } from '../../topology/mod.ts';
 import { StepSession, streamOptions } from '../../native-bridge/mod.ts';
-import { shardPlanFromConfig, sparseLayoutFromConfig } from '../../actors/config-bridge.ts';
-import { modelAndData, startServerNode } from '../../actors/nodes.ts';
-import { memoryPlanStore } from '../../actors/plan-store.ts';
+import { shardPlanFromConfig, sparseLayoutFromConfig } from '../../actors/node/config-bridge.ts';
+import { modelAndData, startServerNode } from '../../actors/node/nodes.ts';
+import { memoryPlanStore } from '../../actors/store/plan-store.ts';
 import { ComputePacer, EmulatedLink } from '../../actors/worker/emulation.ts';
 import { ShardClient } from '../../actors/worker/shard-client.ts';
 import { WorkerStepper } from '../../actors/worker/step.ts';

@@ -8,7 +8,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { ConfigError } from '../../runtime/errors.ts';
 import { groupNodes, groupSpeed, parseConfig, syncSettingsForGroups, type GroupCentroid, type NodeGroup, type NodeProfile } from '../../topology/mod.ts';
-import { planJobGroups } from '../../actors/driver.ts';
+import { planJobGroups } from '../../actors/scheduler/job.ts';
 
 function centroid(matmul: number, gather: number): GroupCentroid {
   return { matmul_gflops: matmul, gather_rows_per_s: gather, bandwidth_mbps: 10_000, memory_gb: 64, rtt_ms: 0.2, variance: 0.02 };

@@ -2,7 +2,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { InProcessBroker, Transport } from '../../runtime/mod.ts';
-import { measureNetwork, measureNodeProfile } from '../../actors/node-profile.ts';
+import { measureNetwork, measureNodeProfile } from '../../actors/node/node-profile.ts';
 import { parseNodeProfiles } from '../../topology/grouping.ts';
 
 const device = {

@@ -1,6 +1,6 @@
 /**
- * A worker's profile on join and while training (actors/profile-reporter.ts),
- * the profile store (actors/profile-store.ts) and the driver's wait for every
+ * A worker's profile on join and while training (actors/node/profile-reporter.ts),
+ * the profile store (actors/store/profile-store.ts) and the driver's wait for every
  * worker's profile — on the in-process bus, with a given device profile so
  * no ONNX Runtime runs.
  */
@@ -10,10 +10,10 @@ import { InProcessBroker, SimulatedClock, TimeoutError, connectTransport, silent
 import { decode } from '../../runtime/codec.ts';
 import { coefficientOfVariation, type DeviceProfile } from '../../native-bridge/mod.ts';
 import { parseNodeProfiles } from '../../topology/mod.ts';
-import { waitForProfiles } from '../../actors/driver.ts';
-import { ProfileReporter, probeSettings } from '../../actors/profile-reporter.ts';
-import { memoryProfileStore, profileKey } from '../../actors/profile-store.ts';
-import { nodeProfileOf, profileTelemetrySchema, subscribeTelemetry, type ProfileTelemetry } from '../../actors/telemetry.ts';
+import { waitForProfiles } from '../../actors/scheduler/job.ts';
+import { ProfileReporter, probeSettings } from '../../actors/node/profile-reporter.ts';
+import { memoryProfileStore, profileKey } from '../../actors/store/profile-store.ts';
+import { nodeProfileOf, profileTelemetrySchema, subscribeTelemetry, type ProfileTelemetry } from '../../actors/monitor/telemetry.ts';
 
 const JOB = 'prof';
 const device: DeviceProfile = { node: 'host', matmul_gflops: 120, gather_rows_per_s: 8e6, memory_gb: 16, cpus: 4, providers: ['cpu'], variance: 0.05 };

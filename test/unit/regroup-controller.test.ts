@@ -1,5 +1,5 @@
 /**
- * The driver's regroup command (actors/scheduler.ts) without a training run:
+ * The driver's regroup command (actors/scheduler/regroup.ts) without a training run:
  * a JSON request on hps.<job>.ctl.regroup is validated, writes the new
  * groups with the next groups_version, and resume_version follows once every
  * live worker has reported ready; bad requests get clear errors; groups: null
@@ -8,9 +8,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { InProcessBroker, JSON_CONTENT_TYPE, connectTransport, controlSubject, silentLogger, systemClock, type Transport } from '../../runtime/mod.ts';
-import { memoryJobInfoStore, type JobInfo } from '../../actors/job-info.ts';
-import { RegroupController } from '../../actors/scheduler.ts';
-import { publishTelemetry } from '../../actors/telemetry.ts';
+import { memoryJobInfoStore, type JobInfo } from '../../actors/store/job-info.ts';
+import { RegroupController } from '../../actors/scheduler/regroup.ts';
+import { publishTelemetry } from '../../actors/monitor/telemetry.ts';
 
 const JOB = 'rg';
 const g = (name: string, nodes: string[], sync_mode: 'sync' | 'async', sync_steps: number | null = null) =>

@@ -2,17 +2,17 @@
  * Regrouping on measurements: the workers' profiles with compute scaled by
  * each node's observed slowdown (topology/regroup.ts), clustered with k =
  * the current number of groups, the groups keeping their roles by speed
- * (actors/scheduler.ts). Without a profile from every worker the controller
+ * (actors/scheduler/regroup.ts). Without a profile from every worker the controller
  * falls back to step times alone.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { InProcessBroker, connectTransport, silentLogger, systemClock, type Transport } from '../../runtime/mod.ts';
 import { observedSlowdown, profilesAtObservedSpeed, type NodeProfile } from '../../topology/mod.ts';
-import { memoryJobInfoStore, type JobInfo } from '../../actors/job-info.ts';
-import { memoryProfileStore } from '../../actors/profile-store.ts';
-import { RegroupController } from '../../actors/scheduler.ts';
-import { publishTelemetry, type ProfileTelemetry } from '../../actors/telemetry.ts';
+import { memoryJobInfoStore, type JobInfo } from '../../actors/store/job-info.ts';
+import { memoryProfileStore } from '../../actors/store/profile-store.ts';
+import { RegroupController } from '../../actors/scheduler/regroup.ts';
+import { publishTelemetry, type ProfileTelemetry } from '../../actors/monitor/telemetry.ts';
 
 const JOB = 'rgp';
 const g = (name: string, nodes: string[], sync_mode: 'sync' | 'async', sync_steps: number | null = null) =>

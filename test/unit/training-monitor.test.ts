@@ -11,10 +11,11 @@ import { existsSync } from 'node:fs';
 import { InProcessBroker, SimulatedClock, connectTransport, silentLogger } from '../../runtime/mod.ts';
 import type { ShardPlan } from '../../topology/mod.ts';
 import type { Evaluation } from '../../native-bridge/mod.ts';
-import { memoryBatchQueue, type BatchDescriptor } from '../../actors/batch-queue.ts';
-import { TrainingMonitor, type PreparedJob } from '../../actors/driver.ts';
-import type { JobInfo } from '../../actors/job-info.ts';
-import { publishTelemetry } from '../../actors/telemetry.ts';
+import { memoryBatchQueue, type BatchDescriptor } from '../../actors/store/batch-queue.ts';
+import type { PreparedJob } from '../../actors/scheduler/job.ts';
+import { TrainingMonitor } from '../../actors/monitor/training-monitor.ts';
+import type { JobInfo } from '../../actors/store/job-info.ts';
+import { publishTelemetry } from '../../actors/monitor/telemetry.ts';
 import { cpuBetween, cpuSnapshot, processCpuSeconds } from '../../cli/process-cpu.ts';
 
 const JOB = 'mon';

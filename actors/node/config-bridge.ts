@@ -5,15 +5,15 @@
  * parameter-server nodes, the driver and the API, so a distributed run and
  * its single-process reference read a config the same way.
  */
-import { ConfigError, MissingDependencyError } from '../runtime/mod.ts';
+import { ConfigError, MissingDependencyError } from '../../runtime/mod.ts';
 import {
   buildShardPlan, type HetpsConfig, type OptimizerSettings, type ScheduleConfig as YamlSchedule, type ShardPlan, type SparseTableSpec,
-} from '../topology/mod.ts';
+} from '../../topology/mod.ts';
 import {
   createOptimizer, createSpamAssassinSource, createSyntheticCtrSource, createSyntheticMlpSource, ctrModel, mlpModel, SPAM_ASSASSIN_PACKAGE,
   streamOptions, type CtrModel, type DataSource, type MlpModel, type Optimizer, type OptimizerConfigInput, type ScheduleConfig,
-} from '../native-bridge/mod.ts';
-import type { BatchDescriptor } from './batch-queue.ts';
+} from '../../native-bridge/mod.ts';
+import type { BatchDescriptor } from '../store/batch-queue.ts';
 
 /**
  * Embedding rows start uniform in ±0.05: small next to the He-initialised

@@ -9,8 +9,8 @@
 import { z } from 'zod';
 import { Kvm, type KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/nats-core';
-import { ConfigError, TimeoutError, decode, encode, streamName, type Clock } from '../runtime/mod.ts';
-import { SYNC_MODES, type HetpsConfig, type WorkerGroupConfig } from '../topology/mod.ts';
+import { ConfigError, TimeoutError, decode, encode, streamName, type Clock } from '../../runtime/mod.ts';
+import { SYNC_MODES, type HetpsConfig, type WorkerGroupConfig } from '../../topology/mod.ts';
 
 /** A worker group as the job runs it: `cluster.worker_groups[]` of the config, or the scheduler's regrouping. */
 export const jobGroupSchema = z.object({
@@ -42,7 +42,7 @@ export const jobInfoSchema = z.object({
    */
   groups: z.array(jobGroupSchema).nullable().default(null),
   /**
-   * Regrouping (actors/scheduler.ts): bumped each time the driver writes new
+   * Regrouping (actors/scheduler/regroup.ts): bumped each time the driver writes new
    * `groups`. A worker that sees a newer version pauses at its next window
    * boundary, reports ready, and waits until `resume_version` reaches it.
    */

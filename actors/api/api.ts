@@ -27,22 +27,22 @@ import { join, resolve } from 'node:path';
 import {
   ActorSystem, ConfigError, SeededRandom, connectTransport, controlSubject, createLogger, decode, encode, hashString, systemClock,
   type Logger, type Transport,
-} from '../runtime/mod.ts';
-import { loadConfig, natsConnection, nodeOverrides, type HetpsConfig, type OptimizerType, type ShardPlan, type WorkerNode } from '../topology/mod.ts';
-import { StepSession, type Batch, type DataSource } from '../native-bridge/mod.ts';
-import { natsBatchQueue, type BatchDescriptor, type BatchQueue, type QueuedBatch } from './batch-queue.ts';
-import { sparseLayoutFromConfig } from './config-bridge.ts';
+} from '../../runtime/mod.ts';
+import { loadConfig, natsConnection, nodeOverrides, type HetpsConfig, type OptimizerType, type ShardPlan, type WorkerNode } from '../../topology/mod.ts';
+import { StepSession, type Batch, type DataSource } from '../../native-bridge/mod.ts';
+import { natsBatchQueue, type BatchDescriptor, type BatchQueue, type QueuedBatch } from '../store/batch-queue.ts';
+import { sparseLayoutFromConfig } from '../node/config-bridge.ts';
 import { GroupWindows } from './api-group.ts';
-import { GroupMember, reducesInGroup, type WindowOutcome } from './group/group-sync.ts';
-import { groupOfWorker, natsJobInfoStore, waitForJobInfo, type JobInfo } from './job-info.ts';
-import { DEFAULT_NODE_WAIT_MS, UNGROUPED, modelAndData, startServerNode, waitForPlan, workerNodeByName, workerNodeOf, type ModelAndData } from './nodes.ts';
-import { natsConnectionOf, natsPlanStore } from './plan-store.ts';
-import { ProfileReporter } from './profile-reporter.ts';
-import { natsProfileStore } from './profile-store.ts';
-import type { ShardSnapshot } from './shard/shard.messages.ts';
-import { publishTelemetry } from './telemetry.ts';
-import { ShardClient, waitForShards } from './worker/shard-client.ts';
-import { WorkerStepper, batchFromDescriptor } from './worker/step.ts';
+import { GroupMember, reducesInGroup, type WindowOutcome } from '../group/group-sync.ts';
+import { groupOfWorker, natsJobInfoStore, waitForJobInfo, type JobInfo } from '../store/job-info.ts';
+import { DEFAULT_NODE_WAIT_MS, UNGROUPED, modelAndData, startServerNode, waitForPlan, workerNodeByName, workerNodeOf, type ModelAndData } from '../node/nodes.ts';
+import { natsConnectionOf, natsPlanStore } from '../store/plan-store.ts';
+import { ProfileReporter } from '../node/profile-reporter.ts';
+import { natsProfileStore } from '../store/profile-store.ts';
+import type { ShardSnapshot } from '../shard/shard.messages.ts';
+import { publishTelemetry } from '../monitor/telemetry.ts';
+import { ShardClient, waitForShards } from '../worker/shard-client.ts';
+import { WorkerStepper, batchFromDescriptor } from '../worker/step.ts';
 
 export interface HeterogeneousParameterServerOptions {
   configFile: string;

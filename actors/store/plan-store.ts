@@ -12,9 +12,9 @@
 import { z } from 'zod';
 import { Kvm, type KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/nats-core';
-import { ConfigError, NatsBus, streamName, type Transport } from '../runtime/mod.ts';
-import { validateShardPlan, type ShardPlan } from '../topology/mod.ts';
-import { StalePlanError } from './shard/shard.errors.ts';
+import { ConfigError, NatsBus, streamName, type Transport } from '../../runtime/mod.ts';
+import { validateShardPlan, type ShardPlan } from '../../topology/mod.ts';
+import { StalePlanError } from '../shard/shard.errors.ts';
 
 export interface PlanStore {
   /** Stores `plan` (validated) if it is newer than the stored one; StalePlanError if older, or the same version with other content. */

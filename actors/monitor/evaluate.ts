@@ -9,14 +9,14 @@
  * small subset every few seconds while training runs at the cost of the
  * pulls and one eval graph run per batch.
  */
-import type { ShardPlan } from '../topology/mod.ts';
+import type { ShardPlan } from '../../topology/mod.ts';
 import {
   CtrModel, StepSession, auc, binaryLogLoss, buildCtrFeeds, buildMlpFeeds, bucketCtrIds, MulticlassTally, ctrBagIndex,
   hashedBagOfIds, headOfBatch, streamOptions, type Batch, type CtrBagIndex, type DataSource, type Evaluation, type MlpModel,
-} from '../native-bridge/mod.ts';
-import { EMB_TABLE, WIDE_TABLE, type SparseLayout } from './config-bridge.ts';
-import { allocateDense, assemblePull, planExchange, pullRequest, type ShardExchange } from './worker/param-exchange.ts';
-import type { ShardClient } from './worker/shard-client.ts';
+} from '../../native-bridge/mod.ts';
+import { EMB_TABLE, WIDE_TABLE, type SparseLayout } from '../node/config-bridge.ts';
+import { allocateDense, assemblePull, planExchange, pullRequest, type ShardExchange } from '../worker/param-exchange.ts';
+import type { ShardClient } from '../worker/shard-client.ts';
 
 /** Evaluation batches are larger than training ones: no gradients, fewer session calls. */
 export const EVAL_BATCH_MIN = 512;

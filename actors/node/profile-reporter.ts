@@ -3,7 +3,7 @@
  * §3.1: every node is measured when it joins, and grouping is kept up to
  * date while the job runs).
  *
- * - Join: measure the node (actors/node-profile.ts: device through ONNX
+ * - Join: measure the node (actors/node/node-profile.ts: device through ONNX
  *   Runtime, rtt and bandwidth to the NATS server, emulation applied and
  *   labelled) with a short probe (`cluster.profiling.probe_seconds`, 0.5 s
  *   by default), publish it on `hps.<job>.tel.profile.<node>` and put it in
@@ -20,12 +20,12 @@
  *   take the node's cores from its training.
  */
 import { z } from 'zod';
-import type { Clock, Logger, Timer, Transport } from '../runtime/mod.ts';
-import type { EmulateConfig, NodeProfile } from '../topology/mod.ts';
-import { coefficientOfVariation, profileDevice, type DeviceProfile, type ExecutionProvider, type ProfileOptions } from '../native-bridge/mod.ts';
+import type { Clock, Logger, Timer, Transport } from '../../runtime/mod.ts';
+import type { EmulateConfig, NodeProfile } from '../../topology/mod.ts';
+import { coefficientOfVariation, profileDevice, type DeviceProfile, type ExecutionProvider, type ProfileOptions } from '../../native-bridge/mod.ts';
 import { measureNetwork, measureNodeProfile, type NetworkProbe, type NetworkProbeOptions } from './node-profile.ts';
-import type { ProfileStore } from './profile-store.ts';
-import { publishTelemetry, type ProfileTelemetry } from './telemetry.ts';
+import type { ProfileStore } from '../store/profile-store.ts';
+import { publishTelemetry, type ProfileTelemetry } from '../monitor/telemetry.ts';
 
 /** Step times kept for `step_ms_variance`. */
 export const PROFILE_STEP_WINDOW = 50;

@@ -5,24 +5,24 @@
  * nodes in one process on the in-process bus) and under the API. Each waits
  * for what it needs (plan, job info, shards), so nodes and driver may start
  * in any order. A worker first measures itself and publishes its profile
- * (actors/profile-reporter.ts): the driver groups `cluster.worker_nodes` by
+ * (actors/node/profile-reporter.ts): the driver groups `cluster.worker_nodes` by
  * those profiles before it writes the job info.
  */
-import { ConfigError, TimeoutError, type ActorSystem, type Clock, type Logger } from '../runtime/mod.ts';
-import { allWorkerNodes, nodeOverrides, type HetpsConfig, type ShardPlan, type StalenessPolicy, type WorkerNode } from '../topology/mod.ts';
-import { initDenseParams, type CtrModel, type DataSource, type DeviceProfile, type ExecutionProvider, type MlpModel } from '../native-bridge/mod.ts';
-import type { BatchQueue } from './batch-queue.ts';
+import { ConfigError, TimeoutError, type ActorSystem, type Clock, type Logger } from '../../runtime/mod.ts';
+import { allWorkerNodes, nodeOverrides, type HetpsConfig, type ShardPlan, type StalenessPolicy, type WorkerNode } from '../../topology/mod.ts';
+import { initDenseParams, type CtrModel, type DataSource, type DeviceProfile, type ExecutionProvider, type MlpModel } from '../../native-bridge/mod.ts';
+import type { BatchQueue } from '../store/batch-queue.ts';
 import {
   EMBEDDING_INIT_SCALE, WIDE_TABLE, dataSourceFromConfig, modelFromConfig, optimizerInput, sparseLayoutFromConfig,
 } from './config-bridge.ts';
-import { groupOfWorker, waitForJobInfo, type JobInfo, type JobInfoStore } from './job-info.ts';
-import type { PlanStore } from './plan-store.ts';
+import { groupOfWorker, waitForJobInfo, type JobInfo, type JobInfoStore } from '../store/job-info.ts';
+import type { PlanStore } from '../store/plan-store.ts';
 import type { NetworkProbe } from './node-profile.ts';
 import { ProfileReporter } from './profile-reporter.ts';
-import type { ProfileStore } from './profile-store.ts';
-import { createShardActor } from './shard/shard.actor.ts';
-import { waitForShards } from './worker/shard-client.ts';
-import { createWorkerActor, type WorkerActorDefinition } from './worker/worker.actor.ts';
+import type { ProfileStore } from '../store/profile-store.ts';
+import { createShardActor } from '../shard/shard.actor.ts';
+import { waitForShards } from '../worker/shard-client.ts';
+import { createWorkerActor, type WorkerActorDefinition } from '../worker/worker.actor.ts';
 
 /** How long a node waits for the driver (plan, job info) and for the shards, by default. */
 export const DEFAULT_NODE_WAIT_MS = 120_000;
@@ -119,7 +119,7 @@ export function workerNodeByName(config: HetpsConfig, name: string): WorkerNode 
   return n;
 }
 
-/** How a node profiles itself when it joins (actors/profile-reporter.ts); the probe times default to `cluster.profiling`. */
+/** How a node profiles itself when it joins (actors/node/profile-reporter.ts); the probe times default to `cluster.profiling`. */
 export interface WorkerProfiling {
   store: ProfileStore;
   probeSeconds?: number;

@@ -17,7 +17,7 @@
 import { z } from 'zod';
 import { jetstream, jetstreamManager, AckPolicy, DeliverPolicy, RetentionPolicy, StorageType, type Consumer, type JetStreamClient, type JetStreamManager, type JsMsg } from '@nats-io/jetstream';
 import { nanos, type NatsConnection } from '@nats-io/nats-core';
-import { ConnectionError, HetpsError, ValidationError, batchSubject, decode, encode, streamName, type Clock, type Timer } from '../runtime/mod.ts';
+import { ConnectionError, HetpsError, ValidationError, batchSubject, decode, encode, streamName, type Clock, type Timer } from '../../runtime/mod.ts';
 
 /** One training batch, by position: batch `index` of epoch `epoch`'s stream of `split`, cut to `samples`. */
 export interface BatchDescriptor {

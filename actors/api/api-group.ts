@@ -13,10 +13,10 @@
  * a batch that will not come; after the script's loop ends, `finish` keeps
  * taking part in (idle) windows until the whole group agrees the job is done.
  */
-import { HetpsError, type Logger } from '../runtime/mod.ts';
-import type { Batch } from '../native-bridge/mod.ts';
-import type { QueuedBatch } from './batch-queue.ts';
-import type { GroupMember, WindowOutcome, WindowStep } from './group/group-sync.ts';
+import { HetpsError, type Logger } from '../../runtime/mod.ts';
+import type { Batch } from '../../native-bridge/mod.ts';
+import type { QueuedBatch } from '../store/batch-queue.ts';
+import type { GroupMember, WindowOutcome, WindowStep } from '../group/group-sync.ts';
 
 interface PendingStep {
   batch: Batch;

@@ -2,19 +2,19 @@
  * The workers' latest profiles, where the driver can read them whatever the
  * start order: a JetStream KV bucket `HPS_<job>_profiles` (one key per node)
  * over NATS, a map in embedded mode — the same two backends as the job info
- * (actors/job-info.ts). A sibling bucket rather than a key in the job info's:
+ * (actors/store/job-info.ts). A sibling bucket rather than a key in the job info's:
  * workers write here before the driver has created the job, and the driver
  * rewrites the job info whole.
  *
  * A driver starting a run empties the bucket (`resetNatsProfiles`), so an
  * earlier run's profiles never group this one; a worker that joined before
  * the driver writes its profile again every few seconds until it sees the
- * job (actors/profile-reporter.ts), so it is not lost to that reset.
+ * job (actors/node/profile-reporter.ts), so it is not lost to that reset.
  */
 import { Kvm, type KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/nats-core';
-import { decode, encode, streamName } from '../runtime/mod.ts';
-import { profileTelemetrySchema, type ProfileTelemetry } from './telemetry.ts';
+import { decode, encode, streamName } from '../../runtime/mod.ts';
+import { profileTelemetrySchema, type ProfileTelemetry } from '../monitor/telemetry.ts';
 
 export interface ProfileStore {
   put(profile: ProfileTelemetry): Promise<void>;

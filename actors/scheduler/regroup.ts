@@ -39,15 +39,15 @@ import { z } from 'zod';
 import {
   ConfigError, HetpsError, JSON_CONTENT_TYPE, PROTOCOL_VERSION, ValidationError, controlSubject, decode, encode, toWire,
   type Clock, type Logger, type Timer, type Transport, type TransportMsg,
-} from '../runtime/mod.ts';
+} from '../../runtime/mod.ts';
 import {
   INITIAL_DEGRADATION_STATE, SYNC_MODES, baselineStepMs, detectDegradation, groupNodes, medianOf, noteRegrouped, observedSlowdown,
   profilesAtObservedSpeed, regroupPlan,
   type DegradationPolicy, type DegradationState, type NodeProfile, type WorkerGroupConfig,
-} from '../topology/mod.ts';
-import type { JobInfo, JobInfoStore } from './job-info.ts';
-import type { ProfileStore } from './profile-store.ts';
-import { nodeProfileOf, subscribeTelemetry } from './telemetry.ts';
+} from '../../topology/mod.ts';
+import type { JobInfo, JobInfoStore } from '../store/job-info.ts';
+import type { ProfileStore } from '../store/profile-store.ts';
+import { nodeProfileOf, subscribeTelemetry } from '../monitor/telemetry.ts';
 
 export const REGROUP_COMMAND = 'regroup';
 

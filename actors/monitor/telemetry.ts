@@ -14,8 +14,8 @@
  * so older senders (and the API worker) still validate.
  */
 import { z } from 'zod';
-import { decode, encode, telemetrySubject, telemetryWildcard, type Transport } from '../runtime/mod.ts';
-import { SYNC_MODES, type NodeProfile } from '../topology/mod.ts';
+import { decode, encode, telemetrySubject, telemetryWildcard, type Transport } from '../../runtime/mod.ts';
+import { SYNC_MODES, type NodeProfile } from '../../topology/mod.ts';
 
 const msOrNull = () => z.number().nonnegative().nullable().default(null);
 
@@ -120,11 +120,11 @@ export type RegroupTelemetry = z.infer<typeof regroupTelemetrySchema>;
 
 /**
  * A worker's profile (topology/grouping.ts `NodeProfile`): published once
- * when it joins (`phase: 'join'`, measured by actors/node-profile.ts) and
+ * when it joins (`phase: 'join'`, measured by actors/node/node-profile.ts) and
  * again every `cluster.profiling.republish_seconds` while it trains
  * (`phase: 'training'`, with `step_ms_variance` from its last `steps` step
  * times). Emulation is labelled (`emulated`, `link`). The latest one is also
- * in the job's profile store (actors/profile-store.ts).
+ * in the job's profile store (actors/store/profile-store.ts).
  */
 export const profileTelemetrySchema = z.object({
   node: z.string().min(1),

@@ -20,11 +20,11 @@
  * any `emulate` sets `emulated: true` (speed 1 too: the node's step time is
  * emulated, whatever its factor).
  */
-import type { Clock, Transport } from '../runtime/mod.ts';
-import { probeSubject, systemClock } from '../runtime/mod.ts';
-import type { EmulateConfig, NodeProfile } from '../topology/mod.ts';
-import { medianOf } from '../topology/mod.ts';
-import type { DeviceProfile, ProfileOptions } from '../native-bridge/mod.ts';
+import type { Clock, Transport } from '../../runtime/mod.ts';
+import { probeSubject, systemClock } from '../../runtime/mod.ts';
+import type { EmulateConfig, NodeProfile } from '../../topology/mod.ts';
+import { medianOf } from '../../topology/mod.ts';
+import type { DeviceProfile, ProfileOptions } from '../../native-bridge/mod.ts';
 
 export interface NetworkProbeOptions {
   clock: Clock;
@@ -138,7 +138,7 @@ export interface NodeProfileOptions {
 /** profileDevice + measureNetwork, with the node's emulation applied and labelled. */
 export async function measureNodeProfile(opts: Partial<NodeProfileOptions> & { transport: Transport; node: string }): Promise<NodeProfile> {
   // Shorter than `hetps profile`'s default (5 × 0.3 s) so joining stays under ~2 s; lazy so a given device skips onnxruntime.
-  const device = opts.device ?? await (await import('../native-bridge/mod.ts')).profileDevice({ ...DEFAULT_DEVICE_PROBE, ...opts.deviceOptions, node: opts.node });
+  const device = opts.device ?? await (await import('../../native-bridge/mod.ts')).profileDevice({ ...DEFAULT_DEVICE_PROBE, ...opts.deviceOptions, node: opts.node });
   const net = opts.networkProbe ?? await measureNetwork(opts.transport, opts.network ?? {});
   const emulate = opts.emulate ?? null;
   const speed = emulate?.speed ?? 1;

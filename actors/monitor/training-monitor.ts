@@ -1,146 +1,16 @@
 /**
- * The driver's side of a run (`hetps up`): for workers listed without groups
- * (hps), wait for their profiles and group them (`waitForProfiles`,
- * `planJobGroups`); create the job — shard plan, batch descriptors of every
- * epoch, job info with the groups, in that order — then follow
- * training through the workers' telemetry until every batch is acknowledged,
- * keeping the exactly-once accounting (each batch id acknowledged once),
- * each worker's busy time (utilisation) and, when asked, a test-loss curve
- * from evaluations that run while training does.
- * Transport-neutral: the same code drives a NATS job and an embedded one.
+ * The monitor's aggregation of a run's telemetry: the exactly-once
+ * accounting (each batch id acknowledged once), progress, each worker's busy
+ * time (utilisation) and, when asked, a test-loss curve from evaluations that
+ * run while training does. The monitor actor (monitor.actor.ts) owns one;
+ * `status`, the progress line and the run summary all read it.
+ * Transport-neutral: the same code follows a NATS job and an embedded one.
  */
-import { HetpsError, TimeoutError, type Clock, type Logger, type Transport } from '../runtime/mod.ts';
-import {
-  allWorkerNodes, groupingOptionsFromConfig, planGroups, syncSettingsForGroups,
-  type GroupCentroid, type Grouping, type HetpsConfig, type NodeProfile, type ShardPlan, type WorkerGroupConfig,
-} from '../topology/mod.ts';
-import { ackWaitFromConfig, type BatchDescriptor, type BatchQueue } from './batch-queue.ts';
-import { batchDescriptors, shardPlanFromConfig } from './config-bridge.ts';
-import type { Evaluation } from '../native-bridge/mod.ts';
-import { jobGroupsFromConfig, type JobInfo, type JobInfoStore } from './job-info.ts';
-import type { ModelAndData } from './nodes.ts';
-import type { PlanStore } from './plan-store.ts';
-import type { ProfileStore } from './profile-store.ts';
-import { nodeProfileOf, subscribeTelemetry, type ProfileTelemetry } from './telemetry.ts';
-
-export interface PreparedJob {
-  plan: ShardPlan;
-  descriptors: BatchDescriptor[];
-  info: JobInfo;
-}
-
-/**
- * Waits until every one of `workers` has a profile in the store (each
- * worker puts one when it joins). `onProgress` hears the count whenever it
- * changes and every 5 s; `check` may abort the wait (a node process died).
- * The timeout names the workers still missing.
- */
-export async function waitForProfiles(store: ProfileStore, workers: readonly string[], o: {
-  clock: Clock; timeoutMs: number; onProgress?: (have: number, missing: string[]) => void; check?: () => string | null;
-}): Promise<Map<string, ProfileTelemetry>> {
-  const start = o.clock.monotonic();
-  let lastNote = start;
-  let lastCount = -1;
-  for (;;) {
-    const have = await store.getMany(workers);
-    const missing = workers.filter((w) => !have.has(w));
-    const now = o.clock.monotonic();
-    if (have.size !== lastCount || now - lastNote >= 5_000) {
-      lastCount = have.size; lastNote = now;
-      o.onProgress?.(have.size, missing);
-    }
-    if (missing.length === 0) return have;
-    const reason = o.check?.() ?? null;
-    if (reason !== null) throw new HetpsError(`waiting for the workers' profiles: ${reason} (missing: ${missing.join(', ')})`);
-    if (now - start >= o.timeoutMs) {
-      throw new TimeoutError(`no profile from ${missing.join(', ')} after ${Math.round(o.timeoutMs / 1000)} s (${have.size}/${workers.length} workers profiled). `
-        + 'A worker publishes its profile when it starts, and hps groups cluster.worker_nodes by those profiles: start the missing workers '
-        + '(hetps launch --role worker --node NAME …) or look at their logs for why they did not get that far', { data: { missing } });
-    }
-    await o.clock.sleep(200);
-  }
-}
-
-/** The worker groups a job runs with, and how they were chosen (the summary's `grouping`). */
-export interface JobGrouping {
-  k: number;
-  /** `config`: the YAML's worker_groups; `silhouette` / `fixed`: measured from the profiles (k chosen, or cluster.grouping.k). */
-  criterion: Grouping['criterion'];
-  score: number | null;
-  reason: string;
-  candidates: Grouping['candidates'];
-  /** Fastest first for measured groups, with the sync settings of `syncSettingsForGroups` and the centroid; the YAML's as written. */
-  groups: (WorkerGroupConfig & { centroid: GroupCentroid | null })[];
-  /** The profiles grouped; empty for the YAML's groups. */
-  profiles: NodeProfile[];
-}
-
-/**
- * The YAML's worker groups when it lists any; else the workers' profiles
- * grouped (`planGroups` with `cluster.grouping`) and given sync settings
- * (`syncSettingsForGroups`: the fastest group syncs every
- * `cluster.grouping.sync_steps`, slower ones less often, a much slower last
- * one runs async).
- */
-export function planJobGroups(config: HetpsConfig, profiles: readonly NodeProfile[]): JobGrouping {
-  const g = planGroups(config, profiles, groupingOptionsFromConfig(config));
-  if (g.criterion === 'config') {
-    return {
-      k: g.k, criterion: g.criterion, score: g.score, reason: g.reason, candidates: g.candidates, profiles: [],
-      groups: jobGroupsFromConfig(config).map((x) => ({ ...x, centroid: null })),
-    };
-  }
-  const settings = syncSettingsForGroups(g, { syncSteps: config.cluster.grouping.sync_steps, asyncBelow: config.cluster.grouping.async_below });
-  const centroidOf = new Map(g.groups.map((x) => [x.name, x.centroid]));
-  return {
-    k: g.k, criterion: g.criterion, score: g.score, reason: g.reason, candidates: g.candidates,
-    groups: settings.map((x) => ({ ...x, centroid: centroidOf.get(x.name) ?? null })),
-    profiles: [...profiles].sort((a, b) => (a.node < b.node ? -1 : a.node > b.node ? 1 : 0)),
-  };
-}
-
-/** Profiles from the store's messages, in `workers` order. */
-export function profilesOf(found: ReadonlyMap<string, ProfileTelemetry>, workers: readonly string[]): NodeProfile[] {
-  return workers.flatMap((w) => { const t = found.get(w); return t ? [nodeProfileOf(t)] : []; });
-}
-
-/** Plan first, then every batch, then the job info: a worker that sees the info finds all batches queued. */
-export async function prepareJob(o: {
-  config: HetpsConfig; runId: string; maxPayload: number; md: ModelAndData; planStore: PlanStore; jobStore: JobInfoStore; queue: BatchQueue;
-  ackWaitMs?: number;
-  /** The groups measured at start (`planJobGroups`); absent: the YAML's worker_groups. */
-  groups?: WorkerGroupConfig[] | null;
-}): Promise<PreparedJob> {
-  const { config } = o;
-  let plan = shardPlanFromConfig(config, o.md.model, o.maxPayload);
-  // A job name reused on a long-running NATS keeps its old plan: plans only move forward, so a different one gets the next version.
-  const existing = await o.planStore.get().catch(() => null);
-  if (existing !== null && (existing.version >= plan.version)) {
-    const same = JSON.stringify({ ...existing, version: 0 }) === JSON.stringify({ ...plan, version: 0 });
-    plan = shardPlanFromConfig(config, o.md.model, o.maxPayload, same ? existing.version : existing.version + 1);
-  }
-  await o.planStore.put(plan);
-  const descriptors = batchDescriptors(config, o.md.source);
-  await o.queue.publish(descriptors);
-  const workers = allWorkerNodes(config).map((n) => n.name);
-  const info: JobInfo = {
-    job: config.job.name,
-    run_id: o.runId,
-    mode: config.training.mode,
-    workers,
-    total_batches: descriptors.length,
-    rounds: Math.ceil(descriptors.length / workers.length),
-    epochs: config.data.epochs,
-    batch_size: config.data.batch_size,
-    ack_wait_ms: o.ackWaitMs ?? ackWaitFromConfig(config.fault_tolerance.worker_recovery_timeout),
-    groups: o.groups ? o.groups.map(({ name, nodes, sync_mode, sync_steps, accumulation_steps, adaptive_threshold }) =>
-      ({ name, nodes: [...nodes], sync_mode, sync_steps, accumulation_steps, adaptive_threshold })) : jobGroupsFromConfig(config),
-    groups_version: 0,
-    resume_version: 0,
-  };
-  await o.jobStore.put(info);
-  return { plan, descriptors, info };
-}
+import { HetpsError, type Clock, type Logger, type Transport } from '../../runtime/mod.ts';
+import type { Evaluation } from '../../native-bridge/mod.ts';
+import type { BatchQueue } from '../store/batch-queue.ts';
+import type { PreparedJob } from '../scheduler/job.ts';
+import { subscribeTelemetry } from './telemetry.ts';
 
 export interface TrainingProgress {
   samples: number;
@@ -502,4 +372,3 @@ export class TrainingMonitor {
     return { wall_s: wallS, mean: values.length ? values.reduce((x, y) => x + y, 0) / values.length : 0, per_node: perNode };
   }
 }
-
