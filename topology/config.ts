@@ -1,5 +1,6 @@
 /**
- * The job's YAML config: schema, defaults, and validation that reports every
+ * The job's YAML config: one zod schema that declares every key, its check
+ * and its default; the types are inferred from it. Validation reports every
  * problem at once, each with the file, the path inside it, what is wrong and
  * the line and column.
  *
@@ -8,20 +9,22 @@
  * keeps those names, so an error message, the docs and the code all say the
  * same path; only the helpers at the bottom return camelCase API objects.
  *
- * Validation runs in two passes over the same raw tree, and both always run so
- * one ConfigError lists everything: zod checks the shape (types, ranges,
- * unknown keys), then `crossChecks` checks what spans fields (duplicates,
- * settings that only apply to some mode, unknown node names, auth methods).
- * Defaults are filled only once the file is valid.
+ * A YAML syntax error stops there: the parser's first error, with its code
+ * frame. A file that parses is checked in two passes over the same raw tree,
+ * and both always run so one ConfigError lists everything: zod checks the
+ * shape (types, ranges, unknown keys) and fills the defaults, then
+ * `crossChecks` checks what spans fields (duplicates, settings that only apply
+ * to some mode, unknown node names, auth methods). Once the file is valid,
+ * `resolve` fills the few defaults that depend on another section.
  */
 import { readFile } from 'node:fs/promises';
-import { isAlias, isMap, isScalar, isSeq, LineCounter, parseDocument, type Document } from 'yaml';
+import { isAlias, isMap, isScalar, isSeq, LineCounter, parseDocument, type Document, type YAMLError } from 'yaml';
 import { z } from 'zod';
 import { ConfigError } from '../runtime/errors.ts';
 import type { NatsAuth, NatsTls } from '../runtime/nats-bus.ts';
 import { token } from '../runtime/subjects.ts';
 
-// ---------------------------------------------------------------- public types
+// ---------------------------------------------------------------- choices
 
 /**
  * How a worker group synchronises inside itself (the article's three strategies plus async):
@@ -30,306 +33,31 @@ import { token } from '../runtime/subjects.ts';
  * - `accumulation`: each member accumulates `accumulation_steps` gradients locally, then all-reduce.
  * - `async`: no barrier; every member pushes to the servers on its own.
  */
-export type SyncMode = 'sync' | 'async' | 'adaptive' | 'accumulation';
-export const SYNC_MODES = ['sync', 'async', 'adaptive', 'accumulation'] as const satisfies readonly SyncMode[];
+export const SYNC_MODES = ['sync', 'async', 'adaptive', 'accumulation'] as const;
+export type SyncMode = (typeof SYNC_MODES)[number];
 
 /** `hps`: each group as configured, async between groups; `bsp`: one global barrier; `asp`: every worker async. */
-export type TrainingMode = 'bsp' | 'asp' | 'hps';
-export const TRAINING_MODES = ['bsp', 'asp', 'hps'] as const satisfies readonly TrainingMode[];
+export const TRAINING_MODES = ['bsp', 'asp', 'hps'] as const;
+export type TrainingMode = (typeof TRAINING_MODES)[number];
 
-export type ModelType = 'mlp' | 'ctr';
-export type DataSource = 'spam' | 'ctr-synthetic' | 'mlp-synthetic';
-export type OptimizerType = 'sgd' | 'momentum' | 'adam' | 'adagrad';
-export type ScheduleType = 'constant' | 'step' | 'exponential' | 'warmup_cosine';
-export type LogLevel = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
-export type CommunicationBackend = 'auto' | 'nats' | 'nccl' | 'gloo';
-export type Compression = 'none' | 'fp16' | 'adaptive';
-export type Provider = 'cpu' | 'cuda';
+const MODEL_TYPES = ['mlp', 'ctr'] as const;
+export type ModelType = (typeof MODEL_TYPES)[number];
+const DATA_SOURCES = ['spam', 'ctr-synthetic', 'mlp-synthetic'] as const;
+export type DataSource = (typeof DATA_SOURCES)[number];
+const OPTIMIZER_TYPES = ['sgd', 'momentum', 'adam', 'adagrad'] as const;
+export type OptimizerType = (typeof OPTIMIZER_TYPES)[number];
+const SCHEDULE_TYPES = ['constant', 'step', 'exponential', 'warmup_cosine'] as const;
+export type ScheduleType = (typeof SCHEDULE_TYPES)[number];
+const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
+export type LogLevel = (typeof LOG_LEVELS)[number];
+const COMMUNICATION_BACKENDS = ['auto', 'nats', 'nccl', 'gloo'] as const;
+export type CommunicationBackend = (typeof COMMUNICATION_BACKENDS)[number];
+const COMPRESSIONS = ['none', 'fp16', 'adaptive'] as const;
+export type Compression = (typeof COMPRESSIONS)[number];
+const PROVIDERS = ['cpu', 'cuda'] as const;
+export type Provider = (typeof PROVIDERS)[number];
 
-export interface JobConfig {
-  /** Becomes the `<job>` subject token. */
-  name: string;
-  /** Where runs write logs, metrics and checkpoints (relative to the working directory). */
-  run_dir: string;
-}
-
-export interface NatsTlsConfig {
-  ca_file: string | null;
-  cert_file: string | null;
-  key_file: string | null;
-  handshake_first: boolean;
-}
-
-export interface NatsConfig {
-  /** null: start a local cluster (or the in-process bus when no nats-server binary exists). */
-  servers: string[] | null;
-  user: string | null;
-  pass: string | null;
-  token: string | null;
-  nkey_seed: string | null;
-  creds_file: string | null;
-  tls: NatsTlsConfig | null;
-  /** Bytes, for the local cluster only; null: the NATS default (1 MiB). */
-  max_payload: number | null;
-  connect_timeout_ms: number;
-  ping_interval_ms: number;
-}
-
-export interface WorkerGroupConfig {
-  name: string;
-  nodes: string[];
-  sync_mode: SyncMode;
-  /** Set for `sync` groups only. */
-  sync_steps: number | null;
-  /** Set for `accumulation` groups only. */
-  accumulation_steps: number | null;
-  /** Set for `adaptive` groups only: the progress gap, in steps, that triggers a sync. */
-  adaptive_threshold: number | null;
-}
-
-/**
- * How `hps` groups the workers of `cluster.worker_nodes` from their measured
- * profiles at start (topology/grouping.ts: `groupNodes`, `syncSettingsForGroups`).
- */
-export interface GroupingConfig {
-  /** A fixed number of groups (at most the number of workers); null: chosen by silhouette within `k_range`. */
-  k: number | null;
-  /** Inclusive range searched when `k` is null (clamped to the number of workers). */
-  k_range: [number, number];
-  /** k-means++ seed: the same profiles and seed give the same groups. */
-  seed: number;
-  /** sync_steps of the fastest group; slower sync groups get proportionally more (see syncSettingsForGroups). */
-  sync_steps: number;
-  /** The slowest group trains async when its speed is below this share of the fastest group's; 0: never. */
-  async_below: number;
-}
-
-/** The profile every worker measures and publishes when it joins (actors/node/profile-reporter.ts). */
-export interface ProfilingConfig {
-  /** Seconds a worker spends measuring itself (device, then network) when it joins. */
-  probe_seconds: number;
-  /** While training, a worker re-publishes its profile with the variation of its step times this often; 0: only at join. */
-  republish_seconds: number;
-}
-
-export interface ClusterConfig {
-  /** The YAML's groups; empty when the workers are listed in `worker_nodes` only. */
-  worker_groups: WorkerGroupConfig[];
-  /** Workers listed without a group; hps groups them by measurement at start. Empty when not given. */
-  worker_nodes: string[];
-  /** Defaults filled even when unused (the YAML lists its groups, or the mode is not hps). */
-  grouping: GroupingConfig;
-  profiling: ProfilingConfig;
-  server_nodes: string[];
-}
-
-/** `cluster.grouping` defaults: k by silhouette in the article's 3–5, the article's sync_steps 4 for the fastest group. */
-export const DEFAULT_GROUPING_CONFIG: Readonly<GroupingConfig> = Object.freeze<GroupingConfig>({ k: null, k_range: [3, 5], seed: 0, sync_steps: 4, async_below: 0.25 });
-/** Half a second of probing per joining worker: tests start many nodes on a 2-core machine. */
-export const DEFAULT_PROFILING_CONFIG: Readonly<ProfilingConfig> = Object.freeze<ProfilingConfig>({ probe_seconds: 0.5, republish_seconds: 30 });
-
-export interface EmulateConfig {
-  /**
-   * Emulated speed in (0, 1]: every training step of the node takes
-   * `training.emulation_reference_step_ms / speed` (the real compute runs
-   * inside that time), so 0.5 is half as fast as a speed-1 node, whatever
-   * else shares the machine.
-   */
-  speed: number;
-  /** Emulated link bandwidth: each pull, push and intra-group transfer takes bytes·8 / bandwidth longer; null: not limited. */
-  bandwidth_mbps: number | null;
-}
-
-export interface NodeOverride {
-  emulate: EmulateConfig | null;
-  provider: Provider | null;
-  threads: number | null;
-}
-
-export interface MlpModelConfig {
-  input_dim: number;
-  hidden: number[];
-  classes: number;
-}
-
-export interface CtrModelConfig {
-  embedding_dim: number;
-  hidden: number[];
-  pooling: 'sum' | 'mean';
-  wide: boolean;
-  /** Rows per embedding table: one number for every slot, or one per slot. */
-  hash_buckets: number | number[];
-}
-
-export interface ModelConfig {
-  type: ModelType;
-  /** Filled when type is `mlp`, else null. */
-  mlp: MlpModelConfig | null;
-  /** Filled when type is `ctr`, else null. */
-  ctr: CtrModelConfig | null;
-}
-
-/** Fields that do not apply to the source are null. */
-export interface DataConfig {
-  source: DataSource;
-  batch_size: number;
-  epochs: number;
-  /** spam: share of the e-mails held out for evaluation. */
-  test_fraction: number | null;
-  /** Defaults to training.random_seed. */
-  seed: number;
-  /** Training samples: synthetic sources generate this many; spam uses at most this many (null: all). */
-  samples: number | null;
-  /** Synthetic sources: held-out samples. */
-  test_samples: number | null;
-  /** spam: tokens kept (most frequent); ctr-synthetic: distinct ids per slot. */
-  vocab_size: number | null;
-  /** ctr-synthetic: skew of the id distribution. */
-  zipf_exponent: number | null;
-  /** ctr-synthetic: sparse slots per sample. */
-  slots: number | null;
-  /** ctr-synthetic: dense features per sample. */
-  dense_features: number | null;
-  /** spam: tokens kept per e-mail. */
-  max_tokens: number | null;
-}
-
-export type ScheduleConfig =
-  | { type: 'constant' }
-  | { type: 'step'; step_size: number; gamma: number }
-  | { type: 'exponential'; gamma: number; decay_steps: number }
-  | { type: 'warmup_cosine'; warmup_steps: number; total_steps: number; min_multiplier: number };
-
-/** Type-specific fields are filled for their type and null otherwise. */
-export interface OptimizerSettings {
-  type: OptimizerType;
-  learning_rate: number;
-  weight_decay: number;
-  /** momentum */
-  momentum: number | null;
-  /** momentum */
-  nesterov: boolean | null;
-  /** adam */
-  beta1: number | null;
-  /** adam */
-  beta2: number | null;
-  /** adam, adagrad */
-  epsilon: number | null;
-  /** adam (AdamW) */
-  decoupled_weight_decay: boolean | null;
-  /** adagrad */
-  initial_accumulator: number | null;
-  schedule: ScheduleConfig;
-}
-
-/** The top level is the dense optimizer; `sparse` (embedding rows) is fully resolved, never null. */
-export interface OptimizerConfig extends OptimizerSettings {
-  sparse: OptimizerSettings;
-}
-
-export interface TrainingConfig {
-  mode: TrainingMode;
-  random_seed: number;
-  sync_initial_params: boolean;
-  /**
-   * Most versions a pushed gradient may lag the server (hps; the shard refuses
-   * a push staler than this and scales the rest by 1/(1 + staleness)).
-   */
-  max_staleness: number;
-  /**
-   * hps: staleness applied at the full learning rate. A push s updates
-   * stale is applied at lr·(1 + t)/(1 + s) when s > t. `auto`: t is the
-   * median staleness of the shard's recent pushes — the staleness the
-   * groups' concurrency makes normal — so only pushes staler than usual
-   * (a slow group's) are scaled down.
-   */
-  staleness_tolerance: number | 'auto';
-  /** Evaluate every this many steps. */
-  eval_every: number;
-  /**
-   * Step time of an emulated node at `emulate.speed` 1, in milliseconds; a
-   * node at speed s takes this / s per step. Should exceed the real step
-   * time, or emulation cannot keep up (the node says so once).
-   */
-  emulation_reference_step_ms: number;
-}
-
-export interface CommunicationConfig {
-  backend: CommunicationBackend;
-  compression: Compression;
-  /** Bandwidth utilisation in [0, 1] above which adaptive compression starts. */
-  compression_threshold: number;
-}
-
-export interface FaultToleranceConfig {
-  /** Seconds. */
-  worker_recovery_timeout: number;
-  /** Seconds. */
-  server_recovery_timeout: number;
-  /** Backups per shard. */
-  backup_factor: number;
-  preheat_backup: boolean;
-  /** How a backup follows its primary: `async` (may lag a little) or `strong`. */
-  backup_sync: 'async' | 'strong';
-}
-
-export interface LoadBalancingConfig {
-  enabled: boolean;
-  /** Relative load difference between servers that counts as imbalance. */
-  imbalance_threshold: number;
-  /** Seconds an imbalance must last before shards move. */
-  sustain_seconds: number;
-}
-
-export interface MonitoringConfig {
-  enabled: boolean;
-  port: number;
-}
-
-export interface ServerConfig {
-  use_gpu: boolean;
-  gpu_id: number;
-}
-
-export interface LoggingConfig {
-  level: LogLevel;
-}
-
-export interface ConfigSource {
-  /** The file as given to parseConfig / loadConfig. */
-  file: string;
-  /** Every leaf path the file set, e.g. `cluster.worker_groups[0].sync_steps`; the rest are defaults. */
-  given: string[];
-}
-
-export interface HetpsConfig {
-  job: JobConfig;
-  nats: NatsConfig;
-  cluster: ClusterConfig;
-  /** Per-node overrides, keyed by node name; nodes without an entry are absent. */
-  nodes: Record<string, NodeOverride>;
-  model: ModelConfig;
-  data: DataConfig;
-  optimizer: OptimizerConfig;
-  training: TrainingConfig;
-  communication: CommunicationConfig;
-  fault_tolerance: FaultToleranceConfig;
-  load_balancing: LoadBalancingConfig;
-  monitoring: MonitoringConfig;
-  server: ServerConfig;
-  logging: LoggingConfig;
-  source: ConfigSource;
-}
-
-/** One problem in a config file; line and column are 1-based, null where the file has no place for it. */
-export interface ConfigIssue {
-  path: string;
-  message: string;
-  line: number | null;
-  column: number | null;
-}
-
-// ---------------------------------------------------------------- defaults
+// ---------------------------------------------------------------- defaults that are not a single key's
 
 const DEFAULT_LR: Record<OptimizerType, number> = { sgd: 0.01, momentum: 0.01, adam: 0.001, adagrad: 0.01 };
 const DEFAULT_SYNC_STEPS = 4; // the article: 4–8 works for most groups
@@ -345,14 +73,12 @@ export const DEFAULT_EMULATION_REFERENCE_STEP_MS = 100;
  */
 export const DEFAULT_MAX_STALENESS = 32;
 
-type SourceDefaults = Pick<DataConfig, 'batch_size' | 'test_fraction' | 'samples' | 'test_samples' | 'vocab_size' | 'zipf_exponent' | 'slots' | 'dense_features' | 'max_tokens'>;
-
 /** Per source; null marks a field that does not apply to that source. */
-const DATA_DEFAULTS: Record<DataSource, SourceDefaults> = {
+const DATA_DEFAULTS = {
   spam: { batch_size: 64, test_fraction: 0.2, samples: null, test_samples: null, vocab_size: 20_000, zipf_exponent: null, slots: null, dense_features: null, max_tokens: 256 },
   'ctr-synthetic': { batch_size: 256, test_fraction: null, samples: 50_000, test_samples: 5_000, vocab_size: 10_000, zipf_exponent: 1.1, slots: 8, dense_features: 4, max_tokens: null },
   'mlp-synthetic': { batch_size: 256, test_fraction: null, samples: 20_000, test_samples: 2_000, vocab_size: null, zipf_exponent: null, slots: null, dense_features: null, max_tokens: null },
-};
+} satisfies Record<DataSource, Record<string, number | null>>;
 
 /** Which data fields each source reads (`samples` is read by all). */
 const DATA_FIELDS_BY_SOURCE: Record<string, readonly DataSource[]> = {
@@ -387,6 +113,406 @@ const SCHEDULE_FIELDS: Record<ScheduleType, { allowed: readonly string[]; requir
 };
 const ALL_SCHEDULE_SPECIFIC = ['step_size', 'gamma', 'decay_steps', 'warmup_steps', 'total_steps', 'min_multiplier'];
 
+// ---------------------------------------------------------------- field checks
+
+type Path = (string | number)[];
+
+function describe(v: unknown): string {
+  if (v === undefined) return 'nothing';
+  if (v === null) return 'null';
+  if (Array.isArray(v)) return 'a list';
+  if (typeof v === 'object') return 'a mapping';
+  if (typeof v === 'string') return `"${v}" (a string)`;
+  return String(v);
+}
+
+/** A field's message for every check on it: "is required" or "must be <what>, got <value>". */
+function mustBe(what: string) {
+  return (iss: { input?: unknown }) => (iss.input === undefined ? 'is required' : `must be ${what}, got ${describe(iss.input)}`);
+}
+
+const posInt = () => z.number({ error: mustBe('a positive integer') }).int().positive();
+const nonNegInt = () => z.number({ error: mustBe('an integer ≥ 0') }).int().nonnegative();
+const posNum = () => z.number({ error: mustBe('a number > 0') }).positive();
+const nonNegNum = () => z.number({ error: mustBe('a number ≥ 0') }).nonnegative();
+const seed32 = () => z.number({ error: mustBe('an integer from 0 to 4294967295') }).int().min(0).max(0xffff_ffff);
+const openUnit = () => z.number({ error: mustBe('a number between 0 and 1 (both excluded)') }).gt(0).lt(1);
+const unitHalfOpen = () => z.number({ error: mustBe('a number in [0, 1)') }).gte(0).lt(1);
+const closedUnit = () => z.number({ error: mustBe('a number in [0, 1]') }).gte(0).lte(1);
+const upToOne = () => z.number({ error: mustBe('a number in (0, 1]') }).gt(0).lte(1);
+const bool = () => z.boolean({ error: mustBe('true or false') });
+const text = () => z.string({ error: mustBe('a string') }).min(1, { error: 'must not be empty' });
+const oneOf = <const T extends readonly [string, ...string[]]>(values: T) =>
+  z.enum(values, { error: (iss) => (iss.input === undefined ? 'is required' : `must be one of ${values.join(', ')}, got ${typeof iss.input === 'string' ? JSON.stringify(iss.input) : describe(iss.input)}${suggestion(String(iss.input), values)}`) });
+
+/** A name that becomes a NATS subject token (job, group and node names). */
+const subjectToken = (what: string) => z.string({ error: mustBe(`a ${what} (a string)`) }).superRefine((value, ctx) => {
+  try {
+    token(value, what);
+  } catch (e) {
+    ctx.addIssue({ code: 'custom', message: `${(e as Error).message} (${what}s become NATS subject tokens)` });
+  }
+});
+
+const natsUrl = () => z.string({ error: mustBe('a NATS URL such as nats://host:4222') }).superRefine((value, ctx) => {
+  const problem = natsUrlProblem(value);
+  if (problem) ctx.addIssue({ code: 'custom', message: `${JSON.stringify(value)} ${problem}` });
+});
+
+function natsUrlProblem(value: string): string | null {
+  const withScheme = /^[a-z][a-z0-9+.-]*:\/\//i.test(value) ? value : `nats://${value}`;
+  let url: URL;
+  try {
+    url = new URL(withScheme);
+  } catch {
+    return 'is not a URL (expected nats://host:port, tls://…, ws://…, wss://… or host:port)';
+  }
+  if (!['nats:', 'tls:', 'ws:', 'wss:'].includes(url.protocol)) return `has scheme ${url.protocol.slice(0, -1)}; use nats, tls, ws or wss`;
+  if (!url.hostname) return 'has no host';
+  return null;
+}
+
+const list = <T extends z.ZodType>(item: T, what: string) => z.array(item, { error: mustBe(what) });
+
+/** A mapping whose unknown keys are errors. */
+const section = <T extends z.core.$ZodLooseShape>(shape: T) => z.strictObject(shape, { error: mustBe('a mapping (key: value lines)') });
+
+// ---------------------------------------------------------------- schema
+//
+// YAML `key:` with nothing after it means "not set" (stripNulls), so a
+// `.nullable().default(null)` field is null exactly when the file leaves it
+// out. Sections use `.prefault({})`: a missing section is parsed as an empty
+// one, so its fields' defaults are filled too.
+
+/**
+ * A worker group: `cluster.worker_groups[]` of the YAML, and a group as the
+ * job runs it (the job info, a regrouping). The setting of another sync_mode
+ * is null; a group's own setting defaults to 4 steps.
+ */
+export const workerGroupSchema = section({
+  name: subjectToken('group name'),
+  /** Members in rank order. */
+  nodes: list(subjectToken('node name'), 'a list of node names').min(1, { error: 'must list at least one node (a group with no nodes)' }),
+  sync_mode: oneOf(SYNC_MODES).default('sync'),
+  /** Set for `sync` groups only. */
+  sync_steps: posInt().nullable().default(null),
+  /** Set for `accumulation` groups only. */
+  accumulation_steps: posInt().nullable().default(null),
+  /** Set for `adaptive` groups only: the progress gap, in steps, that triggers a sync. */
+  adaptive_threshold: posInt().nullable().default(null),
+}).transform((g) => ({
+  ...g,
+  sync_steps: g.sync_mode === 'sync' ? g.sync_steps ?? DEFAULT_SYNC_STEPS : null,
+  accumulation_steps: g.sync_mode === 'accumulation' ? g.accumulation_steps ?? DEFAULT_ACCUMULATION_STEPS : null,
+  adaptive_threshold: g.sync_mode === 'adaptive' ? g.adaptive_threshold ?? DEFAULT_ADAPTIVE_THRESHOLD : null,
+}));
+export type WorkerGroupConfig = z.output<typeof workerGroupSchema>;
+
+/**
+ * How `hps` groups the workers of `cluster.worker_nodes` from their measured
+ * profiles at start (topology/grouping.ts: `groupNodes`, `syncSettingsForGroups`).
+ * Defaults: k by silhouette in the article's 3–5, its sync_steps 4 for the fastest group.
+ */
+const groupingSchema = section({
+  /** A fixed number of groups (at most the number of workers); null: chosen by silhouette within `k_range`. */
+  k: posInt().nullable().default(null),
+  /** Inclusive range searched when `k` is null (clamped to the number of workers). */
+  k_range: list(posInt(), 'two positive integers [low, high], e.g. [3, 5]')
+    .length(2, { error: 'must be two positive integers [low, high], e.g. [3, 5]' })
+    .transform((r): [number, number] => [r[0]!, r[1]!])
+    .default((): [number, number] => [3, 5]),
+  /** k-means++ seed: the same profiles and seed give the same groups. */
+  seed: seed32().default(0),
+  /** sync_steps of the fastest group; slower sync groups get proportionally more (see syncSettingsForGroups). */
+  sync_steps: posInt().default(4),
+  /** The slowest group trains async when its speed is below this share of the fastest group's; 0: never. */
+  async_below: unitHalfOpen().default(0.25),
+});
+
+/** The profile every worker measures and publishes when it joins (actors/node/profile-reporter.ts). */
+const profilingSchema = section({
+  /** Seconds a worker spends measuring itself (device, then network) when it joins; half a second: tests start many nodes on a 2-core machine. */
+  probe_seconds: z.number({ error: mustBe('a number of seconds in (0, 30]') }).gt(0).lte(30).default(0.5),
+  /** While training, a worker re-publishes its profile with the variation of its step times this often; 0: only at join. */
+  republish_seconds: nonNegNum().default(30),
+});
+
+const emulateSchema = section({
+  /**
+   * Emulated speed in (0, 1]: every training step of the node takes
+   * `training.emulation_reference_step_ms / speed` (the real compute runs
+   * inside that time), so 0.5 is half as fast as a speed-1 node, whatever
+   * else shares the machine.
+   */
+  speed: upToOne().default(1),
+  /** Emulated link bandwidth: each pull, push and intra-group transfer takes bytes·8 / bandwidth longer; null: not limited. */
+  bandwidth_mbps: posNum().nullable().default(null),
+});
+
+const nodeOverrideSchema = section({
+  emulate: emulateSchema.nullable().default(null),
+  provider: oneOf(PROVIDERS).nullable().default(null),
+  threads: posInt().nullable().default(null),
+});
+
+const scheduleSchema = z.strictObject({
+  type: oneOf(SCHEDULE_TYPES),
+  step_size: posInt().optional(),
+  gamma: upToOne().optional(),
+  decay_steps: posNum().optional(),
+  warmup_steps: nonNegInt().optional(),
+  total_steps: posInt().optional(),
+  min_multiplier: closedUnit().optional(),
+}, { error: mustBe('a mapping with a `type`') });
+
+// No defaults here: they depend on the type, and optimizer.sparse takes the dense values (resolveOptimizer).
+const optimizerSettingsSchema = section({
+  type: oneOf(OPTIMIZER_TYPES).optional(),
+  learning_rate: posNum().optional(),
+  weight_decay: nonNegNum().optional(),
+  momentum: unitHalfOpen().optional(),
+  nesterov: bool().optional(),
+  beta1: unitHalfOpen().optional(),
+  beta2: unitHalfOpen().optional(),
+  epsilon: posNum().optional(),
+  decoupled_weight_decay: bool().optional(),
+  initial_accumulator: nonNegNum().optional(),
+  schedule: scheduleSchema.optional(),
+});
+
+/** Fields that do not apply to the source are null. */
+const dataSchema = section({
+  source: oneOf(DATA_SOURCES),
+  batch_size: posInt().optional(),
+  epochs: posInt().default(1),
+  /** spam: share of the e-mails held out for evaluation. */
+  test_fraction: openUnit().optional(),
+  /** Defaults to training.random_seed. */
+  seed: seed32().optional(),
+  /** Training samples: synthetic sources generate this many; spam uses at most this many (null: all). */
+  samples: posInt().optional(),
+  /** Synthetic sources: held-out samples. */
+  test_samples: posInt().optional(),
+  /** spam: tokens kept (most frequent); ctr-synthetic: distinct ids per slot. */
+  vocab_size: posInt().optional(),
+  /** ctr-synthetic: skew of the id distribution. */
+  zipf_exponent: posNum().optional(),
+  /** ctr-synthetic: sparse slots per sample. */
+  slots: posInt().optional(),
+  /** ctr-synthetic: dense features per sample. */
+  dense_features: nonNegInt().optional(),
+  /** spam: tokens kept per e-mail. */
+  max_tokens: posInt().optional(),
+}).transform((d) => {
+  const s = DATA_DEFAULTS[d.source];
+  // A field of another source stays null (crossChecks reports it when given).
+  const onlyFor = (sourceDefault: number | null, given: number | undefined) => (sourceDefault === null ? null : given ?? sourceDefault);
+  return {
+    ...d,
+    batch_size: d.batch_size ?? s.batch_size,
+    test_fraction: onlyFor(s.test_fraction, d.test_fraction),
+    // spam reads at most `samples` e-mails when given; its default is all of them
+    samples: d.samples ?? s.samples,
+    test_samples: onlyFor(s.test_samples, d.test_samples),
+    vocab_size: onlyFor(s.vocab_size, d.vocab_size),
+    zipf_exponent: onlyFor(s.zipf_exponent, d.zipf_exponent),
+    slots: onlyFor(s.slots, d.slots),
+    dense_features: onlyFor(s.dense_features, d.dense_features),
+    max_tokens: onlyFor(s.max_tokens, d.max_tokens),
+  };
+});
+
+const faultToleranceSchema = section({
+  /** Seconds a silent worker's batches wait before they are handed out again (the batch queue's ack_wait), and how long an hps group waits for a lost member. */
+  worker_recovery_timeout: posNum().default(30),
+  /** Seconds. */
+  server_recovery_timeout: posNum().default(60),
+  /** Backups per shard; default: 1 when there are two or more servers, else 0 (resolve). */
+  backup_factor: nonNegInt().optional(),
+  preheat_backup: bool().default(false),
+  /** How a backup follows its primary: `async` (may lag a little) or `strong`. */
+  backup_sync: oneOf(['async', 'strong']).default('async'),
+  /** How often every node process publishes a heartbeat, in milliseconds. */
+  heartbeat_ms: posInt().default(250),
+  /** Milliseconds without a heartbeat after which a node is dead; more than heartbeat_ms. */
+  dead_after_ms: posInt().default(1000),
+});
+const FAULT_TOLERANCE_DEFAULTS = faultToleranceSchema.parse({});
+
+const configSchema = section({
+  job: section({
+    /** Becomes the `<job>` subject token. */
+    name: subjectToken('job name').default('hetps'),
+    /** Where runs write logs, metrics and checkpoints (relative to the working directory). */
+    run_dir: text().default('.hetps/runs'),
+  }).prefault({}),
+  nats: section({
+    /** null: start a local cluster (or the in-process bus when no nats-server binary exists). */
+    servers: list(natsUrl(), 'a list of NATS URLs').min(1, { error: 'must list at least one URL (leave nats.servers out to start a local cluster)' }).nullable().default(null),
+    user: text().nullable().default(null),
+    pass: text().nullable().default(null),
+    token: text().nullable().default(null),
+    nkey_seed: text().nullable().default(null),
+    creds_file: text().nullable().default(null),
+    tls: section({
+      ca_file: text().nullable().default(null),
+      cert_file: text().nullable().default(null),
+      key_file: text().nullable().default(null),
+      handshake_first: bool().default(false),
+    }).nullable().default(null),
+    /** Bytes, for the local cluster only; null: the NATS default (1 MiB). */
+    max_payload: z.number({ error: mustBe('a whole number of bytes from 1 to 67108864 (64 MiB)') }).int().min(1).max(64 * 1024 * 1024).nullable().default(null),
+    connect_timeout_ms: posInt().default(20_000),
+    ping_interval_ms: posInt().default(2_000),
+  }).prefault({}),
+  cluster: section({
+    /** The YAML's groups; empty when the workers are listed in `worker_nodes` only. */
+    worker_groups: list(workerGroupSchema, 'a list of groups').min(1, { error: 'must list at least one worker group' }).default(() => []),
+    /**
+     * Workers listed without a group; hps groups them by measurement at start.
+     * Required unless worker_groups is given: crossChecks says so.
+     */
+    worker_nodes: list(subjectToken('node name'), 'a list of node names')
+      .min(1, { error: 'must list at least one node (or leave it out and list the workers in cluster.worker_groups)' }).default(() => []),
+    /** Filled even when unused (the YAML lists its groups, or the mode is not hps). */
+    grouping: groupingSchema.prefault({}),
+    profiling: profilingSchema.prefault({}),
+    server_nodes: list(subjectToken('node name'), 'a list of node names').min(1, { error: 'must list at least one server node' }),
+  }),
+  /** Per-node overrides, keyed by node name; nodes without an entry are absent. */
+  nodes: z.record(z.string(), nodeOverrideSchema, { error: mustBe('a mapping from node name to its overrides') }).default(() => ({})),
+  model: section({
+    type: oneOf(MODEL_TYPES),
+    // Both are filled; resolve keeps the one of model.type.
+    mlp: section({
+      input_dim: posInt().default(1024),
+      hidden: list(posInt(), 'a list of positive integers').default(() => [512, 256]),
+      /** Default: 2 for data.source spam (ham or spam), else 10 (resolve). */
+      classes: z.number({ error: mustBe('an integer ≥ 2') }).int().min(2).optional(),
+    }).prefault({}),
+    ctr: section({
+      embedding_dim: posInt().default(16),
+      hidden: list(posInt(), 'a list of positive integers').default(() => [256, 128]),
+      pooling: oneOf(['sum', 'mean']).default('sum'),
+      wide: bool().default(true),
+      /** Rows per embedding table: one number for every slot, or one per slot. */
+      hash_buckets: z.union([posInt(), list(posInt(), '').min(1)], { error: mustBe('a positive integer, or a list of them (one per slot)') }).default(131_072),
+    }).prefault({}),
+  }),
+  data: dataSchema,
+  optimizer: optimizerSettingsSchema.extend({
+    /** Embedding rows; unset fields follow the dense optimizer. */
+    sparse: optimizerSettingsSchema.optional(),
+  }).prefault({}),
+  training: section({
+    mode: oneOf(TRAINING_MODES).default('hps'),
+    random_seed: seed32().default(42),
+    sync_initial_params: bool().default(true),
+    /**
+     * Most versions a pushed gradient may lag the server (hps; the shard refuses
+     * a push staler than this and scales the rest by 1/(1 + staleness)).
+     */
+    max_staleness: nonNegInt().default(DEFAULT_MAX_STALENESS),
+    /**
+     * hps: staleness applied at the full learning rate. A push s updates
+     * stale is applied at lr·(1 + t)/(1 + s) when s > t. `auto`: t is the
+     * median staleness of the shard's recent pushes — the staleness the
+     * groups' concurrency makes normal — so only pushes staler than usual
+     * (a slow group's) are scaled down.
+     */
+    staleness_tolerance: z.custom<number | 'auto'>((v) => v === 'auto' || (typeof v === 'number' && Number.isInteger(v) && v >= 0), { error: mustBe('auto or an integer ≥ 0') }).default('auto'),
+    /** Evaluate every this many steps (not active yet: NOT_ACTIVE_YET says what happens instead). */
+    eval_every: posInt().default(100),
+    /**
+     * Step time of an emulated node at `emulate.speed` 1, in milliseconds; a
+     * node at speed s takes this / s per step. Should exceed the real step
+     * time, or emulation cannot keep up (the node says so once).
+     */
+    emulation_reference_step_ms: posNum().default(DEFAULT_EMULATION_REFERENCE_STEP_MS),
+  }).prefault({}),
+  communication: section({
+    backend: oneOf(COMMUNICATION_BACKENDS).default('auto'),
+    compression: oneOf(COMPRESSIONS).default('adaptive'),
+    /** Bandwidth utilisation in [0, 1] above which adaptive compression starts. */
+    compression_threshold: closedUnit().default(0.5),
+  }).prefault({}),
+  fault_tolerance: faultToleranceSchema.prefault({}),
+  load_balancing: section({
+    enabled: bool().default(true),
+    /** Relative load difference between servers that counts as imbalance; the article: 30%. */
+    imbalance_threshold: upToOne().default(0.3),
+    /** Seconds an imbalance must last before shards move; the article: a minute. */
+    sustain_seconds: posNum().default(60),
+  }).prefault({}),
+  monitoring: section({
+    enabled: bool().default(true),
+    port: z.number({ error: mustBe('a port number from 0 to 65535') }).int().min(0).max(65535).default(8888),
+  }).prefault({}),
+  server: section({
+    use_gpu: bool().default(false),
+    gpu_id: nonNegInt().default(0),
+  }).prefault({}),
+  logging: section({
+    // The article writes WARNING; pino says warn.
+    level: z.preprocess(
+      (v) => (typeof v === 'string' ? (v.toLowerCase() === 'warning' ? 'warn' : v.toLowerCase()) : v),
+      oneOf(LOG_LEVELS),
+    ).default('info'),
+  }).prefault({}),
+});
+
+type Parsed = z.output<typeof configSchema>;
+type OptimizerInput = z.output<typeof optimizerSettingsSchema>;
+
+// ---------------------------------------------------------------- types
+
+export interface ConfigSource {
+  /** The file as given to parseConfig / loadConfig. */
+  file: string;
+  /** Every leaf path the file set, e.g. `cluster.worker_groups[0].sync_steps`; the rest are defaults. */
+  given: string[];
+}
+
+/** A valid config with every default filled. */
+export type HetpsConfig = ReturnType<typeof resolve>;
+export type JobConfig = HetpsConfig['job'];
+export type NatsConfig = HetpsConfig['nats'];
+export type NatsTlsConfig = NonNullable<NatsConfig['tls']>;
+export type ClusterConfig = HetpsConfig['cluster'];
+export type GroupingConfig = z.output<typeof groupingSchema>;
+export type ProfilingConfig = z.output<typeof profilingSchema>;
+export type EmulateConfig = z.output<typeof emulateSchema>;
+export type NodeOverride = z.output<typeof nodeOverrideSchema>;
+export type ModelConfig = HetpsConfig['model'];
+export type MlpModelConfig = NonNullable<ModelConfig['mlp']>;
+export type CtrModelConfig = NonNullable<ModelConfig['ctr']>;
+export type DataConfig = HetpsConfig['data'];
+export type ScheduleConfig = ReturnType<typeof resolveSchedule>;
+/** Type-specific fields are filled for their type and null otherwise. */
+export type OptimizerSettings = ReturnType<typeof resolveOptimizer>;
+/** The top level is the dense optimizer; `sparse` (embedding rows) is fully resolved, never null. */
+export type OptimizerConfig = HetpsConfig['optimizer'];
+export type TrainingConfig = HetpsConfig['training'];
+export type CommunicationConfig = HetpsConfig['communication'];
+export type FaultToleranceConfig = HetpsConfig['fault_tolerance'];
+export type LoadBalancingConfig = HetpsConfig['load_balancing'];
+export type MonitoringConfig = HetpsConfig['monitoring'];
+export type ServerConfig = HetpsConfig['server'];
+export type LoggingConfig = HetpsConfig['logging'];
+
+/** `cluster.grouping` when the file leaves it out. */
+export const DEFAULT_GROUPING_CONFIG: Readonly<GroupingConfig> = Object.freeze(groupingSchema.parse({}));
+/** `cluster.profiling` when the file leaves it out. */
+export const DEFAULT_PROFILING_CONFIG: Readonly<ProfilingConfig> = Object.freeze(profilingSchema.parse({}));
+
+/** One problem in a config file; line and column are 1-based, null where the file has no place for it. */
+export interface ConfigIssue {
+  path: string;
+  message: string;
+  line: number | null;
+  column: number | null;
+}
+
 // ---------------------------------------------------------------- settings accepted but not active yet
 
 interface InactiveSetting {
@@ -403,14 +529,15 @@ interface InactiveSetting {
  * in the change that makes its setting work.
  */
 const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
+  // Workers pull the shards' one copy before every step, so they always start alike.
+  { path: 'training.sync_initial_params', when: (c) => !c.training.sync_initial_params, instead: 'every worker pulls the same initial parameters from the shards' },
+  { path: 'training.eval_every', when: () => true, instead: 'the test split is scored at the end of the run, and every N seconds with `hetps up --eval-every N`' },
   // hps: the shards scale stale pushes by 1/(1 + staleness) and refuse those beyond max_staleness; asp only measures.
   { path: 'training.staleness_tolerance', when: (c) => c.training.mode === 'asp', instead: 'in asp stale gradients are applied at the full learning rate' },
   { path: 'training.max_staleness', when: (c) => c.training.mode === 'asp', instead: 'in asp stale gradients are applied as they come; staleness is only measured (training.mode hps enforces it)' },
   { path: 'communication.backend', when: (c) => c.communication.backend === 'nccl' || c.communication.backend === 'gloo', instead: 'every tensor goes over NATS' },
   { path: 'communication.compression', when: (c) => c.communication.compression !== 'none', instead: 'gradients are sent uncompressed' },
   { path: 'communication.compression_threshold', when: () => true, instead: 'gradients are sent uncompressed' },
-  // In asp it is the work queue's ack_wait: a dead worker's batches are delivered again after it.
-  { path: 'fault_tolerance.worker_recovery_timeout', when: (c) => c.training.mode !== 'asp', instead: 'no worker failover' },
   { path: 'fault_tolerance.server_recovery_timeout', when: () => true, instead: 'no server failover' },
   { path: 'fault_tolerance.backup_factor', when: (c) => c.fault_tolerance.backup_factor > 0, instead: 'shards have no backups' },
   { path: 'fault_tolerance.preheat_backup', when: (c) => c.fault_tolerance.preheat_backup, instead: 'shards have no backups' },
@@ -446,225 +573,6 @@ function showValue(v: unknown): string {
   return typeof v === 'string' ? v : JSON.stringify(v);
 }
 
-// ---------------------------------------------------------------- schema (shape only)
-
-type Path = (string | number)[];
-
-function describe(v: unknown): string {
-  if (v === undefined) return 'nothing';
-  if (v === null) return 'null';
-  if (Array.isArray(v)) return 'a list';
-  if (typeof v === 'object') return 'a mapping';
-  if (typeof v === 'string') return `"${v}" (a string)`;
-  return String(v);
-}
-
-/** A field's message for every check on it: "is required" or "must be <what>, got <value>". */
-function mustBe(what: string) {
-  return (iss: { input?: unknown }) => (iss.input === undefined ? 'is required' : `must be ${what}, got ${describe(iss.input)}`);
-}
-
-const posInt = () => z.number({ error: mustBe('a positive integer') }).int().positive();
-const nonNegInt = () => z.number({ error: mustBe('an integer ≥ 0') }).int().nonnegative();
-const posNum = () => z.number({ error: mustBe('a number > 0') }).positive();
-const nonNegNum = () => z.number({ error: mustBe('a number ≥ 0') }).nonnegative();
-const openUnit = () => z.number({ error: mustBe('a number between 0 and 1 (both excluded)') }).gt(0).lt(1);
-const unitHalfOpen = () => z.number({ error: mustBe('a number in [0, 1)') }).gte(0).lt(1);
-const closedUnit = () => z.number({ error: mustBe('a number in [0, 1]') }).gte(0).lte(1);
-const bool = () => z.boolean({ error: mustBe('true or false') });
-const text = () => z.string({ error: mustBe('a string') }).min(1, { error: 'must not be empty' });
-const oneOf = <const T extends readonly [string, ...string[]]>(values: T) =>
-  z.enum(values, { error: (iss) => (iss.input === undefined ? 'is required' : `must be one of ${values.join(', ')}, got ${typeof iss.input === 'string' ? JSON.stringify(iss.input) : describe(iss.input)}${suggestion(String(iss.input), values)}`) });
-
-/** A name that becomes a NATS subject token (job, group and node names). */
-const subjectToken = (what: string) => z.string({ error: mustBe(`a ${what} (a string)`) }).superRefine((value, ctx) => {
-  try {
-    token(value, what);
-  } catch (e) {
-    ctx.addIssue({ code: 'custom', message: `${(e as Error).message} (${what}s become NATS subject tokens)` });
-  }
-});
-
-const natsUrl = () => z.string({ error: mustBe('a NATS URL such as nats://host:4222') }).superRefine((value, ctx) => {
-  const problem = natsUrlProblem(value);
-  if (problem) ctx.addIssue({ code: 'custom', message: `${JSON.stringify(value)} ${problem}` });
-});
-
-function natsUrlProblem(value: string): string | null {
-  const withScheme = /^[a-z][a-z0-9+.-]*:\/\//i.test(value) ? value : `nats://${value}`;
-  let url: URL;
-  try {
-    url = new URL(withScheme);
-  } catch {
-    return 'is not a URL (expected nats://host:port, tls://…, ws://…, wss://… or host:port)';
-  }
-  if (!['nats:', 'tls:', 'ws:', 'wss:'].includes(url.protocol)) return `has scheme ${url.protocol.slice(0, -1)}; use nats, tls, ws or wss`;
-  if (!url.hostname) return 'has no host';
-  return null;
-}
-
-const list = <T extends z.ZodType>(item: T, what: string) => z.array(item, { error: mustBe(what) });
-
-const scheduleSchema = z.strictObject({
-  type: oneOf(['constant', 'step', 'exponential', 'warmup_cosine']),
-  step_size: posInt().optional(),
-  gamma: z.number({ error: mustBe('a number in (0, 1]') }).gt(0).lte(1).optional(),
-  decay_steps: posNum().optional(),
-  warmup_steps: nonNegInt().optional(),
-  total_steps: posInt().optional(),
-  min_multiplier: closedUnit().optional(),
-}, { error: mustBe('a mapping with a `type`') });
-
-const optimizerFields = {
-  type: oneOf(['sgd', 'momentum', 'adam', 'adagrad']).optional(),
-  learning_rate: posNum().optional(),
-  weight_decay: nonNegNum().optional(),
-  momentum: unitHalfOpen().optional(),
-  nesterov: bool().optional(),
-  beta1: unitHalfOpen().optional(),
-  beta2: unitHalfOpen().optional(),
-  epsilon: posNum().optional(),
-  decoupled_weight_decay: bool().optional(),
-  initial_accumulator: nonNegNum().optional(),
-  schedule: scheduleSchema.optional(),
-};
-
-const section = <T extends z.core.$ZodLooseShape>(shape: T) => z.strictObject(shape, { error: mustBe('a mapping (key: value lines)') });
-
-const configSchema = section({
-  job: section({
-    name: subjectToken('job name').optional(),
-    run_dir: text().optional(),
-  }).optional(),
-  nats: section({
-    servers: list(natsUrl(), 'a list of NATS URLs').min(1, { error: 'must list at least one URL (leave nats.servers out to start a local cluster)' }).optional(),
-    user: text().optional(),
-    pass: text().optional(),
-    token: text().optional(),
-    nkey_seed: text().optional(),
-    creds_file: text().optional(),
-    tls: section({
-      ca_file: text().optional(),
-      cert_file: text().optional(),
-      key_file: text().optional(),
-      handshake_first: bool().optional(),
-    }).optional(),
-    max_payload: z.number({ error: mustBe('a whole number of bytes from 1 to 67108864 (64 MiB)') }).int().min(1).max(64 * 1024 * 1024).optional(),
-    connect_timeout_ms: posInt().optional(),
-    ping_interval_ms: posInt().optional(),
-  }).optional(),
-  cluster: section({
-    worker_groups: list(section({
-      name: subjectToken('group name'),
-      nodes: list(subjectToken('node name'), 'a list of node names').min(1, { error: 'must list at least one node (a group with no nodes)' }),
-      sync_mode: oneOf(SYNC_MODES).optional(),
-      sync_steps: posInt().optional(),
-      accumulation_steps: posInt().optional(),
-      adaptive_threshold: posInt().optional(),
-    }), 'a list of groups').min(1, { error: 'must list at least one worker group' }).optional(),
-    // Required unless worker_groups is given: crossChecks says so.
-    worker_nodes: list(subjectToken('node name'), 'a list of node names')
-      .min(1, { error: 'must list at least one node (or leave it out and list the workers in cluster.worker_groups)' }).optional(),
-    grouping: section({
-      k: posInt().optional(),
-      k_range: list(posInt(), 'two positive integers [low, high], e.g. [3, 5]').length(2, { error: 'must be two positive integers [low, high], e.g. [3, 5]' }).optional(),
-      seed: z.number({ error: mustBe('an integer from 0 to 4294967295') }).int().min(0).max(0xffff_ffff).optional(),
-      sync_steps: posInt().optional(),
-      async_below: unitHalfOpen().optional(),
-    }).optional(),
-    profiling: section({
-      probe_seconds: z.number({ error: mustBe('a number of seconds in (0, 30]') }).gt(0).lte(30).optional(),
-      republish_seconds: nonNegNum().optional(),
-    }).optional(),
-    server_nodes: list(subjectToken('node name'), 'a list of node names').min(1, { error: 'must list at least one server node' }),
-  }),
-  nodes: z.record(z.string(), section({
-    emulate: section({
-      speed: z.number({ error: mustBe('a number in (0, 1]') }).gt(0).lte(1).optional(),
-      bandwidth_mbps: posNum().optional(),
-    }).optional(),
-    provider: oneOf(['cpu', 'cuda']).optional(),
-    threads: posInt().optional(),
-  }), { error: mustBe('a mapping from node name to its overrides') }).optional(),
-  model: section({
-    type: oneOf(['mlp', 'ctr']),
-    mlp: section({
-      input_dim: posInt().optional(),
-      hidden: list(posInt(), 'a list of positive integers').optional(),
-      classes: z.number({ error: mustBe('an integer ≥ 2') }).int().min(2).optional(),
-    }).optional(),
-    ctr: section({
-      embedding_dim: posInt().optional(),
-      hidden: list(posInt(), 'a list of positive integers').optional(),
-      pooling: oneOf(['sum', 'mean']).optional(),
-      wide: bool().optional(),
-      hash_buckets: z.union([posInt(), list(posInt(), '').min(1)], { error: mustBe('a positive integer, or a list of them (one per slot)') }).optional(),
-    }).optional(),
-  }),
-  data: section({
-    source: oneOf(['spam', 'ctr-synthetic', 'mlp-synthetic']),
-    batch_size: posInt().optional(),
-    epochs: posInt().optional(),
-    test_fraction: openUnit().optional(),
-    seed: z.number({ error: mustBe('an integer from 0 to 4294967295') }).int().min(0).max(0xffff_ffff).optional(),
-    samples: posInt().optional(),
-    test_samples: posInt().optional(),
-    vocab_size: posInt().optional(),
-    zipf_exponent: posNum().optional(),
-    slots: posInt().optional(),
-    dense_features: nonNegInt().optional(),
-    max_tokens: posInt().optional(),
-  }),
-  optimizer: section({
-    ...optimizerFields,
-    sparse: section(optimizerFields).optional(),
-  }).optional(),
-  training: section({
-    mode: oneOf(TRAINING_MODES).optional(),
-    random_seed: z.number({ error: mustBe('an integer from 0 to 4294967295') }).int().min(0).max(0xffff_ffff).optional(),
-    sync_initial_params: bool().optional(),
-    max_staleness: nonNegInt().optional(),
-    staleness_tolerance: z.custom<number | 'auto'>((v) => v === 'auto' || (typeof v === 'number' && Number.isInteger(v) && v >= 0), { error: mustBe('auto or an integer ≥ 0') }).optional(),
-    eval_every: posInt().optional(),
-    emulation_reference_step_ms: posNum().optional(),
-  }).optional(),
-  communication: section({
-    backend: oneOf(['auto', 'nats', 'nccl', 'gloo']).optional(),
-    compression: oneOf(['none', 'fp16', 'adaptive']).optional(),
-    compression_threshold: closedUnit().optional(),
-  }).optional(),
-  fault_tolerance: section({
-    worker_recovery_timeout: posNum().optional(),
-    server_recovery_timeout: posNum().optional(),
-    backup_factor: nonNegInt().optional(),
-    preheat_backup: bool().optional(),
-    backup_sync: oneOf(['async', 'strong']).optional(),
-  }).optional(),
-  load_balancing: section({
-    enabled: bool().optional(),
-    imbalance_threshold: z.number({ error: mustBe('a number in (0, 1]') }).gt(0).lte(1).optional(),
-    sustain_seconds: posNum().optional(),
-  }).optional(),
-  monitoring: section({
-    enabled: bool().optional(),
-    port: z.number({ error: mustBe('a port number from 0 to 65535') }).int().min(0).max(65535).optional(),
-  }).optional(),
-  server: section({
-    use_gpu: bool().optional(),
-    gpu_id: nonNegInt().optional(),
-  }).optional(),
-  logging: section({
-    // The article writes WARNING; pino says warn.
-    level: z.preprocess(
-      (v) => (typeof v === 'string' ? (v.toLowerCase() === 'warning' ? 'warn' : v.toLowerCase()) : v),
-      oneOf(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
-    ).optional(),
-  }).optional(),
-});
-
-type Parsed = z.output<typeof configSchema>;
-type ParsedOptimizer = NonNullable<Parsed['optimizer']>;
-
 // ---------------------------------------------------------------- entry points
 
 /** Reads and validates a config file; a missing or unreadable file is a ConfigError too. */
@@ -682,19 +590,13 @@ export async function loadConfig(path: string): Promise<HetpsConfig> {
 
 /**
  * Parses and validates config text; `file` names it in messages. Throws one
- * ConfigError listing every problem (`data.issues`: ConfigIssue[]).
+ * ConfigError listing every problem (`data.issues`: ConfigIssue[]); for a
+ * YAML syntax error, only the first one.
  */
 export function parseConfig(text: string, file: string): HetpsConfig {
   const lineCounter = new LineCounter();
   const doc = parseDocument(text, { lineCounter, keepSourceTokens: true, merge: true, prettyErrors: true });
-  if (doc.errors.length > 0) {
-    throw configError(file, doc.errors.map((e) => ({
-      path: '',
-      message: `YAML syntax: ${e.message.split('\n')[0]!.replace(/ at line \d+, column \d+:?$/, '')}`,
-      line: e.linePos?.[0].line ?? null,
-      column: e.linePos?.[0].col ?? null,
-    })));
-  }
+  if (doc.errors.length > 0) throw configError(file, [syntaxIssue(doc.errors)]);
   const raw = stripNulls(doc.toJS({ maxAliasCount: 1000 }));
   const where = (path: Path) => {
     const pos = locate(doc, lineCounter, path, 'value');
@@ -721,6 +623,26 @@ export function parseConfig(text: string, file: string): HetpsConfig {
   }
   issues.sort((a, b) => (a.line ?? Infinity) - (b.line ?? Infinity) || (a.column ?? 0) - (b.column ?? 0));
   throw configError(file, issues);
+}
+
+/**
+ * The earliest of the parser's errors, with its code frame. One mistake
+ * (an unclosed bracket, a bad indent) makes the parser report many more
+ * after it, which only bury the first; their count is kept.
+ */
+function syntaxIssue(errors: readonly YAMLError[]): ConfigIssue {
+  const first = errors.reduce((a, b) => (b.pos[0] < a.pos[0] ? b : a));
+  const [head = '', ...frame] = first.message.split('\n');
+  while (frame.length > 0 && frame[0]!.trim() === '') frame.shift();
+  while (frame.length > 0 && frame.at(-1)!.trim() === '') frame.pop();
+  const more = errors.length - 1;
+  const after = more === 0 ? '' : ` (and ${more} more parse error${more === 1 ? '' : 's'} after it)`;
+  return {
+    path: '',
+    message: [`YAML syntax: ${head.replace(/ at line \d+, column \d+:?$/, '')}${after}`, ...frame.map((l) => `    ${l}`)].join('\n'),
+    line: first.linePos?.[0].line ?? null,
+    column: first.linePos?.[0].col ?? null,
+  };
 }
 
 function configError(file: string, issues: ConfigIssue[]): ConfigError {
@@ -762,7 +684,7 @@ function allowedKeysAt(schema: z.ZodType, path: Path): string[] {
   let s: z.ZodType | undefined = schema;
   for (const seg of [...path, null]) {
     for (;;) {
-      if (s instanceof z.ZodOptional || s instanceof z.ZodNullable || s instanceof z.ZodDefault) s = s.unwrap() as z.ZodType;
+      if (s instanceof z.ZodOptional || s instanceof z.ZodNullable || s instanceof z.ZodDefault || s instanceof z.ZodPrefault) s = s.unwrap() as z.ZodType;
       else if (s instanceof z.ZodPipe) s = s.in as z.ZodType;
       else break;
     }
@@ -1014,6 +936,17 @@ function crossChecks(raw: Obj, where: (p: Path) => string): RawIssue[] {
   if (typeof ft.backup_factor === 'number' && Array.isArray(cluster.server_nodes) && cluster.server_nodes.length > 0 && ft.backup_factor >= cluster.server_nodes.length) {
     add(['fault_tolerance', 'backup_factor'], `backup_factor ${ft.backup_factor} needs at least ${ft.backup_factor + 1} server nodes (each copy of a shard lives on a different server), cluster.server_nodes has ${cluster.server_nodes.length}`);
   }
+  // a node is dead only after it has missed heartbeats: at least one whole period
+  if (ft.heartbeat_ms !== undefined || ft.dead_after_ms !== undefined) {
+    const setting = (key: 'heartbeat_ms' | 'dead_after_ms') =>
+      `fault_tolerance.${key} (${ft[key] === undefined ? `${FAULT_TOLERANCE_DEFAULTS[key]}, the default` : String(ft[key])})`;
+    const heartbeat = ft.heartbeat_ms ?? FAULT_TOLERANCE_DEFAULTS.heartbeat_ms;
+    const deadAfter = ft.dead_after_ms ?? FAULT_TOLERANCE_DEFAULTS.dead_after_ms;
+    if (typeof heartbeat === 'number' && typeof deadAfter === 'number' && deadAfter <= heartbeat) {
+      add(['fault_tolerance', ft.dead_after_ms !== undefined ? 'dead_after_ms' : 'heartbeat_ms'],
+        `${setting('dead_after_ms')} must be greater than ${setting('heartbeat_ms')}: a node is dead only after it has missed heartbeats`);
+    }
+  }
   return issues;
 }
 
@@ -1102,170 +1035,71 @@ function checkOptimizer(opt: Obj, path: Path, type: OptimizerType | null, add: (
   }
 }
 
-// ---------------------------------------------------------------- defaults
+// ---------------------------------------------------------------- defaults that depend on another section
 
-function resolve(p: Parsed, file: string, given: string[]): HetpsConfig {
-  const trainingSeed = p.training?.random_seed ?? 42;
-  const source = p.data.source;
-  const dataDefaults = DATA_DEFAULTS[source];
-  const pick = <K extends keyof SourceDefaults>(key: K): SourceDefaults[K] =>
-    dataDefaults[key] === null ? dataDefaults[key] : ((p.data[key] ?? dataDefaults[key]) as SourceDefaults[K]);
-
-  const tls = p.nats?.tls;
-  const dense = resolveOptimizer(p.optimizer ?? {}, null);
-  const nodes: Record<string, NodeOverride> = {};
-  for (const [name, o] of Object.entries(p.nodes ?? {})) {
-    nodes[name] = {
-      emulate: o.emulate ? { speed: o.emulate.speed ?? 1, bandwidth_mbps: o.emulate.bandwidth_mbps ?? null } : null,
-      provider: o.provider ?? null,
-      threads: o.threads ?? null,
-    };
-  }
-
+function resolve(p: Parsed, file: string, given: string[]) {
+  const { sparse = {}, ...dense } = p.optimizer;
+  const denseType = dense.type ?? 'adam';
+  const sparseType = sparse.type ?? denseType;
+  const source: ConfigSource = { file, given };
   return {
-    job: { name: p.job?.name ?? 'hetps', run_dir: p.job?.run_dir ?? '.hetps/runs' },
-    nats: {
-      servers: p.nats?.servers ?? null,
-      user: p.nats?.user ?? null,
-      pass: p.nats?.pass ?? null,
-      token: p.nats?.token ?? null,
-      nkey_seed: p.nats?.nkey_seed ?? null,
-      creds_file: p.nats?.creds_file ?? null,
-      tls: tls ? { ca_file: tls.ca_file ?? null, cert_file: tls.cert_file ?? null, key_file: tls.key_file ?? null, handshake_first: tls.handshake_first ?? false } : null,
-      max_payload: p.nats?.max_payload ?? null,
-      connect_timeout_ms: p.nats?.connect_timeout_ms ?? 20_000,
-      ping_interval_ms: p.nats?.ping_interval_ms ?? 2_000,
-    },
-    cluster: {
-      worker_groups: (p.cluster.worker_groups ?? []).map((g) => {
-        const mode = g.sync_mode ?? 'sync';
-        return {
-          name: g.name,
-          nodes: [...g.nodes],
-          sync_mode: mode,
-          sync_steps: mode === 'sync' ? g.sync_steps ?? DEFAULT_SYNC_STEPS : null,
-          accumulation_steps: mode === 'accumulation' ? g.accumulation_steps ?? DEFAULT_ACCUMULATION_STEPS : null,
-          adaptive_threshold: mode === 'adaptive' ? g.adaptive_threshold ?? DEFAULT_ADAPTIVE_THRESHOLD : null,
-        };
-      }),
-      worker_nodes: [...(p.cluster.worker_nodes ?? [])],
-      grouping: {
-        k: p.cluster.grouping?.k ?? DEFAULT_GROUPING_CONFIG.k,
-        k_range: p.cluster.grouping?.k_range ? [p.cluster.grouping.k_range[0]!, p.cluster.grouping.k_range[1]!] : [...DEFAULT_GROUPING_CONFIG.k_range],
-        seed: p.cluster.grouping?.seed ?? DEFAULT_GROUPING_CONFIG.seed,
-        sync_steps: p.cluster.grouping?.sync_steps ?? DEFAULT_GROUPING_CONFIG.sync_steps,
-        async_below: p.cluster.grouping?.async_below ?? DEFAULT_GROUPING_CONFIG.async_below,
-      },
-      profiling: {
-        probe_seconds: p.cluster.profiling?.probe_seconds ?? DEFAULT_PROFILING_CONFIG.probe_seconds,
-        republish_seconds: p.cluster.profiling?.republish_seconds ?? DEFAULT_PROFILING_CONFIG.republish_seconds,
-      },
-      server_nodes: [...p.cluster.server_nodes],
-    },
-    nodes,
+    ...p,
     model: {
       type: p.model.type,
-      mlp: p.model.type === 'mlp'
-        ? {
-          input_dim: p.model.mlp?.input_dim ?? 1024,
-          hidden: p.model.mlp?.hidden ?? [512, 256],
-          classes: p.model.mlp?.classes ?? (source === 'spam' ? 2 : 10),
-        }
-        : null,
-      ctr: p.model.type === 'ctr'
-        ? {
-          embedding_dim: p.model.ctr?.embedding_dim ?? 16,
-          hidden: p.model.ctr?.hidden ?? [256, 128],
-          pooling: p.model.ctr?.pooling ?? 'sum',
-          wide: p.model.ctr?.wide ?? true,
-          hash_buckets: p.model.ctr?.hash_buckets ?? 131_072,
-        }
-        : null,
+      mlp: p.model.type === 'mlp' ? { ...p.model.mlp, classes: p.model.mlp.classes ?? (p.data.source === 'spam' ? 2 : 10) } : null,
+      ctr: p.model.type === 'ctr' ? p.model.ctr : null,
     },
-    data: {
-      source,
-      batch_size: p.data.batch_size ?? dataDefaults.batch_size,
-      epochs: p.data.epochs ?? 1,
-      test_fraction: pick('test_fraction'),
-      seed: p.data.seed ?? trainingSeed,
-      // spam reads at most `samples` e-mails when given; its default is all of them
-      samples: p.data.samples ?? dataDefaults.samples,
-      test_samples: pick('test_samples'),
-      vocab_size: pick('vocab_size'),
-      zipf_exponent: pick('zipf_exponent'),
-      slots: pick('slots'),
-      dense_features: pick('dense_features'),
-      max_tokens: pick('max_tokens'),
-    },
-    optimizer: { ...dense, sparse: resolveOptimizer(p.optimizer?.sparse ?? {}, dense) },
-    training: {
-      mode: p.training?.mode ?? 'hps',
-      random_seed: trainingSeed,
-      sync_initial_params: p.training?.sync_initial_params ?? true,
-      max_staleness: p.training?.max_staleness ?? DEFAULT_MAX_STALENESS,
-      staleness_tolerance: p.training?.staleness_tolerance ?? 'auto',
-      eval_every: p.training?.eval_every ?? 100,
-      emulation_reference_step_ms: p.training?.emulation_reference_step_ms ?? DEFAULT_EMULATION_REFERENCE_STEP_MS,
-    },
-    communication: {
-      backend: p.communication?.backend ?? 'auto',
-      compression: p.communication?.compression ?? 'adaptive',
-      compression_threshold: p.communication?.compression_threshold ?? 0.5,
+    data: { ...p.data, seed: p.data.seed ?? p.training.random_seed },
+    optimizer: {
+      ...resolveOptimizer(dense),
+      // Unset sparse fields take the dense values; with another type only weight_decay and
+      // schedule carry over (a learning rate tuned for Adam is no default for Adagrad).
+      sparse: resolveOptimizer(sparseType === denseType
+        ? { ...dense, ...sparse }
+        : { weight_decay: dense.weight_decay, schedule: dense.schedule, ...sparse }),
     },
     fault_tolerance: {
-      worker_recovery_timeout: p.fault_tolerance?.worker_recovery_timeout ?? 30,
-      server_recovery_timeout: p.fault_tolerance?.server_recovery_timeout ?? 60,
-      backup_factor: p.fault_tolerance?.backup_factor ?? Math.min(1, p.cluster.server_nodes.length - 1),
-      preheat_backup: p.fault_tolerance?.preheat_backup ?? false,
-      backup_sync: p.fault_tolerance?.backup_sync ?? 'async',
+      ...p.fault_tolerance,
+      // a backup lives on another server than its primary
+      backup_factor: p.fault_tolerance.backup_factor ?? Math.min(1, p.cluster.server_nodes.length - 1),
     },
-    load_balancing: {
-      enabled: p.load_balancing?.enabled ?? true,
-      // the article: migrate when loads differ by more than 30% for over a minute
-      imbalance_threshold: p.load_balancing?.imbalance_threshold ?? 0.3,
-      sustain_seconds: p.load_balancing?.sustain_seconds ?? 60,
-    },
-    monitoring: { enabled: p.monitoring?.enabled ?? true, port: p.monitoring?.port ?? 8888 },
-    server: { use_gpu: p.server?.use_gpu ?? false, gpu_id: p.server?.gpu_id ?? 0 },
-    logging: { level: p.logging?.level ?? 'info' },
-    source: { file, given },
+    source,
   };
 }
 
-type OptimizerInput = Omit<ParsedOptimizer, 'sparse'>;
-
-/**
- * Fills an optimizer's defaults. For `optimizer.sparse`, `parent` is the dense
- * one: unset fields take the dense values; with a different type only
- * weight_decay and schedule carry over (a learning rate tuned for Adam is no
- * default for Adagrad), the rest are that type's defaults.
- */
-function resolveOptimizer(o: OptimizerInput, parent: OptimizerSettings | null): OptimizerSettings {
-  const type = o.type ?? parent?.type ?? 'adam';
-  const sameType = parent !== null && parent.type === type;
-  const from = <K extends keyof OptimizerSettings>(key: K): OptimizerSettings[K] | null => (sameType ? parent[key] : null);
+/** An optimizer's defaults, which depend on its type. */
+function resolveOptimizer(o: OptimizerInput) {
+  const type = o.type ?? 'adam';
   const has = (key: string) => OPTIMIZER_FIELDS[type].includes(key);
   return {
     type,
-    learning_rate: o.learning_rate ?? from('learning_rate') ?? DEFAULT_LR[type],
-    weight_decay: o.weight_decay ?? parent?.weight_decay ?? 0,
-    momentum: has('momentum') ? o.momentum ?? from('momentum') ?? 0.9 : null,
-    nesterov: has('nesterov') ? o.nesterov ?? from('nesterov') ?? false : null,
-    beta1: has('beta1') ? o.beta1 ?? from('beta1') ?? 0.9 : null,
-    beta2: has('beta2') ? o.beta2 ?? from('beta2') ?? 0.999 : null,
-    epsilon: has('epsilon') ? o.epsilon ?? from('epsilon') ?? (type === 'adagrad' ? 1e-10 : 1e-8) : null,
-    decoupled_weight_decay: has('decoupled_weight_decay') ? o.decoupled_weight_decay ?? from('decoupled_weight_decay') ?? false : null,
-    initial_accumulator: has('initial_accumulator') ? o.initial_accumulator ?? from('initial_accumulator') ?? 0 : null,
-    schedule: o.schedule ? resolveSchedule(o.schedule) : parent?.schedule ?? { type: 'constant' },
+    learning_rate: o.learning_rate ?? DEFAULT_LR[type],
+    weight_decay: o.weight_decay ?? 0,
+    /** momentum */
+    momentum: has('momentum') ? o.momentum ?? 0.9 : null,
+    /** momentum */
+    nesterov: has('nesterov') ? o.nesterov ?? false : null,
+    /** adam */
+    beta1: has('beta1') ? o.beta1 ?? 0.9 : null,
+    /** adam */
+    beta2: has('beta2') ? o.beta2 ?? 0.999 : null,
+    /** adam, adagrad */
+    epsilon: has('epsilon') ? o.epsilon ?? (type === 'adagrad' ? 1e-10 : 1e-8) : null,
+    /** adam (AdamW) */
+    decoupled_weight_decay: has('decoupled_weight_decay') ? o.decoupled_weight_decay ?? false : null,
+    /** adagrad */
+    initial_accumulator: has('initial_accumulator') ? o.initial_accumulator ?? 0 : null,
+    schedule: resolveSchedule(o.schedule ?? { type: 'constant' }),
   };
 }
 
-function resolveSchedule(s: NonNullable<OptimizerInput['schedule']>): ScheduleConfig {
+/** A schedule's defaults, which depend on its type; required fields are checked by crossChecks. */
+function resolveSchedule(s: NonNullable<OptimizerInput['schedule']>) {
   switch (s.type) {
-    case 'constant': return { type: 'constant' };
-    case 'step': return { type: 'step', step_size: s.step_size!, gamma: s.gamma ?? 0.1 };
-    case 'exponential': return { type: 'exponential', gamma: s.gamma ?? 0.99, decay_steps: s.decay_steps ?? 1 };
-    case 'warmup_cosine': return { type: 'warmup_cosine', warmup_steps: s.warmup_steps ?? 0, total_steps: s.total_steps!, min_multiplier: s.min_multiplier ?? 0 };
+    case 'constant': return { type: 'constant' as const };
+    case 'step': return { type: 'step' as const, step_size: s.step_size!, gamma: s.gamma ?? 0.1 };
+    case 'exponential': return { type: 'exponential' as const, gamma: s.gamma ?? 0.99, decay_steps: s.decay_steps ?? 1 };
+    case 'warmup_cosine': return { type: 'warmup_cosine' as const, warmup_steps: s.warmup_steps ?? 0, total_steps: s.total_steps!, min_multiplier: s.min_multiplier ?? 0 };
   }
 }
 
@@ -1301,7 +1135,7 @@ export function serverNodes(config: HetpsConfig): ServerNode[] {
   return config.cluster.server_nodes.map((name, rank) => ({ name, rank }));
 }
 
-const NO_OVERRIDE: NodeOverride = Object.freeze({ emulate: null, provider: null, threads: null });
+const NO_OVERRIDE: Readonly<NodeOverride> = Object.freeze(nodeOverrideSchema.parse({}));
 
 /** A node's overrides (all null when the file has none for it); a name the cluster lacks is a ConfigError. */
 export function nodeOverrides(config: HetpsConfig, name: string): NodeOverride {

@@ -1,0 +1,109 @@
+/**
+ * `inactiveSettings`: start-up lists the settings a file sets that no code
+ * acts on yet. A setting that works must never be listed (the user would
+ * think it ignored); one that does not must be (the user would think it on).
+ */
+import { test, describe } from 'node:test';
+import assert from 'node:assert/strict';
+import { inactiveSettings, loadConfig, parseConfig, TRAINING_MODES } from '../../topology/mod.ts';
+
+const FILE = 'job.yaml';
+
+/** Each checked against the code: nothing reads it (or, with a condition, nothing acts on that value). */
+const NOT_ACTIVE = [
+  'training.sync_initial_params',
+  'training.eval_every',
+  'training.staleness_tolerance',
+  'training.max_staleness',
+  'communication.backend',
+  'communication.compression',
+  'communication.compression_threshold',
+  'fault_tolerance.server_recovery_timeout',
+  'fault_tolerance.backup_factor',
+  'fault_tolerance.preheat_backup',
+  'fault_tolerance.backup_sync',
+  'load_balancing.enabled',
+  'load_balancing.imbalance_threshold',
+  'load_balancing.sustain_seconds',
+  'server.use_gpu',
+  'server.gpu_id',
+  'monitoring.enabled',
+  'monitoring.port',
+];
+
+const CLUSTER = `cluster:
+  worker_groups:
+    - name: g1
+      nodes: [w1, w2]
+  server_nodes: [s1, s2]
+model: { type: ctr }
+data: { source: spam }
+`;
+
+/** Every setting set, each to a value that asks for something. */
+const EVERYTHING = (mode: string) => `${CLUSTER}training:
+  mode: ${mode}
+  sync_initial_params: false
+  eval_every: 10
+${mode === 'bsp' ? '' : '  max_staleness: 4\n  staleness_tolerance: 2\n'}communication: { backend: nccl, compression: fp16, compression_threshold: 0.3 }
+fault_tolerance:
+  worker_recovery_timeout: 5
+  server_recovery_timeout: 5
+  backup_factor: 1
+  preheat_backup: true
+  backup_sync: strong
+  heartbeat_ms: 100
+  dead_after_ms: 400
+load_balancing: { enabled: true, imbalance_threshold: 0.5, sustain_seconds: 10 }
+server: { use_gpu: true, gpu_id: 1 }
+monitoring: { enabled: true, port: 9000 }
+logging: { level: debug }
+`;
+
+const pathOf = (line: string) => line.slice(0, line.indexOf('='));
+
+describe('inactiveSettings', () => {
+  test('the quickstart lists no setting that is active', async () => {
+    const quick = await loadConfig('examples/quickstart.yaml');
+    const listed = inactiveSettings(quick).map(pathOf);
+    assert.deepEqual(listed.filter((p) => !NOT_ACTIVE.includes(p)), [], `listed as not active: ${listed.join(', ')}`);
+    for (const active of ['training.max_staleness', 'training.mode', 'training.emulation_reference_step_ms', 'training.random_seed', 'logging.level']) {
+      assert.ok(!listed.includes(active), `${active} is active in hps`);
+    }
+  });
+
+  test('a file that sets everything lists exactly the settings that are not active', () => {
+    const listed = inactiveSettings(parseConfig(EVERYTHING('asp'), FILE)).map(pathOf);
+    assert.deepEqual(listed, NOT_ACTIVE);
+  });
+
+  test('hps enforces max_staleness and staleness_tolerance: not listed there', () => {
+    const listed = inactiveSettings(parseConfig(EVERYTHING('hps'), FILE)).map(pathOf);
+    assert.deepEqual(listed, NOT_ACTIVE.filter((p) => p !== 'training.max_staleness' && p !== 'training.staleness_tolerance'));
+  });
+
+  test('worker_recovery_timeout is active in every mode: it is the batch queue\'s ack_wait and the hps groups\' recovery timeout', () => {
+    for (const mode of TRAINING_MODES) {
+      const listed = inactiveSettings(parseConfig(EVERYTHING(mode), FILE)).map(pathOf);
+      assert.ok(!listed.includes('fault_tolerance.worker_recovery_timeout'), `listed in ${mode}: ${listed.join(', ')}`);
+    }
+  });
+
+  test('heartbeat_ms and dead_after_ms are never listed', () => {
+    for (const mode of TRAINING_MODES) {
+      const listed = inactiveSettings(parseConfig(EVERYTHING(mode), FILE)).map(pathOf);
+      assert.ok(!listed.some((p) => p === 'fault_tolerance.heartbeat_ms' || p === 'fault_tolerance.dead_after_ms'), `listed in ${mode}: ${listed.join(', ')}`);
+    }
+  });
+
+  test('values that ask for nothing are not listed', () => {
+    const text = `${CLUSTER}training: { sync_initial_params: true }
+communication: { backend: nats, compression: none }
+fault_tolerance: { backup_factor: 0, preheat_backup: false }
+load_balancing: { enabled: false }
+server: { use_gpu: false }
+monitoring: { enabled: false }
+`;
+    assert.deepEqual(inactiveSettings(parseConfig(text, FILE)), []);
+  });
+});
