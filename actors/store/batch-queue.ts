@@ -18,6 +18,7 @@ import { z } from 'zod';
 import { jetstream, jetstreamManager, AckPolicy, DeliverPolicy, RetentionPolicy, StorageType, type Consumer, type JetStreamClient, type JetStreamManager, type JsMsg } from '@nats-io/jetstream';
 import { nanos, type NatsConnection } from '@nats-io/nats-core';
 import { ConnectionError, HetpsError, ValidationError, batchSubject, decode, encode, streamName, type Clock, type Timer } from '../../runtime/mod.ts';
+import { createWithReplicaFallback } from './replicas.ts';
 
 /** One training batch, by position: batch `index` of epoch `epoch`'s stream of `split`, cut to `samples`. */
 export interface BatchDescriptor {
@@ -201,10 +202,16 @@ export const WORKERS_CONSUMER = 'workers';
 export function batchStreamName(job: string): string { return streamName(job, 'batches'); }
 
 export interface CreateBatchStreamOptions extends BatchQueueOptions {
-  /** Stream replicas (3 on a 3-node cluster survives a dead server); falls back to 1 where the cluster is smaller. */
+  /** Stream replicas (3 on a 3-node cluster survives a dead server); fewer where the cluster cannot place them (see replicas.ts). */
   replicas: number;
   /** Delete a stream of the same name first (descriptors of an earlier run). */
   reset: boolean;
+  /** Servers of the cluster as the caller knows them, for the fallback notice. */
+  servers?: number | null;
+  /** JetStream API timeout in ms (default: the client's 5 s). */
+  timeoutMs?: number | null;
+  /** Told when fewer replicas than asked for were placed. */
+  notice?: ((line: string) => void) | null;
 }
 
 /**
@@ -212,11 +219,10 @@ export interface CreateBatchStreamOptions extends BatchQueueOptions {
  * (explicit acks, `ack_wait`, unlimited deliveries). Run once, by the driver.
  */
 export async function createBatchStream(nc: NatsConnection, job: string, opts: CreateBatchStreamOptions): Promise<{ replicas: number }> {
-  const jsm = await jetstreamManager(nc);
+  const jsm = await jetstreamManager(nc, opts.timeoutMs ? { timeout: opts.timeoutMs } : {});
   const stream = batchStreamName(job);
-  if (opts.reset) {
-    try { await jsm.streams.delete(stream); } catch { /* not there */ }
-  }
+  const remove = async () => { try { await jsm.streams.delete(stream); } catch { /* not there */ } };
+  if (opts.reset) await remove();
   const config = {
     name: stream,
     subjects: [batchSubject(job, 'train')],
@@ -225,15 +231,13 @@ export async function createBatchStream(nc: NatsConnection, job: string, opts: C
     // Two minutes of msgID de-duplication: a driver that republishes after a reconnect queues nothing twice.
     duplicate_window: nanos(120_000),
   };
-  let replicas = Math.max(1, opts.replicas);
-  for (;;) {
-    try {
-      await jsm.streams.add({ ...config, num_replicas: replicas });
-      break;
-    } catch (e) {
-      if (replicas === 1) throw new HetpsError(`cannot create the batch stream ${stream}: ${(e as Error).message}`, { cause: e });
-      replicas = 1; // a single server (or a smaller cluster): one copy
-    }
+  let replicas: number;
+  try {
+    ({ replicas } = await createWithReplicaFallback(nc, stream, {
+      replicas: Math.max(1, opts.replicas), servers: opts.servers ?? null, notice: opts.notice ?? null,
+    }, (r) => jsm.streams.add({ ...config, num_replicas: r }), remove));
+  } catch (e) {
+    throw new HetpsError(`cannot create the batch stream ${stream}: ${(e as Error).message}`, { cause: e });
   }
   await jsm.consumers.add(stream, {
     durable_name: WORKERS_CONSUMER,

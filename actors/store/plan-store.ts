@@ -15,6 +15,7 @@ import type { NatsConnection } from '@nats-io/nats-core';
 import { ConfigError, NatsBus, streamName, type Transport } from '../../runtime/mod.ts';
 import { validateShardPlan, type ShardPlan } from '../../topology/mod.ts';
 import { StalePlanError } from '../shard/shard.errors.ts';
+import { createKvBucket, type ReplicaOptions } from './replicas.ts';
 
 export interface PlanStore {
   /** Stores `plan` (validated) if it is newer than the stored one; StalePlanError if older, or the same version with other content. */
@@ -158,11 +159,18 @@ function ignore(): void {}
 
 // ---------------------------------------------------------------- NATS KV
 
-export interface NatsPlanStoreOptions {
-  /** Replicas of the bucket; null = 3 when the server reports a cluster of 3 or more, else 1. */
+export interface NatsPlanStoreOptions extends ReplicaOptions {
+  /** Replicas of the bucket; null = 3 when the server reports a cluster of 3 or more, else 1 (fewer when a server is down). */
   replicas?: number | null;
   /** Old plans kept per key (for inspection). Default 8. */
   history?: number;
+}
+
+/** Creates (or opens) the plan bucket with the replicas the cluster can place; the driver's set-up step. */
+export async function createPlanBucket(nc: NatsConnection, job: string, opts: NatsPlanStoreOptions = {}): Promise<{ kv: KV; replicas: number }> {
+  const name = planBucketName(job);
+  const { kv, replicas } = await createKvBucket(nc, name, { ...opts, history: opts.history ?? 8 });
+  return { kv, replicas };
 }
 
 /** The plan in the JetStream KV bucket `planBucketName(job)`, created on first use. */
@@ -176,16 +184,14 @@ class NatsPlanStore implements PlanStore {
   private readonly bucketName: string;
   private kv: Promise<KV> | null = null;
 
-  constructor(private readonly nc: NatsConnection, job: string, private readonly opts: NatsPlanStoreOptions) {
+  constructor(private readonly nc: NatsConnection, private readonly job: string, private readonly opts: NatsPlanStoreOptions) {
     this.bucketName = planBucketName(job);
   }
 
   private bucket(): Promise<KV> {
     if (this.kv === null) {
-      const info = this.nc.info;
-      const servers = info?.connect_urls?.length ?? 1;
-      const replicas = this.opts.replicas ?? (info?.cluster && servers >= 3 ? 3 : 1);
-      this.kv = new Kvm(this.nc).create(this.bucketName, { replicas, history: this.opts.history ?? 8 });
+      // An existing bucket is opened as it is; a new one gets the replicas the cluster can place.
+      this.kv = createPlanBucket(this.nc, this.job, this.opts).then((b) => b.kv);
       // A failed create (JetStream not enabled, a node down) is retried by the next call.
       this.kv.catch(() => { this.kv = null; });
     }

@@ -13,6 +13,7 @@
  */
 import { Kvm, type KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/nats-core';
+import { createKvBucket, type ReplicaOptions } from './replicas.ts';
 import { decode, encode, streamName } from '../../runtime/mod.ts';
 import { profileTelemetrySchema, type ProfileTelemetry } from '../monitor/telemetry.ts';
 
@@ -45,7 +46,7 @@ export function profileKey(node: string): string {
   return /^[-_A-Za-z0-9]+$/.test(node) ? `n.${node}` : `x.${Buffer.from(node, 'utf8').toString('base64url')}`;
 }
 
-/** Workers create the bucket on their first put; the driver only opens it (and resets it before a run). */
+/** The driver creates the bucket before it starts the nodes (`createProfileBucket`); a worker that comes first creates it on its first put. */
 export function natsProfileStore(nc: NatsConnection, job: string): ProfileStore {
   const bucket = profileBucket(job);
   let writer: KV | null = null;
@@ -77,6 +78,13 @@ export function natsProfileStore(nc: NatsConnection, job: string): ProfileStore 
       return out;
     },
   };
+}
+
+/** Creates (or opens) the profile bucket with the replicas the cluster can place; the driver's set-up step, before the workers put. */
+export async function createProfileBucket(nc: NatsConnection, job: string, opts: ReplicaOptions = {}): Promise<{ replicas: number }> {
+  const name = profileBucket(job);
+  const { replicas } = await createKvBucket(nc, name, { ...opts, history: 1 });
+  return { replicas };
 }
 
 /** Empties the profile bucket of an earlier run of this job name (driver, before it starts the nodes). */

@@ -16,7 +16,7 @@ import type { PreparedJob } from '../../actors/scheduler/job.ts';
 import { TrainingMonitor } from '../../actors/monitor/training-monitor.ts';
 import type { JobInfo } from '../../actors/store/job-info.ts';
 import { publishTelemetry } from '../../actors/monitor/telemetry.ts';
-import { cpuBetween, cpuSnapshot, processCpuSeconds } from '../../cli/process-cpu.ts';
+import { cpuBetween, cpuSnapshot, processCpuSeconds } from '../../deploy/process-cpu.ts';
 
 const JOB = 'mon';
 const desc = (index: number): BatchDescriptor => ({ batch_id: `src/train/e0/b${index}`, epoch: 0, index, split: 'train', batch_size: 32, samples: 32 });

@@ -1,0 +1,214 @@
+/**
+ * The NATS backend: the job on a NATS cluster (the local one `runJob`
+ * started, or `nats.servers`), one `hetps launch` process per node of the
+ * YAML. The driver connects, creates the batch work queue and the KV buckets
+ * (each a named set-up step: a failure says which, on which servers, and what
+ * to check), and supervises the node processes.
+ */
+import { writeFile } from 'node:fs/promises';
+import type { NatsConnection } from '@nats-io/nats-core';
+import { hostname } from 'node:os';
+import { join } from 'node:path';
+import { ActorRef, ActorSystem, ConfigError, SeededRandom, connectTransport, controlAddress, systemClock, type Transport } from '../runtime/mod.ts';
+import { allWorkerNodes, natsConnection } from '../topology/mod.ts';
+import type { ExecutionProvider } from '../native-bridge/mod.ts';
+import { batchStreamName, createBatchStream, natsBatchQueue, type BatchQueue } from '../actors/store/batch-queue.ts';
+import { createJobInfoBucket, jobInfoBucket, natsJobInfoStore, resetNatsJobInfo, type JobInfoStore } from '../actors/store/job-info.ts';
+import { createPlanBucket, natsConnectionOf, natsPlanStore, planBucketName, type PlanStore } from '../actors/store/plan-store.ts';
+import { measureHostProfile } from '../actors/node/profile-reporter.ts';
+import { createProfileBucket, natsProfileStore, profileBucket, resetNatsProfiles } from '../actors/store/profile-store.ts';
+import { defaultReplicas } from '../actors/store/replicas.ts';
+import type { LocalCluster } from './local-cluster.ts';
+import { NodeProcesses, type NodeProcess } from './node-processes.ts';
+import type { CpuProcess } from './process-cpu.ts';
+import type { JobBackend, JobContext } from './job-backend.ts';
+import { connectCheck, jetStreamCheck, setupStep, type SetupStep } from './setup-step.ts';
+
+export interface NatsBackendOptions {
+  servers: string[];
+  /** The cluster this run started; null for `nats.servers`. */
+  cluster: LocalCluster | null;
+  /** false: start no node processes (`--no-launch`). */
+  launch: boolean;
+  /** Nodes not to start. */
+  skip: ReadonlySet<string>;
+}
+
+/** Where a set-up step's servers keep their logs: the run's own cluster, or null for one given in nats.servers. */
+function natsLogDir(cluster: LocalCluster | null, runDir: string): string | null {
+  return cluster ? join(runDir, 'nats') : null;
+}
+
+export interface JobStoreSetup {
+  servers: readonly string[];
+  /** The run's own cluster's log dir; null for nats.servers. */
+  natsDir: string | null;
+  ackWaitMs: number;
+  /** JetStream API timeout in ms; null: the client's default. */
+  timeoutMs?: number | null;
+  /** Told when a stream or bucket gets fewer replicas than asked for. */
+  notice: (line: string) => void;
+}
+
+/**
+ * Creates the job's batch work queue and its KV buckets (plan, job info,
+ * profiles), each with 3 replicas on a cluster of 3 or more servers, fewer
+ * when a server is down. Empties an earlier run's job info and profiles first.
+ */
+export async function createJobStores(nc: NatsConnection, job: string, s: JobStoreSetup): Promise<{ replicas: Record<string, number> }> {
+  const wanted = defaultReplicas(nc, s.servers.length);
+  const check = jetStreamCheck(s.natsDir);
+  const replicaOpts = { replicas: wanted, servers: s.servers.length, timeoutMs: s.timeoutMs ?? null, notice: s.notice };
+  const step = (what: string): SetupStep => ({ what, servers: s.servers, check });
+  // A run of the same job name before this one (on a long-running NATS) must not feed this one.
+  await resetNatsJobInfo(nc, job);
+  await resetNatsProfiles(nc, job);
+  const stream = batchStreamName(job);
+  const replicas: Record<string, number> = {};
+  replicas[stream] = (await setupStep(step(`creating the batch work queue (JetStream stream ${stream}, replicas ${wanted})`),
+    () => createBatchStream(nc, job, { ackWaitMs: s.ackWaitMs, reset: true, ...replicaOpts }))).replicas;
+  const buckets: [string, () => Promise<{ replicas: number }>][] = [
+    [planBucketName(job), () => createPlanBucket(nc, job, replicaOpts)],
+    [jobInfoBucket(job), () => createJobInfoBucket(nc, job, replicaOpts)],
+    [profileBucket(job), () => createProfileBucket(nc, job, replicaOpts)],
+  ];
+  for (const [name, create] of buckets) {
+    replicas[name] = (await setupStep(step(`creating the KV bucket ${name} (replicas ${wanted})`), create)).replicas;
+  }
+  return { replicas };
+}
+
+/** `target` with its method `method` run as a set-up step (other members as they are, whatever else the interface grows). */
+function asSetupStep<T extends object>(target: T, method: keyof T & string, step: (args: unknown[]) => SetupStep): T {
+  return new Proxy(target, {
+    get(t, prop) {
+      const v: unknown = Reflect.get(t, prop, t);
+      if (typeof v !== 'function') return v;
+      if (prop !== method) return v.bind(t);
+      return (...args: unknown[]) => setupStep(step(args), () => (v as (...a: unknown[]) => Promise<unknown>).apply(t, args));
+    },
+  });
+}
+
+/** The driver's stores, each write a named set-up step. */
+function stepStores(job: string, servers: readonly string[], check: string, planStore: PlanStore, jobStore: JobInfoStore, queue: BatchQueue) {
+  const step = (what: string): SetupStep => ({ what, servers, check });
+  return {
+    plan: asSetupStep(planStore, 'put', ([p]) => step(`storing shard plan v${(p as { version: number }).version} (KV bucket ${planBucketName(job)})`)),
+    info: asSetupStep(jobStore, 'put', () => step(`writing the job info (KV bucket ${jobInfoBucket(job)})`)),
+    batches: asSetupStep(queue, 'publish', ([d]) => step(`queueing ${(d as unknown[]).length} batches (JetStream stream ${batchStreamName(job)})`)),
+  };
+}
+
+export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promise<JobBackend> {
+  const { config, job, log, out: con, ackWaitMs, runId, runDir } = ctx;
+  const { servers, cluster, skip } = o;
+  const natsDir = natsLogDir(cluster, runDir);
+  const conn = natsConnection(config);
+  const transport: Transport = await setupStep({ what: 'connecting to NATS', servers, check: connectCheck(natsDir) }, () => connectTransport({
+    servers, name: 'hetps-driver', auth: conn.auth, tls: conn.tls, logger: log, pingIntervalMs: conn.pingIntervalMs, connectTimeoutMs: conn.connectTimeoutMs,
+  }));
+  const nc = natsConnectionOf(transport)!;
+  const system = new ActorSystem({ transport, job, node: 'driver', clock: systemClock, random: new SeededRandom(config.training.random_seed), logger: log });
+  try {
+    const { replicas } = await createJobStores(nc, job, { servers, natsDir, ackWaitMs, notice: (l) => log.warn(l) });
+    log.debug({ replicas }, 'batch stream and KV buckets created');
+  } catch (e) {
+    await system.stop().catch(() => undefined);
+    await transport.close().catch(() => undefined);
+    throw e;
+  }
+  const stores = stepStores(job, servers, jetStreamCheck(natsDir), natsPlanStore(nc, job), natsJobInfoStore(nc, job), natsBatchQueue(nc, job));
+  const queue = stores.batches;
+  const allNodes = [...config.cluster.server_nodes, ...allWorkerNodes(config).map((w) => w.name)];
+  for (const s of skip) if (!allNodes.includes(s)) throw new ConfigError(`--skip ${s}: no such node in ${config.source.file} (${allNodes.join(', ')})`, { data: { field: '--skip' } });
+  const procs = new NodeProcesses(join(runDir, 'logs'), (l) => con.line(l), { HETPS_LOG_LEVEL: ctx.level });
+  const reported = new Set<string>();
+  const exitListeners: ((node: string, how: string) => void)[] = [];
+  const started = (n: NodeProcess) => {
+    void n.exited.then(() => { for (const l of exitListeners) l(n.spec.name, n.exit === null ? 'exited' : describeExit(n.exit)); });
+  };
+  const common = ['--config', ctx.configPath, '--nats', servers.join(','), '--job', job, '--run-id', runId];
+  const describeExit = (e: { code: number | null; signal: NodeJS.Signals | null }) => (e.signal ? `signal ${e.signal}` : `code ${e.code}`);
+
+  return {
+    transport, system, queue, planStore: stores.plan, jobStore: stores.info, profileStore: natsProfileStore(nc, job),
+    onNodeExit(listener) {
+      exitListeners.push(listener);
+    },
+    async startNodes() {
+      if (!o.launch) {
+        con.line(`--no-launch: start the nodes yourself, e.g. hetps launch --role server --config ${ctx.configArg} --server-id ${config.cluster.server_nodes[0]} --nats ${servers.join(',')} --job ${job}`);
+        return;
+      }
+      // Every worker process runs on this machine: measured once here, before they start, instead of each
+      // timing the same cores while the others load (they still apply their own emulation).
+      const launched = allWorkerNodes(config).filter((w) => !skip.has(w.name));
+      const hostFiles = new Map<ExecutionProvider, string>();
+      for (const provider of new Set(launched.map((w) => config.nodes[w.name]?.provider ?? 'cpu'))) {
+        const host = await measureHostProfile({ probeSeconds: config.cluster.profiling.probe_seconds, provider, transport, node: hostname() });
+        const file = join(runDir, `host-profile-${provider}.json`);
+        await writeFile(file, `${JSON.stringify(host, null, 2)}\n`);
+        hostFiles.set(provider, file);
+        con.line(`profiled this machine once for its ${launched.length} worker process(es): ${host.device.matmul_gflops} GFLOP/s matmul, `
+          + `${host.device.gather_rows_per_s} rows/s gather (${provider})`
+          + (host.network ? `, rtt ${host.network.rtt_ms} ms, ${host.network.bandwidth_mbps} Mbit/s to NATS` : ''));
+      }
+      for (const s of config.cluster.server_nodes) {
+        if (skip.has(s)) continue;
+        const host = hostFiles.get('cpu');
+        started(procs.start({ name: s, role: 'server', args: ['--role', 'server', '--server-id', s, ...(host ? ['--host-profile', host] : []), ...common] }));
+      }
+      for (const w of launched) {
+        // A worker_nodes entry has no group yet: it is named, and takes its group from the job info.
+        const which = w.group === null ? ['--node', w.name] : ['--group', w.group, '--node-rank', String(w.rank)];
+        const host = hostFiles.get(config.nodes[w.name]?.provider ?? 'cpu');
+        started(procs.start({ name: w.name, role: 'worker', args: ['--role', 'worker', ...which, ...(host ? ['--host-profile', host] : []), ...common] }));
+      }
+      if (skip.size) con.line(`--skip: not starting ${[...skip].join(', ')}; start them yourself (hetps launch … --nats ${servers.join(',')} --job ${job})`);
+    },
+    cpuProcesses() {
+      const out: CpuProcess[] = [{ name: 'driver', pid: null }];
+      for (const n of procs.nodes) if (n.child.pid !== undefined) out.push({ name: n.spec.name, pid: n.child.pid });
+      // The nats-servers this run started (a cluster given in nats.servers is not the job's own).
+      for (const n of cluster?.nodes ?? []) out.push({ name: `nats:${n.name}`, pid: n.pid });
+      return out;
+    },
+    check() {
+      for (const n of procs.nodes) {
+        if (n.exit === null || reported.has(n.spec.name)) continue;
+        const abnormal = n.exit.signal !== null || n.exit.code !== 0;
+        if (n.spec.role === 'server') return `server ${n.spec.name} exited (${describeExit(n.exit)}); shards have no failover yet`;
+        if (abnormal && config.training.mode === 'bsp') {
+          return `worker ${n.spec.name} exited (${describeExit(n.exit)}) and bsp rounds need every worker (no worker failover yet)`;
+        }
+        if (abnormal) {
+          reported.add(n.spec.name);
+          con.line(`worker ${n.spec.name} exited (${describeExit(n.exit)}): the batch it held goes back to the queue after ack_wait (${ackWaitMs / 1000} s)`);
+        }
+      }
+      const launchedWorkers = procs.nodes.filter((n) => n.spec.role === 'worker');
+      if (launchedWorkers.length > 0 && launchedWorkers.length === allWorkerNodes(config).length
+        && launchedWorkers.every((n) => n.exit !== null) && launchedWorkers.some((n) => n.exit!.signal !== null || n.exit!.code !== 0)) {
+        return 'every worker process has exited';
+      }
+      return null;
+    },
+    async stopNodes() {
+      // The scheduler's command, as any client would send it; every node listens on it.
+      new ActorRef(system, controlAddress(job)).tell('shutdown', { run_id: runId, reason: 'the job is done' });
+      await transport.flush().catch(() => undefined);
+      await procs.stop(15_000);
+    },
+    async kill() {
+      procs.killAll('SIGTERM');
+      await Promise.race([Promise.all(procs.nodes.map((n) => n.exited)), new Promise((r) => setTimeout(r, 3_000).unref())]);
+      procs.killAll('SIGKILL');
+    },
+    async close() {
+      await queue.close();
+      await system.stop();
+      await transport.close();
+    },
+  };
+}
