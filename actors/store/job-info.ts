@@ -3,25 +3,19 @@
  * mode, the workers, and how many batches (and, for bsp, rounds) there are.
  * Written once the batch descriptors are queued, so a worker that sees it
  * knows every batch of the job is already in the queue. Lives in a JetStream
- * KV bucket (NATS) or in memory (embedded mode); nodes poll it, so nodes and
- * driver may start in any order.
+ * KV bucket (NATS) or in memory (embedded mode); nodes poll it until it is
+ * there, so nodes and driver may start in any order, and then watch it for
+ * the driver's later writes (pause, regroup, resume).
  */
 import { z } from 'zod';
 import { Kvm, type KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/nats-core';
+import { createKvBucket, type ReplicaOptions } from './replicas.ts';
 import { ConfigError, TimeoutError, decode, encode, streamName, type Clock } from '../../runtime/mod.ts';
-import { SYNC_MODES, type HetpsConfig, type WorkerGroupConfig } from '../../topology/mod.ts';
+import { workerGroupSchema, type HetpsConfig, type WorkerGroupConfig } from '../../topology/mod.ts';
 
-/** A worker group as the job runs it: `cluster.worker_groups[]` of the config, or the scheduler's regrouping. */
-export const jobGroupSchema = z.object({
-  name: z.string().min(1),
-  /** Members in rank order. */
-  nodes: z.array(z.string().min(1)).min(1),
-  sync_mode: z.enum(SYNC_MODES),
-  sync_steps: z.number().int().positive().nullable(),
-  accumulation_steps: z.number().int().positive().nullable(),
-  adaptive_threshold: z.number().int().positive().nullable(),
-});
+/** A worker group as the job runs it: `cluster.worker_groups[]` of the config, or the scheduler's regrouping (one declaration, in topology). */
+export const jobGroupSchema = workerGroupSchema;
 
 export const jobInfoSchema = z.object({
   job: z.string().min(1),
@@ -65,17 +59,43 @@ export function groupOfWorker(info: JobInfo, config: HetpsConfig, node: string):
   return g;
 }
 
+/** Called with each job info written (an exception it throws is dropped: the watch goes on). */
+export type JobInfoListener = (info: JobInfo) => void;
+
 export interface JobInfoStore {
   put(info: JobInfo): Promise<void>;
   /** null until the driver has written it. */
   get(): Promise<JobInfo | null>;
+  /**
+   * Calls `listener` with the current job info (if any) and then with every
+   * later write, asynchronously and in order. Resolves once the watch is in
+   * place (no later write is missed) with the function that ends it.
+   */
+  watch(listener: JobInfoListener): Promise<() => void>;
 }
 
 export function memoryJobInfoStore(): JobInfoStore {
   let info: JobInfo | null = null;
+  const listeners = new Set<{ listener: JobInfoListener; active: boolean }>();
+  // Asynchronously, like a KV watch: a writer never runs a reader's code, and each listener gets its own copy.
+  const deliver = (w: { listener: JobInfoListener; active: boolean }, i: JobInfo) => {
+    queueMicrotask(() => {
+      if (!w.active) return;
+      try { w.listener(jobInfoSchema.parse(i)); } catch { /* the listener's own failure; the watch goes on */ }
+    });
+  };
   return {
-    async put(i) { info = jobInfoSchema.parse(i); },
+    async put(i) {
+      info = jobInfoSchema.parse(i);
+      for (const w of listeners) deliver(w, info);
+    },
     async get() { return info; },
+    async watch(listener) {
+      const w = { listener, active: true };
+      listeners.add(w);
+      if (info !== null) deliver(w, info);
+      return () => { w.active = false; listeners.delete(w); };
+    },
   };
 }
 
@@ -102,7 +122,30 @@ export function natsJobInfoStore(nc: NatsConnection, job: string): JobInfoStore 
         return null;
       }
     },
+    async watch(listener) {
+      kv ??= await new Kvm(nc).open(bucket);
+      // The default (last value, then updates) hands over the current info first, so nothing written before the watch is missed.
+      const iter = await kv.watch({ key: KEY });
+      let stopped = false;
+      void (async () => {
+        for await (const e of iter) {
+          if (stopped) break;
+          if (e.operation !== 'PUT' || e.value.byteLength === 0) continue;
+          let info: JobInfo;
+          try { info = jobInfoSchema.parse(decode(e.value)); } catch { continue; } // not a job info: nothing to tell
+          try { listener(info); } catch { /* the listener's own failure; the watch goes on */ }
+        }
+      })().catch(() => undefined);
+      return () => { stopped = true; iter.stop(); };
+    },
   };
+}
+
+/** Creates (or opens) the job info bucket with the replicas the cluster can place; the driver's set-up step. */
+export async function createJobInfoBucket(nc: NatsConnection, job: string, opts: ReplicaOptions = {}): Promise<{ replicas: number }> {
+  const name = jobInfoBucket(job);
+  const { replicas } = await createKvBucket(nc, name, { ...opts, history: 1 });
+  return { replicas };
 }
 
 /** Removes an earlier run's job info (driver, before it queues a new run). */

@@ -1,7 +1,7 @@
 /**
  * The worker actor's control messages, on `hps.<job>.worker.<node>.<op>`.
  * The training loop runs as a task the actor starts; these let the driver
- * (or any NATS client, in JSON) look at it and stop it.
+ * (or any NATS client, in JSON) look at it, pause, resume and stop it.
  */
 import type { GroupState } from '../group/group.machine.ts';
 import type { WindowPhases } from '../group/group-sync.ts';
@@ -11,20 +11,39 @@ import type { SyncMode } from '../../topology/mod.ts';
 export const workerMessages = {
   /** Counters and the loop's state. */
   stats: z.object({}),
-  /** Ends the training loop after the step in progress (its batch is pushed and acknowledged, or left to be redelivered). */
+  /** Ends the training loop after the step in progress (its batch is pushed and acknowledged, or left to be redelivered). Reply: `{ stopping, state }`. */
   stop: z.object({ reason: z.string().nullable().default(null) }),
+  /**
+   * Pauses this worker at its next step boundary (asp: between batches; bsp:
+   * between rounds; hps: between windows, still a member of its group, which
+   * waits for it). Paused, it holds no batch and pushes nothing. Reply:
+   * `{ pausing, state }`; `pausing` is false once the loop has ended.
+   */
+  pause: z.object({ reason: z.string().nullable().default(null) }),
+  /** Lifts a `pause` (not a job-wide pause: the driver resumes that). Reply: `{ resumed, state }`; `resumed` is false when no pause was asked for. */
+  resume: z.object({ reason: z.string().nullable().default(null) }),
 };
 export type WorkerMessages = typeof workerMessages;
 
 /**
  * Lifecycle of a worker's training loop:
- * - `starting`: creating its step session
+ * - `starting`: creating its step session and watching the job info
  * - `training`: taking and training batches
+ * - `pausing`: a pause is asked for (mailbox `pause`, or the job's newer groups_version); the step in progress finishes first
+ * - `paused`: at a step boundary, holding no batch, pushing nothing, until resumed (mailbox `resume`, or the job's resume_version)
+ * - `stopping`: told to stop; the step in progress finishes or is given back
+ * - `stopped`: the loop ended on a stop
  * - `done`: the job has no batches left for it (asp: all acknowledged; bsp: every round taken part in; hps: as asp, agreed by the whole group for sync / adaptive groups)
- * - `stopped`: told to stop
  * - `failed`: the loop threw (see `error`)
  */
-export type WorkerLoopState = 'starting' | 'training' | 'done' | 'stopped' | 'failed';
+export type WorkerLoopState = 'starting' | 'training' | 'pausing' | 'paused' | 'stopping' | 'stopped' | 'done' | 'failed';
+
+/** States after which the loop runs no more. */
+export const WORKER_END_STATES: readonly WorkerLoopState[] = ['stopped', 'done', 'failed'];
+
+export interface PauseReply { pausing: boolean; state: WorkerLoopState }
+export interface ResumeReply { resumed: boolean; state: WorkerLoopState }
+export interface StopReply { stopping: boolean; state: WorkerLoopState }
 
 export interface WorkerStats {
   node: string;

@@ -1,0 +1,157 @@
+/**
+ * hps: synchronous inside the worker's group, asynchronous between groups
+ * (actors/group/group-sync.ts). The loop runs sync windows of its group's
+ * strategy and acknowledges a window's batches once the group's update of
+ * them is pushed (or refused as too stale: dropped, still acknowledged,
+ * counted in `dropped_stale_batches`).
+ *
+ * Pauses are taken at window boundaries:
+ * - the job's (a regroup): the group agrees on the boundary through its
+ *   slices (`WindowOutcome.groupsVersion`); the member is stopped, the
+ *   worker reports ready, and once resumed it re-forms its member from the
+ *   job info's groups;
+ * - this worker's own (mailbox `pause`): the member stays in its group,
+ *   which waits for it (its round cannot start without it).
+ */
+import { HetpsError } from '../../runtime/mod.ts';
+import type { WorkerGroupConfig } from '../../topology/mod.ts';
+import type { QueuedBatch } from '../store/batch-queue.ts';
+import { GroupMember, type WindowOutcome, type WindowPhases } from '../group/group-sync.ts';
+import { batchFromDescriptor } from './step.ts';
+import type { WorkerLoopEnv } from './worker-loop.ts';
+
+/** How long a window waits for its next batch before it closes with what it has. */
+const HPS_TAKE_WAIT_MS = 1_000;
+
+export class HpsLoop {
+  /** The group the worker trains in (changes on regroup). */
+  private group: WorkerGroupConfig;
+  /**
+   * The next window's first batch, fetched while this window's group
+   * exchange runs (not held by this window: it is acknowledged with the
+   * window that trains it, or given back when training stops or pauses).
+   */
+  private carried: Promise<QueuedBatch | null> | null = null;
+  /** The carried batch once it arrived: kept alive with the window's own (a group exchange may wait longer than ack_wait). */
+  private carriedItem: QueuedBatch | null = null;
+
+  constructor(private readonly env: WorkerLoopEnv, group: WorkerGroupConfig) {
+    this.group = group;
+  }
+
+  /** The group batches are trained in now. */
+  get groupName(): string { return this.group.name; }
+
+  async run(): Promise<void> {
+    const { control, log } = this.env;
+    for (;;) {
+      const g = this.group;
+      const version = control.groupsVersion;
+      const member = this.member(g, version);
+      await member.start();
+      let pauseFor: number | null = null;
+      try {
+        while (!control.stopRequested) {
+          if (control.pauseRequested) {
+            await this.giveBackCarried();
+            await control.hold();
+            if (control.stopRequested) break;
+            if (control.jobPausePending) { pauseFor = control.seen; break; }
+          }
+          const outcome = await this.window(member);
+          if (outcome.done) break;
+          if (outcome.groupsVersion > version && control.followsJob) { pauseFor = outcome.groupsVersion; break; }
+        }
+        if (pauseFor !== null) member.regroup(`groups v${pauseFor}`);
+      } finally {
+        await this.giveBackCarried();
+        await member.stop(pauseFor !== null ? 'regrouped' : 'stopped');
+      }
+      if (pauseFor === null || control.stopRequested) break;
+      // Paused: every batch of the last window is pushed and acknowledged; nothing is held.
+      log.info({ groups_version: pauseFor, group: g.name }, `regroup to groups v${pauseFor}: paused after window ${member.window - 1} of group ${g.name}; waiting for the driver's resume`);
+      const info = await control.pauseForJob(pauseFor, g.name);
+      const next = (info.groups ?? []).find((x) => x.nodes.includes(this.env.o.node));
+      if (next === undefined) throw new HetpsError(`regroup v${info.groups_version}: ${this.env.o.node} is in none of the new groups`);
+      this.group = next;
+      this.env.stats.group = next.name;
+      this.env.stats.sync_mode = next.sync_mode;
+      log.info({ groups_version: info.resume_version, group: next.name, sync_mode: next.sync_mode, members: next.nodes },
+        `regrouped (groups v${info.resume_version}): now ${next.sync_mode} inside group ${next.name} (${next.nodes.join(', ')}); the next window pulls fresh parameters`);
+      // A regroup after this one (if any) pauses this worker again after its next window.
+      control.resumedUnder(info, next.name);
+    }
+  }
+
+  /** The worker's member of group `g`; the run id carries the groups version, so a late message of the old membership never reaches the new one. */
+  private member(g: WorkerGroupConfig, version: number): GroupMember {
+    const { o, stats, control, stepper, system, log, requestTimeoutMs } = this.env;
+    return new GroupMember({
+      system, group: g, member: o.node, runId: version === 0 ? o.job.run_id : `${o.job.run_id}/g${version}`, plan: o.plan, stepper, log,
+      shouldStop: () => control.stopRequested, requestTimeoutMs, groupsVersionSeen: () => control.seen,
+      // A silent member is waited for as long as its batches are (fault_tolerance.worker_recovery_timeout).
+      recoveryTimeoutMs: o.job.ack_wait_ms,
+      // Silent for half of it (at most 10 s): reported lost, so the recovery timeout starts.
+      lostAfterMs: Math.min(10_000, Math.max(500, Math.floor(o.job.ack_wait_ms / 2))),
+      onState: (st) => { stats.group_state = st; },
+      health: o.health ?? null,
+    });
+  }
+
+  /** One sync window of the group's strategy; the batches taken are acknowledged once the group's update of them is out. */
+  private async window(member: GroupMember): Promise<WindowOutcome> {
+    const { o, stats, control, ledger } = this.env;
+    const held: QueuedBatch[] = [];
+    const keepAlive = ledger.keepAlive(() => [...held, this.carriedItem]);
+    let outcome: WindowOutcome;
+    try {
+      outcome = await member.runWindow({
+        next: async () => {
+          if (control.stopRequested) return null;
+          const ahead = this.carried;
+          this.carried = null;
+          this.carriedItem = null;
+          const item = ahead !== null ? await ahead : await o.queue.next(HPS_TAKE_WAIT_MS);
+          if (item === null) return null;
+          held.push(item);
+          if (item.redelivered) stats.redelivered_taken++;
+          return batchFromDescriptor(o.source, item.desc);
+        },
+        // Nothing waiting and nothing in flight anywhere (a dead worker's batch comes back after ack_wait).
+        drained: async () => (await o.queue.pending().catch(() => 1)) === 0,
+        prefetch: () => {
+          if (control.stopRequested || this.carried !== null) return;
+          const fetching: Promise<QueuedBatch | null> = o.queue.next(HPS_TAKE_WAIT_MS).then((item) => { if (this.carried === fetching) this.carriedItem = item; return item; });
+          this.carried = fetching;
+        },
+      });
+    } catch (e) {
+      keepAlive.cancel();
+      for (const h of held) h.nak();
+      throw e;
+    }
+    keepAlive.cancel();
+    stats.windows++;
+    stats.lost_shard_updates += outcome.lostShards.length;
+    const sums = stats.window_phases_ms;
+    if (sums !== null) for (const k of Object.keys(sums) as (keyof WindowPhases)[]) sums[k] += outcome.phases[k];
+    stats.round = null;
+    await Promise.all(held.map((item, i) => {
+      const s = outcome.steps[i]!;
+      return ledger.account(item, {
+        loss: s.loss, samples: s.samples, computeMs: s.computeMs, stepMs: s.stepMs, staleness: outcome.staleness,
+        droppedStale: outcome.droppedStale, round: null, window: outcome.window,
+      });
+    }));
+    return outcome;
+  }
+
+  /** Gives the carried batch (if any) back to the queue: the worker stops, pauses or re-forms its group. */
+  private async giveBackCarried(): Promise<void> {
+    const c = this.carried;
+    this.carried = null;
+    this.carriedItem = null;
+    const item = c === null ? null : await c.catch(() => null);
+    item?.nak();
+  }
+}
