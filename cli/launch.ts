@@ -15,6 +15,8 @@ import {
 import { loadConfig, natsConnection, type HetpsConfig } from '../topology/mod.ts';
 import { natsBatchQueue } from '../actors/store/batch-queue.ts';
 import { natsJobInfoStore } from '../actors/store/job-info.ts';
+import { HeartbeatPublisher } from '../actors/health/heartbeat.ts';
+import { HealthWatcher } from '../actors/health/health-watcher.ts';
 import { DEFAULT_NODE_WAIT_MS, startServerNode, startWorkerNode, workerNodeByName, workerNodeOf } from '../actors/node/nodes.ts';
 import { natsConnectionOf, natsPlanStore } from '../actors/store/plan-store.ts';
 import { hostProfileSchema, probeSettings, type HostProfile } from '../actors/node/profile-reporter.ts';
@@ -141,7 +143,14 @@ export async function runLaunch(flags: LaunchFlags): Promise<number> {
     transport, job, node, clock: systemClock, random: new SeededRandom(hashString(node, config.training.random_seed)), logger: log,
   });
   const shutdown = shutdownSignal(transport, job, flags.runId ?? null, log);
+  // From the moment the process is connected: the health actor knows it is there while it waits for the job.
+  let nodeState: () => string = () => 'starting';
+  const heartbeat = new HeartbeatPublisher({
+    transport, job, node, role: flags.role === 'server' ? 'shard' : 'worker', incarnation: system.senderId, periodMs: config.fault_tolerance.heartbeat_ms,
+    clock: systemClock, state: () => nodeState(),
+  }).start();
   const planStore = natsPlanStore(nc, job);
+  let health: HealthWatcher | null = null;
   let code = 0;
   try {
     if (flags.role === 'server') {
@@ -151,14 +160,16 @@ export async function runLaunch(flags: LaunchFlags): Promise<number> {
         profiling: { store: natsProfileStore(nc, job), device: host ? async () => host.device : null, network: host?.network ?? null },
       }), shutdown.promise]);
       if (typeof started === 'string') { log.info(`${started} before the shard started`); return 0; }
+      nodeState = () => 'serving';
       log.info(`shard ${node} stopped: ${await shutdown.promise}`);
     } else {
       const queue = natsBatchQueue(nc, job, { log: (m) => log.debug(m) });
       const jobStore = natsJobInfoStore(nc, job);
       log.info({ job, servers, group: workerNode!.group ?? '(measured at start)' }, `worker ${node}: connected; loading data and model`);
+      health = await HealthWatcher.start(system);
       const started = await Promise.race([
         startWorkerNode({
-          config, node: workerNode!, system, planStore, jobStore, queue, log, runId: flags.runId ?? null, waitMs,
+          config, node: workerNode!, system, planStore, jobStore, queue, log, runId: flags.runId ?? null, waitMs, health,
           profiling: {
             store: natsProfileStore(nc, job),
             // A host profile for another provider than this node's does not describe it: the node measures itself then.
@@ -169,6 +180,7 @@ export async function runLaunch(flags: LaunchFlags): Promise<number> {
         shutdown.promise,
       ]);
       if (typeof started === 'string') { log.info(`${started} before training started`); return 0; }
+      nodeState = () => started.def.stats().state;
       const end = await Promise.race([started.def.done, shutdown.promise]);
       if (typeof end === 'string') log.info(`worker ${node} stopping: ${end}`);
       await queue.close();
@@ -179,6 +191,8 @@ export async function runLaunch(flags: LaunchFlags): Promise<number> {
     log.error({ err: e }, `${flags.role} ${node} failed`);
     code = e instanceof ConfigError ? 2 : 1;
   } finally {
+    heartbeat.stop(true);
+    health?.dispose();
     shutdown.dispose();
     // Bounded: with NATS gone (a driver that stopped its cluster) a drain would wait for a reconnect forever.
     const cleanup = (async () => {

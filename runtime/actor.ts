@@ -39,6 +39,12 @@ type Handlers<M extends MessageShapes> = {
 export interface ActorDefinition<M extends MessageShapes> {
   kind: ActorKind;
   id: string;
+  /**
+   * The mailbox's base subject when it is not `hps.<job>.<kind>.<id>`: the
+   * scheduler serves `hps.<job>.ctl.<command>` (`controlAddress`), so any NATS
+   * client can drive a job by command name alone.
+   */
+  address?: string;
   messages: M;
   handlers: Handlers<M>;
   /** Apply each `(from, seq)` once; a retried request gets the reply already sent. */
@@ -207,7 +213,7 @@ export class Actor<M extends MessageShapes = MessageShapes> {
   private readonly log: Logger;
 
   constructor(readonly system: ActorSystem, readonly def: ActorDefinition<M>) {
-    this.address = actorAddress(system.job, def.kind, def.id);
+    this.address = def.address ?? actorAddress(system.job, def.kind, def.id);
     this.log = system.log.child({ actor: `${def.kind}/${def.id}` });
     for (const type of Object.keys(def.messages)) token(type, `message type of ${def.kind}/${def.id}`);
     this.ctx = { self: new ActorRef(system, this.address), system, log: this.log, clock: system.clock, random: system.random.fork(this.address), stats: this.stats };

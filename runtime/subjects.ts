@@ -41,8 +41,10 @@ function join(...tokens: string[]): string { return tokens.join('.'); }
 
 export function jobPrefix(job: string): string { return join(ROOT, token(job, 'job name')); }
 
+/** The scheduler's mailbox: commands are its ops (`hps.<job>.ctl.<command>`). */
+export function controlAddress(job: string): string { return join(jobPrefix(job), 'ctl'); }
 export function controlSubject(job: string, command: string): string {
-  return join(jobPrefix(job), 'ctl', token(command, 'control command'));
+  return join(controlAddress(job), token(command, 'control command'));
 }
 export function controlWildcard(job: string): string { return join(jobPrefix(job), 'ctl', '*'); }
 

@@ -4,3 +4,4 @@ export * from './shard-plan.ts';
 export * from './staleness.ts';
 export * from './grouping.ts';
 export * from './regroup.ts';
+export * from './health.ts';

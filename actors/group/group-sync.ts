@@ -58,6 +58,7 @@ import { groupSyncMessages, type GroupSyncMessages, type PushedMessage, type Sli
 import { groupEvents } from './group.events.ts';
 import { createGroupActor, groupStateOf, type GroupActor, type GroupState } from './group.machine.ts';
 import { syncPolicyFromConfig, type SyncPolicy } from './sync-policy.ts';
+import type { HealthState, HealthView } from '../health/health.types.ts';
 
 /** adaptive: a member closes its window after this many times adaptive_threshold steps even when nobody drifted apart. */
 export const ADAPTIVE_MAX_STEPS_FACTOR = 2;
@@ -435,6 +436,12 @@ export interface GroupMemberOptions {
   lostAfterMs?: number;
   /** Every change of the lifecycle state (telemetry). */
   onState?: (state: GroupState) => void;
+  /**
+   * The health actor's verdicts: a member is reported lost when it is dead by
+   * them, never for being slow. null or absent: no verdicts reach this member
+   * (unit tests, a job without a health actor); then silence for lostAfterMs counts.
+   */
+  health?: HealthView | null;
 }
 
 const sameMembers = (a: readonly string[], b: readonly string[]) => a.length === b.length && a.every((x, i) => x === b[i]);
@@ -464,6 +471,7 @@ export class GroupMember {
   /** Peers reported lost and not heard from since. */
   private readonly reportedLost = new Set<string>();
   private stopped = false;
+  private unwatchHealth: (() => void) | null = null;
 
   constructor(private readonly o: GroupMemberOptions) {
     const g = o.group;
@@ -507,6 +515,7 @@ export class GroupMember {
   /** Starts the replica and (reducing modes) the mailbox, and joins the peers. */
   async start(): Promise<void> {
     this.machine.start();
+    this.unwatchHealth = this.o.health?.onChange((node, state) => this.onHealth(node, state)) ?? null;
     this.machine.send(groupEvents.memberJoined(this.o.member));
     if (!this.reduces) return;
     const me = this.o.member;
@@ -534,6 +543,8 @@ export class GroupMember {
   /** Stops the replica and removes the mailbox (before a regroup re-forms the member, or at the end). */
   async stop(reason = 'stopped'): Promise<void> {
     this.stopped = true;
+    this.unwatchHealth?.();
+    this.unwatchHealth = null;
     this.machine.send(groupEvents.stop(reason));
     this.machine.stop();
     const m = this.mailbox;
@@ -874,15 +885,43 @@ export class GroupMember {
     }
   }
 
-  /** Reports `m` lost to the machine once it has been silent for lostAfterMs (counted from `since` at the earliest). */
+  /**
+   * Reports `m` lost to the machine: with health verdicts, once the health
+   * actor says it is dead (a member that is alive but blocked — on a stalled
+   * shard, say — is waited for, never dropped); without them, once it has
+   * been silent for lostAfterMs (counted from `since` at the earliest).
+   */
   private checkSilent(m: string, since: number, now: number): void {
     if (m === this.o.member || this.reportedLost.has(m) || !this.active().includes(m)) return;
+    const health = this.o.health ?? null;
+    if (health !== null) {
+      if (health.stateOf(m) !== 'dead') return;
+      this.reportLost(m, 'the health actor says it is dead');
+      return;
+    }
     const lostAfter = this.o.lostAfterMs ?? 10_000;
     if (now - Math.max(since, this.heardAt.get(m) ?? 0) < lostAfter) return;
+    this.reportLost(m, `it has been silent for ${(lostAfter / 1000).toFixed(1)} s`);
+  }
+
+  private reportLost(m: string, why: string): void {
     this.reportedLost.add(m);
-    this.o.log.warn({ group: this.o.group.name, member: m, silent_ms: lostAfter },
-      `group ${this.o.group.name}: ${m} has been silent for ${(lostAfter / 1000).toFixed(1)} s; reported lost (the group waits for it up to the recovery timeout)`);
+    this.o.log.warn({ group: this.o.group.name, member: m, why },
+      `group ${this.o.group.name}: ${m} reported lost (${why}); the group waits for it up to the recovery timeout`);
     this.machine.send(groupEvents.memberLost(m));
+  }
+
+  /** Health verdicts: a dead member is reported lost at once, wherever the group is; one alive again rejoins. */
+  private onHealth(node: string, state: HealthState): void {
+    if (this.stopped || node === this.o.member || !this.machine.getSnapshot().context.members.includes(node)) return;
+    if (state === 'dead' && !this.reportedLost.has(node) && this.active().includes(node)) {
+      this.reportLost(node, 'the health actor says it is dead');
+      this.inbox.poke();
+    } else if (state === 'alive' && this.reportedLost.delete(node)) {
+      this.o.log.info({ group: this.o.group.name, member: node }, `group ${this.o.group.name}: ${node} is alive again`);
+      this.machine.send(groupEvents.memberRejoined(node));
+      this.inbox.poke();
+    }
   }
 
   private checkStop(w: number): void {

@@ -95,6 +95,13 @@ export interface TrainingReport {
   utilisation: UtilisationReport;
 }
 
+/** What `liveFigures` returns. */
+export interface LiveFigures {
+  progress: { samples: number; batches_acked: number; batches_total: number | null; samples_per_s: number; loss: number | null; elapsed_s: number };
+  /** Per worker that reported anything: `loop` is how its training loop ended (null while it runs). */
+  workers: Record<string, { steps: number; samples: number; samples_per_s: number; loop: string | null }>;
+}
+
 export interface PeriodicEvaluation {
   /** Between evaluation starts; one also runs as training starts and one when it has ended. */
   everyMs: number;
@@ -164,6 +171,8 @@ export class TrainingMonitor {
   /** Last telemetry of any kind per worker (monotonic ms): a liveness hint until heartbeats exist. */
   private readonly lastSeen = new Map<string, number>();
   private readonly activity = new Map<string, WorkerActivity>();
+  /** Each worker's samples/s in its latest progress telemetry. */
+  private readonly latestRate = new Map<string, number>();
 
   private activityOf(node: string): WorkerActivity {
     let a = this.activity.get(node);
@@ -174,7 +183,7 @@ export class TrainingMonitor {
   constructor(transport: Transport, job: string, private readonly clock: Clock, private readonly log: Logger) {
     const seen = (node: string) => { this.lastSeen.set(node, this.clock.monotonic()); };
     this.unsubscribe = subscribeTelemetry(transport, job, {
-      progress: (t) => seen(t.node),
+      progress: (t) => { seen(t.node); this.latestRate.set(t.node, t.samples_per_s); },
       batch: (t) => {
         seen(t.node);
         const a = this.activityOf(t.node);
@@ -207,6 +216,33 @@ export class TrainingMonitor {
   }
 
   dispose(): void { this.unsubscribe(); }
+
+  /**
+   * The figures now, for `ctl.status` and the dashboard: what was
+   * acknowledged (once per batch id), throughput since the first worker
+   * started, the mean loss of the last `lossWindow` acknowledged batches, and
+   * per worker its steps, samples and its last reported samples/s.
+   */
+  liveFigures(totalBatches: number | null, lossWindow = 50): LiveFigures {
+    let samples = 0;
+    for (const t of this.batchTelemetry) samples += t.samples;
+    const recent = this.batchTelemetry.slice(-lossWindow);
+    let l = 0; let n = 0;
+    for (const t of recent) { l += t.loss * t.samples; n += t.samples; }
+    const end = this.lastAck ?? this.clock.monotonic();
+    const elapsedS = this.firstStart === null ? 0 : Math.max(0, end - this.firstStart) / 1000;
+    const workers: LiveFigures['workers'] = {};
+    for (const [node, a] of this.activity) {
+      workers[node] = { steps: a.steps, samples: a.samples, samples_per_s: this.latestRate.get(node) ?? 0, loop: this.done.get(node) ?? null };
+    }
+    return {
+      progress: {
+        samples, batches_acked: this.acks.size, batches_total: totalBatches, samples_per_s: elapsedS > 0 ? samples / elapsedS : 0,
+        loss: n > 0 ? l / n : null, elapsed_s: elapsedS,
+      },
+      workers,
+    };
+  }
 
   /**
    * After training: waits until every worker that started has ended its loop

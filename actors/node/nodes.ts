@@ -23,6 +23,7 @@ import type { ProfileStore } from '../store/profile-store.ts';
 import { createShardActor } from '../shard/shard.actor.ts';
 import { waitForShards } from '../worker/shard-client.ts';
 import { createWorkerActor, type WorkerActorDefinition } from '../worker/worker.actor.ts';
+import type { HealthView } from '../health/health.types.ts';
 
 /** How long a node waits for the driver (plan, job info) and for the shards, by default. */
 export const DEFAULT_NODE_WAIT_MS = 120_000;
@@ -142,6 +143,8 @@ export async function startWorkerNode(o: {
   log: Logger; md?: ModelAndData; runId?: string | null; waitMs?: number;
   /** Profile on join and while training; null or absent: no profile (the driver then cannot group this node by measurement). */
   profiling?: WorkerProfiling | null;
+  /** The health actor's verdicts, which the worker's hps group acts on; null or absent: none. */
+  health?: HealthView | null;
 }): Promise<StartedWorker> {
   const { config, node, system, log } = o;
   const waitMs = o.waitMs ?? DEFAULT_NODE_WAIT_MS;
@@ -176,6 +179,7 @@ export async function startWorkerNode(o: {
     referenceStepMs: config.training.emulation_reference_step_ms,
     bandwidthMbps: overrides.emulate?.bandwidth_mbps ?? null,
     groupSync,
+    health: o.health ?? null,
     jobStore: o.jobStore,
     onBatchTrained: reporter ? (t) => reporter.noteStep(t.emulated_step_ms ?? t.busy_ms) : null,
   });

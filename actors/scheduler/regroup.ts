@@ -37,12 +37,12 @@
  */
 import { z } from 'zod';
 import {
-  ConfigError, HetpsError, JSON_CONTENT_TYPE, PROTOCOL_VERSION, ValidationError, controlSubject, decode, encode, toWire,
-  type Clock, type Logger, type Timer, type Transport, type TransportMsg,
+  ConfigError, HetpsError, ValidationError,
+  type Clock, type Logger, type Timer, type Transport,
 } from '../../runtime/mod.ts';
 import {
-  INITIAL_DEGRADATION_STATE, SYNC_MODES, baselineStepMs, detectDegradation, groupNodes, medianOf, noteRegrouped, observedSlowdown,
-  profilesAtObservedSpeed, regroupPlan,
+  INITIAL_DEGRADATION_STATE, baselineStepMs, detectDegradation, groupNodes, medianOf, noteRegrouped, observedSlowdown,
+  profilesAtObservedSpeed, regroupPlan, workerGroupSchema,
   type DegradationPolicy, type DegradationState, type NodeProfile, type WorkerGroupConfig,
 } from '../../topology/mod.ts';
 import type { JobInfo, JobInfoStore } from '../store/job-info.ts';
@@ -51,14 +51,7 @@ import { nodeProfileOf, subscribeTelemetry } from '../monitor/telemetry.ts';
 
 export const REGROUP_COMMAND = 'regroup';
 
-const groupSchema = z.object({
-  name: z.string().min(1),
-  nodes: z.array(z.string().min(1)).min(1),
-  sync_mode: z.enum(SYNC_MODES),
-  sync_steps: z.number().int().positive().nullable().default(null),
-  accumulation_steps: z.number().int().positive().nullable().default(null),
-  adaptive_threshold: z.number().int().positive().nullable().default(null),
-});
+const groupSchema = workerGroupSchema;
 
 export const regroupRequestSchema = z.object({
   groups: z.array(groupSchema).min(1).nullable().default(null),
@@ -108,6 +101,8 @@ export interface RegroupControllerOptions {
   profileStore?: ProfileStore | null;
   /** Profiles known when the job started (those its groups were measured from). */
   profiles?: readonly NodeProfile[];
+  /** Every live worker has paused for `groupsVersion` (ctl.pause). */
+  onPaused?: (groupsVersion: number, workers: string[]) => void;
 }
 
 /** Recent step times kept per node (the median reads the last `window`). */
@@ -129,10 +124,13 @@ export class RegroupController {
   private degradation: DegradationState = INITIAL_DEGRADATION_STATE;
   private readonly t0: number;
   private readonly unsubscribe: () => void;
-  private readonly ctlSub: { unsubscribe(): void };
   private readonly timer: Timer | null;
   private checking = false;
   private disposed = false;
+  private waiters: (() => void)[] = [];
+  /** Monotonic ms of the pause in force; null when not paused. */
+  private pausedAt: number | null = null;
+  private pauseDone = false;
   private readonly window: number;
 
   constructor(private readonly o: RegroupControllerOptions) {
@@ -143,7 +141,7 @@ export class RegroupController {
     this.unsubscribe = subscribeTelemetry(o.transport, o.job, {
       profile: (t) => { this.profiles.set(t.node, nodeProfileOf(t)); },
       start: (t) => { this.started.add(t.node); },
-      done: (t) => { this.ended.add(t.node); },
+      done: (t) => { this.ended.add(t.node); this.wake(); },
       batch: (t) => {
         this.started.add(t.node);
         const ms = t.emulated_step_ms ?? t.busy_ms;
@@ -163,12 +161,15 @@ export class RegroupController {
         let s = this.ready.get(t.groups_version);
         if (s === undefined) { s = new Set(); this.ready.set(t.groups_version, s); }
         s.add(t.node);
+        this.wake();
       },
     });
-    this.ctlSub = o.transport.subscribe(controlSubject(o.job, REGROUP_COMMAND), (m) => { void this.onControl(m); });
     const every = o.autoEveryMs ?? 1_000;
     this.timer = every > 0 && o.info.mode === 'hps' ? o.clock.setInterval(() => { void this.autoCheck(); }, every) : null;
   }
+
+  /** The job info as last written (the one writer is this controller). */
+  get jobInfo(): JobInfo { return this.info; }
 
   /** The groups the job runs now. */
   get groups(): WorkerGroupConfig[] { return this.info.groups ?? []; }
@@ -178,7 +179,7 @@ export class RegroupController {
     if (this.disposed) return;
     this.disposed = true;
     this.timer?.cancel();
-    this.ctlSub.unsubscribe();
+    this.wake();
     await this.inProgress?.catch(() => undefined);
     this.unsubscribe();
   }
@@ -195,6 +196,7 @@ export class RegroupController {
     if (this.inProgress !== null) {
       throw new HetpsError(`regroup: groups v${this.info.groups_version} are being put in place (workers pausing); try again once training has resumed`);
     }
+    if (this.pausedAt !== null) throw new HetpsError('regroup: the job is paused; send resume first (a regroup pauses and resumes by itself)');
     const current = this.groups;
     if (groups === null) await this.refreshProfiles();
     const computed = groups === null ? this.computeGroups() : null;
@@ -238,7 +240,7 @@ export class RegroupController {
         lastNote = now;
         log.info({ groups_version: v, waiting_for: missing }, `regroup v${v}: waiting for ${missing.join(', ')} to finish their window and pause`);
       }
-      await clock.sleep(50);
+      await this.changed(Math.min(10_000, limit - (now - started)));
     }
     this.info = { ...this.info, resume_version: v };
     await this.o.jobStore.put(this.info);
@@ -254,6 +256,85 @@ export class RegroupController {
       at_s: +((started - this.t0) / 1000).toFixed(3), reason, trigger, groups_version: v, groups, moved, grouped_by: groupedBy, pause_s: +pause.toFixed(3), not_ready: missing,
     });
     log.info({ groups_version: v, pause_s: pause }, `regroup v${v} done: every group resumes from the shards' current parameters (paused ${pause.toFixed(1)} s)`);
+  }
+
+  /** Something the flows wait on happened (a worker paused or ended, or the controller is disposed). */
+  private wake(): void {
+    const w = this.waiters;
+    this.waiters = [];
+    for (const f of w) f();
+  }
+
+  /** Resolves on the next `wake`, or after `ms`. */
+  private changed(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const t = this.o.clock.setTimeout(resolve, Math.max(1, ms));
+      this.waiters.push(() => { t.cancel(); resolve(); });
+    });
+  }
+
+  /**
+   * Where the job stands: `training`; `regrouping` (workers pausing for new
+   * groups); `pausing` (ctl.pause sent, workers finishing their window or
+   * step); `paused` (every live worker paused).
+   */
+  get state(): 'training' | 'regrouping' | 'pausing' | 'paused' {
+    if (this.pausedAt !== null) return this.pauseDone ? 'paused' : 'pausing';
+    return this.inProgress !== null ? 'regrouping' : 'training';
+  }
+
+  /** Live workers that have paused for the current version (pause or regroup). */
+  pausedWorkers(): string[] {
+    const ready = this.ready.get(this.info.groups_version) ?? new Set<string>();
+    return this.info.workers.filter((w) => ready.has(w));
+  }
+
+  /**
+   * `ctl.pause`: every worker stops at its next window (hps) or step (asp,
+   * bsp) boundary, its last batches pushed and acknowledged, and waits for
+   * `resume`. The same flow as a regroup with the groups unchanged:
+   * groups_version + 1, no resume_version until `resume`. Resolves once the
+   * new version is written; `paused` follows when every live worker reports.
+   */
+  async pause(reason: string): Promise<{ state: string; groups_version: number; already: boolean }> {
+    if (this.pausedAt !== null) return { state: this.state, groups_version: this.info.groups_version, already: true };
+    if (this.inProgress !== null) throw new HetpsError(`pause: groups v${this.info.groups_version} are being put in place; try again once the regroup is done`);
+    const v = this.info.groups_version + 1;
+    this.info = { ...this.info, groups_version: v };
+    await this.o.jobStore.put(this.info);
+    this.pausedAt = this.o.clock.monotonic();
+    this.pauseDone = false;
+    this.o.log.info({ groups_version: v, reason }, `pause (${reason}): every worker stops at its next window or step boundary`);
+    void this.awaitPaused(v);
+    return { state: this.state, groups_version: v, already: false };
+  }
+
+  /** `ctl.resume`: the paused workers continue (each hps group pulls fresh parameters first). */
+  async resume(): Promise<{ state: string; groups_version: number; paused_s: number }> {
+    if (this.pausedAt === null) throw new HetpsError(`resume: the job is not paused (it is ${this.state})`);
+    const v = this.info.groups_version;
+    this.info = { ...this.info, resume_version: v };
+    await this.o.jobStore.put(this.info);
+    const pausedS = (this.o.clock.monotonic() - this.pausedAt) / 1000;
+    this.pausedAt = null;
+    this.pauseDone = false;
+    this.o.log.info({ groups_version: v, paused_s: pausedS }, `resumed after ${pausedS.toFixed(1)} s`);
+    this.wake();
+    return { state: this.state, groups_version: v, paused_s: +pausedS.toFixed(3) };
+  }
+
+  private async awaitPaused(v: number): Promise<void> {
+    for (;;) {
+      if (this.pausedAt === null || this.disposed || this.info.groups_version !== v) return;
+      const ready = this.ready.get(v) ?? new Set<string>();
+      const missing = this.live().filter((w) => !ready.has(w));
+      if (missing.length === 0) {
+        this.pauseDone = true;
+        this.o.onPaused?.(v, [...ready]);
+        return;
+      }
+      await this.changed(1_000);
+    }
   }
 
   private validate(groups: WorkerGroupConfig[]): void {
@@ -382,7 +463,7 @@ export class RegroupController {
   }
 
   private async autoCheck(): Promise<void> {
-    if (this.checking || this.inProgress !== null) return;
+    if (this.checking || this.inProgress !== null || this.pausedAt !== null) return;
     this.checking = true;
     try {
       const now = this.o.clock.monotonic();
@@ -407,38 +488,6 @@ export class RegroupController {
       this.degradation = noteRegrouped(this.degradation, this.o.clock.monotonic());
     } finally {
       this.checking = false;
-    }
-  }
-
-  /** `hps.<job>.ctl.regroup`: JSON (Content-Type) or msgpack; the reply in the actors' envelope, in the caller's encoding. */
-  private async onControl(m: TransportMsg): Promise<void> {
-    const json = m.headers?.['Content-Type'] === JSON_CONTENT_TYPE;
-    let result: RegroupReply | null = null;
-    let error: unknown = null;
-    try {
-      let body: unknown;
-      try {
-        body = json ? (m.data.byteLength ? JSON.parse(new TextDecoder().decode(m.data)) : {}) : decode(m.data);
-      } catch (e) {
-        throw new ValidationError(`regroup: the body does not decode (${(e as Error).message})`);
-      }
-      const parsed = regroupRequestSchema.safeParse(body);
-      if (!parsed.success) throw new ValidationError(`regroup: bad request: ${parsed.error.issues.map((i) => `${i.path.join('.') || '(body)'}: ${i.message}`).join('; ')}`);
-      result = await this.regroup(parsed.data.groups, parsed.data.reason, 'command');
-    } catch (e) {
-      error = e;
-      this.o.log.warn({ err: (e as Error).message }, 'regroup command refused');
-    }
-    if (!m.reply) return;
-    const from = controlSubject(this.o.job, REGROUP_COMMAND);
-    const env = error !== null
-      ? { v: PROTOCOL_VERSION, type: 'error', from, seq: 0, error: toWire(error) }
-      : { v: PROTOCOL_VERSION, type: 'reply', from, seq: 0, result };
-    try {
-      if (json) this.o.transport.publish(m.reply, new TextEncoder().encode(JSON.stringify(env)), { headers: { 'Content-Type': JSON_CONTENT_TYPE } });
-      else this.o.transport.publish(m.reply, encode(env));
-    } catch (e) {
-      this.o.log.warn({ err: (e as Error).message }, 'could not send the regroup reply');
     }
   }
 }

@@ -7,9 +7,13 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { InProcessBroker, JSON_CONTENT_TYPE, connectTransport, controlSubject, silentLogger, systemClock, type Transport } from '../../runtime/mod.ts';
+import {
+  ActorSystem, InProcessBroker, JSON_CONTENT_TYPE, SeededRandom, connectTransport, controlSubject, silentLogger, systemClock, type Transport,
+} from '../../runtime/mod.ts';
 import { memoryJobInfoStore, type JobInfo } from '../../actors/store/job-info.ts';
 import { RegroupController } from '../../actors/scheduler/regroup.ts';
+import { createSchedulerActor } from '../../actors/scheduler/scheduler.actor.ts';
+import type { ShardPlan } from '../../topology/mod.ts';
 import { publishTelemetry } from '../../actors/monitor/telemetry.ts';
 
 const JOB = 'rg';
@@ -41,6 +45,11 @@ test('ctl.regroup: validated, written with the next groups_version, resumed once
   const store = memoryJobInfoStore();
   await store.put(info);
   const ctl = new RegroupController({ transport: driverT, job: JOB, jobStore: store, info, clock: systemClock, log: silentLogger(), autoEveryMs: 0 });
+  // The command reaches the controller through the scheduler actor, which serves hps.<job>.ctl.*.
+  const system = new ActorSystem({ transport: driverT, job: JOB, node: 'driver', clock: systemClock, random: new SeededRandom(1) });
+  const scheduler = createSchedulerActor({ job: JOB, onShutdown: () => undefined });
+  await system.spawn(scheduler);
+  scheduler.attach({ info: () => ctl.jobInfo, plan: { version: 1, shards: [] } as unknown as ShardPlan, controller: ctl });
   try {
     for (const w of info.workers) publishTelemetry(clientT, JOB, 'start', w, { node: w, group: 'x', mode: 'hps', emulated_speed: null });
 
@@ -52,7 +61,7 @@ test('ctl.regroup: validated, written with the next groups_version, resumed once
     const twice = await ask(clientT, { reason: 'x', groups: [g('fast', ['w1', 'w3'], 'sync', 2), g('slow', ['w3', 'w4', 'w2'], 'async')] });
     assert.match(twice.error!.message, /w3 is in two groups/);
     const bad = await ask(clientT, { groups: 'all' });
-    assert.match(bad.error!.message, /bad request/);
+    assert.match(bad.error!.message, /groups/);
 
     const ok = await ask(clientT, { reason: 'move w3', groups: [g('fast', ['w1', 'w2', 'w3'], 'sync', 2), g('slow', ['w4'], 'async')] });
     assert.equal(ok.type, 'reply', JSON.stringify(ok));
@@ -73,6 +82,7 @@ test('ctl.regroup: validated, written with the next groups_version, resumed once
     assert.deepEqual(ctl.records[0]!.not_ready, []);
     assert.equal(ctl.records[0]!.reason, 'move w3');
   } finally {
+    await system.stop();
     await ctl.dispose();
     await driverT.close();
     await clientT.close();

@@ -1,0 +1,52 @@
+/**
+ * The job's control plane in the driver's process: the health actor (heartbeats →
+ * verdicts), the monitor actor (the one aggregation of telemetry), the
+ * scheduler actor (the one writer of the job, serving `hps.<job>.ctl.*`),
+ * and the process's own heartbeat (role scheduler). Started before any node,
+ * so every heartbeat and every report is seen; stopped before the nodes are
+ * told to shut down.
+ */
+import type { Actor, ActorSystem, Logger } from '../../runtime/mod.ts';
+import type { HealthPolicy } from '../../topology/mod.ts';
+import { createHealthActor, type HealthActorDefinition } from '../health/health.actor.ts';
+import { HeartbeatPublisher } from '../health/heartbeat.ts';
+import { HEALTH_ACTOR_ID } from '../health/health.actor.ts';
+import { createMonitorActor, type MonitorActorDefinition } from '../monitor/monitor.actor.ts';
+import { createSchedulerActor, type SchedulerActorDefinition } from './scheduler.actor.ts';
+
+export interface ControlPlane {
+  health: HealthActorDefinition;
+  monitor: MonitorActorDefinition;
+  scheduler: SchedulerActorDefinition;
+  /** A node process exited (seen by its parent): dead at once. */
+  nodeExited(node: string, how: string): void;
+  stop(): Promise<void>;
+}
+
+export async function startControlPlane(system: ActorSystem, o: {
+  policy: HealthPolicy; log: Logger; onShutdown: (reason: string) => void;
+}): Promise<ControlPlane> {
+  const health = createHealthActor({ policy: o.policy });
+  const monitor = createMonitorActor({ transport: system.transport, job: system.job, clock: system.clock, log: o.log });
+  const scheduler = createSchedulerActor({ job: system.job, onShutdown: o.onShutdown });
+  const actors: Actor<never>[] = [];
+  for (const def of [health, monitor, scheduler] as const) actors.push(await system.spawn(def as never) as Actor<never>);
+  const heartbeat = new HeartbeatPublisher({
+    transport: system.transport, job: system.job, node: system.node, role: 'scheduler', incarnation: system.senderId, periodMs: o.policy.heartbeatMs,
+    clock: system.clock, state: () => 'running',
+  }).start();
+  let stopped = false;
+  return {
+    health, monitor, scheduler,
+    nodeExited(node, how) {
+      void system.ref('health', HEALTH_ACTOR_ID).request('exited', { node, how }).catch(() => undefined);
+    },
+    async stop() {
+      if (stopped) return;
+      stopped = true;
+      heartbeat.stop(true);
+      // The scheduler first: no command may start while the rest goes away.
+      for (const a of [...actors].reverse()) await system.despawn(a).catch(() => undefined);
+    },
+  };
+}

@@ -1,0 +1,142 @@
+/**
+ * The scheduler actor: the one writer of the job — job info, groups, plan,
+ * pause / regroup state (through its RegroupController) — and the server of
+ * the control subjects `hps.<job>.ctl.<command>` (scheduler.messages.ts).
+ * It is spawned before the job exists (status says `starting`) and attached
+ * to the job once the plan, the batches and the job info are written.
+ *
+ * `status` gathers: the job info and the controller's state (its own), the
+ * health actor's verdicts (`verdicts`), the monitor's figures and events
+ * (`figures`, `events`), and every shard's `stats` (1 s each; a shard that
+ * does not answer is listed as such).
+ */
+import { controlAddress, HetpsError, type ActorContext, type ActorDefinition } from '../../runtime/mod.ts';
+import type { ShardPlan } from '../../topology/mod.ts';
+import type { ShardStats } from '../shard/shard.messages.ts';
+import type { JobInfo } from '../store/job-info.ts';
+import type { HealthVerdicts } from '../health/health.messages.ts';
+import { HEALTH_ACTOR_ID } from '../health/health.actor.ts';
+import { MONITOR_ACTOR_ID } from '../monitor/monitor.actor.ts';
+import { publishEvent, type JobEvent } from '../monitor/monitor.messages.ts';
+import type { LiveFigures } from '../monitor/training-monitor.ts';
+import type { RegroupController } from './regroup.ts';
+import { schedulerMessages, type JobStatus, type SchedulerMessages } from './scheduler.messages.ts';
+
+export const SCHEDULER_ACTOR_ID = 'main';
+
+export interface AttachedJob {
+  info: () => JobInfo;
+  plan: ShardPlan;
+  controller: RegroupController;
+}
+
+export interface SchedulerActorOptions {
+  job: string;
+  /** ctl.shutdown from a client (not the driver's own end-of-job one): the driver ends the run. */
+  onShutdown: (reason: string) => void;
+  /** How long status waits for each shard's, the health actor's and the monitor's answer. Default 1 s. */
+  statusTimeoutMs?: number;
+}
+
+export type SchedulerActorDefinition = ActorDefinition<SchedulerMessages> & {
+  attach(job: AttachedJob): void;
+  /** The run has ended (status says done) or is stopping. */
+  setEnded(state: 'stopping' | 'done'): void;
+};
+
+export function createSchedulerActor(o: SchedulerActorOptions): SchedulerActorDefinition {
+  let attached: AttachedJob | null = null;
+  let ended: 'stopping' | 'done' | null = null;
+  const timeoutMs = o.statusTimeoutMs ?? 1_000;
+  const event = (c: ActorContext, kind: JobEvent['kind'], text: string) => {
+    publishEvent(c.system.transport, o.job, 'scheduler', { at_ms: c.clock.now(), kind, node: null, text });
+  };
+  const need = (what: string): AttachedJob => {
+    if (attached === null) throw new HetpsError(`${what}: the job is still starting (no job info yet); try again in a moment`);
+    return attached;
+  };
+
+  const status = async (c: ActorContext, eventsLimit: number): Promise<JobStatus> => {
+    const ask = <R>(kind: 'health' | 'monitor', id: string, type: string, fields: Record<string, unknown> = {}) =>
+      c.system.ref(kind, id).request<R & Record<string, unknown>>(type, fields, { timeoutMs }).catch(() => null);
+    const [health, figures, events] = await Promise.all([
+      ask<HealthVerdicts>('health', HEALTH_ACTOR_ID, 'verdicts'),
+      ask<LiveFigures>('monitor', MONITOR_ACTOR_ID, 'figures'),
+      ask<{ events: JobStatus['events'] }>('monitor', MONITOR_ACTOR_ID, 'events', { limit: Math.max(1, eventsLimit) }),
+    ]);
+    const verdict = new Map((health?.nodes ?? []).map((n) => [n.node, n]));
+    const a = attached;
+    const info = a?.info() ?? null;
+    const nodeState = (node: string): string => {
+      const v = verdict.get(node);
+      if (v === undefined) return 'unknown';
+      return v.state === 'alive' ? v.reported : v.state;
+    };
+    const groupOf = new Map<string, string>();
+    for (const g of info?.groups ?? []) for (const n of g.nodes) groupOf.set(n, g.name);
+    const shards = await Promise.all((a?.plan.shards ?? []).map(async (shard) => {
+      const st = await c.system.ref('shard', shard).request<ShardStats & Record<string, unknown>>('stats', {}, { timeoutMs }).catch(() => null);
+      const hb = verdict.get(shard);
+      return {
+        shard, state: st === null ? (hb?.state === 'alive' || hb === undefined ? 'not answering' : hb.state) : (hb?.state ?? 'alive'),
+        version: st?.version ?? null, rows: st === null ? null : Object.values(st.sparse_rows).reduce((x, y) => x + y, 0),
+        bytes: st?.bytes ?? null, pulls: st?.pulls ?? null, pushes: st?.pushes ?? null, last_heartbeat_ms: hb?.last_heartbeat_ms ?? null,
+      };
+    }));
+    const p = figures?.progress;
+    return {
+      job: o.job, run_id: info?.run_id ?? null, mode: info?.mode ?? null,
+      state: ended ?? (a === null ? 'starting' : a.controller.state),
+      plan_version: a?.plan.version ?? null,
+      groups: (info?.groups ?? []).map((g) => ({ name: g.name, sync_mode: g.sync_mode, members: g.nodes.map((node) => ({ node, state: nodeState(node) })) })),
+      workers: (info?.workers ?? []).map((node) => {
+        const f = figures?.workers[node];
+        return {
+          node, group: groupOf.get(node) ?? null, state: nodeState(node), health: verdict.get(node)?.state ?? null,
+          steps: f?.steps ?? 0, samples: f?.samples ?? 0, samples_per_s: f?.samples_per_s ?? 0, last_heartbeat_ms: verdict.get(node)?.last_heartbeat_ms ?? null,
+        };
+      }),
+      shards,
+      progress: { samples: p?.samples ?? 0, batches_acked: p?.batches_acked ?? 0, batches_total: info?.total_batches ?? null, samples_per_s: p?.samples_per_s ?? 0, loss: p?.loss ?? null },
+      regroups: a?.controller.records ?? [],
+      events: events?.events ?? [],
+    };
+  };
+
+  return {
+    kind: 'scheduler',
+    id: SCHEDULER_ACTOR_ID,
+    address: controlAddress(o.job),
+    messages: schedulerMessages,
+    attach(job) { attached = job; },
+    setEnded(state) { ended = state; },
+    handlers: {
+      status: (m, c) => status(c, m.events),
+      pause: async (m, c) => {
+        const r = await need('pause').controller.pause(m.reason);
+        if (!r.already) event(c, 'pause', `pause requested (${m.reason}): workers stop at their next boundary (groups v${r.groups_version})`);
+        return r;
+      },
+      resume: async (_m, c) => {
+        const r = await need('resume').controller.resume();
+        event(c, 'resume', `resumed after ${r.paused_s.toFixed(1)} s paused`);
+        return r;
+      },
+      regroup: async (m, c) => {
+        const r = await need('regroup').controller.regroup(m.groups, m.reason, 'command');
+        if (r.accepted) event(c, 'regroup', `regroup to groups v${r.groups_version} (${m.reason})`);
+        return r;
+      },
+      shutdown: (m, c) => {
+        // The driver's own end-of-job shutdown reaches its scheduler too: nothing to do then.
+        if (m.from === c.system.senderId) return { stopping: true };
+        const info = attached?.info() ?? null;
+        if (m.run_id !== null && info !== null && m.run_id !== info.run_id) return { stopping: false, note: `run ${m.run_id} is not this run (${info.run_id})` };
+        event(c, 'shutdown', `shutdown requested: ${m.reason}`);
+        ended = 'stopping';
+        o.onShutdown(m.reason);
+        return { stopping: true };
+      },
+    },
+  };
+}

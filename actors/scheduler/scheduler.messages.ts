@@ -1,0 +1,48 @@
+/**
+ * The scheduler's mailbox is the job's control subjects:
+ * `hps.<job>.ctl.<command>`, request/reply, msgpack or JSON (by the
+ * `Content-Type: application/json` header), so any NATS client can drive a
+ * job. A JSON caller may send the bare fields (`{}` for status); an unknown
+ * command is answered with an error that names the known ones.
+ */
+import { z } from 'zod';
+import { regroupRequestSchema } from './regroup.ts';
+
+export const schedulerMessages = {
+  /** Where the job stands: groups, workers, shards, progress, regroups, recent events. */
+  status: z.object({ events: z.number().int().nonnegative().max(1_000).default(20) }),
+  /** Stop training at the next window (hps) or step (asp, bsp) boundary; in-flight batches are finished and acknowledged. */
+  pause: z.object({ reason: z.string().min(1).default('control command') }),
+  /** Continue a paused job. */
+  resume: z.object({}),
+  /** Move workers between groups (hps): `{ groups: [...] | null, reason }`. */
+  regroup: regroupRequestSchema,
+  /** End the job: every node stops (the nodes listen on this subject too). */
+  shutdown: z.object({ run_id: z.string().nullable().default(null), reason: z.string().default('ctl.shutdown') }),
+};
+export type SchedulerMessages = typeof schedulerMessages;
+export const CONTROL_COMMANDS = Object.keys(schedulerMessages) as (keyof SchedulerMessages)[];
+
+/** What a worker, a member and a node look like in `status`. */
+export type NodeStatusState = string;
+
+export interface JobStatus {
+  job: string;
+  run_id: string | null;
+  mode: 'bsp' | 'asp' | 'hps' | null;
+  /** starting (job not created yet) | training | pausing | paused | regrouping | stopping | done */
+  state: string;
+  plan_version: number | null;
+  groups: { name: string; sync_mode: string; members: { node: string; state: NodeStatusState }[] }[];
+  workers: {
+    node: string; group: string | null; state: NodeStatusState; health: string | null; steps: number; samples: number; samples_per_s: number;
+    last_heartbeat_ms: number | null;
+  }[];
+  shards: {
+    shard: string; state: string; version: number | null; rows: number | null; bytes: number | null; pulls: number | null; pushes: number | null;
+    last_heartbeat_ms: number | null;
+  }[];
+  progress: { samples: number; batches_acked: number; batches_total: number | null; samples_per_s: number; loss: number | null };
+  regroups: unknown[];
+  events: { at_ms: number; kind: string; node: string | null; text: string }[];
+}

@@ -1,0 +1,117 @@
+/**
+ * The scheduler actor on the in-process bus, driven as any JSON NATS client
+ * would: an unknown command names the known ones; status before the job
+ * exists says starting; pause writes the next groups_version (groups
+ * unchanged) and becomes paused once every live worker reports; regroup is
+ * refused while paused; resume writes resume_version; a client's shutdown
+ * reaches the driver, the driver's own does not.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import {
+  ActorRef, ActorSystem, InProcessBroker, controlAddress, JSON_CONTENT_TYPE, SeededRandom, connectTransport, controlSubject, silentLogger, systemClock, type Transport,
+} from '../../runtime/mod.ts';
+import type { ShardPlan } from '../../topology/mod.ts';
+import { memoryJobInfoStore, type JobInfo } from '../../actors/store/job-info.ts';
+import { RegroupController } from '../../actors/scheduler/regroup.ts';
+import { createSchedulerActor } from '../../actors/scheduler/scheduler.actor.ts';
+import { createMonitorActor } from '../../actors/monitor/monitor.actor.ts';
+import { publishTelemetry } from '../../actors/monitor/telemetry.ts';
+
+const JOB = 'sj';
+const info: JobInfo = {
+  job: JOB, run_id: 'r1', mode: 'asp', workers: ['w1', 'w2'], total_batches: 10, rounds: 5, epochs: 1, batch_size: 32, ack_wait_ms: 60_000,
+  groups: [], groups_version: 0, resume_version: 0,
+};
+
+interface Reply { type: string; result?: Record<string, unknown>; error?: { name: string; message: string } }
+async function ctl(t: Transport, command: string, body: unknown = {}): Promise<Reply> {
+  const m = await t.request(controlSubject(JOB, command), new TextEncoder().encode(JSON.stringify(body)), { timeoutMs: 5_000, headers: { 'Content-Type': JSON_CONTENT_TYPE } });
+  return JSON.parse(new TextDecoder().decode(m.data)) as Reply;
+}
+async function until(f: () => Promise<boolean> | boolean, ms = 5_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await f())) {
+    if (Date.now() > end) throw new Error('condition not met in time');
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+test('scheduler: status, pause, resume, regroup refused while paused, unknown commands, shutdown', async () => {
+  const broker = new InProcessBroker();
+  const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
+  const clientT = await connectTransport({ servers: null, broker, name: 'client' });
+  const store = memoryJobInfoStore();
+  const system = new ActorSystem({ transport: driverT, job: JOB, node: 'driver', clock: systemClock, random: new SeededRandom(1), logger: silentLogger() });
+  const shutdowns: string[] = [];
+  const scheduler = createSchedulerActor({ job: JOB, onShutdown: (r) => shutdowns.push(r), statusTimeoutMs: 300 });
+  await system.spawn(scheduler);
+  await system.spawn(createMonitorActor({ transport: driverT, job: JOB, clock: systemClock, log: silentLogger() }));
+  let controller: RegroupController | null = null;
+  try {
+    const unknown = await ctl(clientT, 'explode');
+    assert.equal(unknown.type, 'error');
+    assert.match(unknown.error!.message, /unknown message type "explode"/);
+    for (const c of ['status', 'pause', 'resume', 'regroup', 'shutdown']) assert.match(unknown.error!.message, new RegExp(c));
+
+    const starting = await ctl(clientT, 'status');
+    assert.equal(starting.result!.state, 'starting');
+    const early = await ctl(clientT, 'pause');
+    assert.match(early.error!.message, /still starting/);
+
+    await store.put(info);
+    controller = new RegroupController({ transport: driverT, job: JOB, jobStore: store, info, clock: systemClock, log: silentLogger(), autoEveryMs: 0 });
+    const c = controller;
+    scheduler.attach({ info: () => c.jobInfo, plan: { version: 3, shards: [] } as unknown as ShardPlan, controller: c });
+    for (const w of info.workers) publishTelemetry(clientT, JOB, 'start', w, { node: w, group: 'ungrouped', mode: 'asp', emulated_speed: null });
+    publishTelemetry(clientT, JOB, 'batch', 'w1', {
+      node: 'w1', batch_id: 'b0', samples: 32, loss: 0.7, redelivered: false, ack_confirmed: true, staleness: 0, round: null, busy_ms: 1, emulated_step_ms: 1,
+    });
+    await until(async () => ((await ctl(clientT, 'status')).result!.progress as { batches_acked: number }).batches_acked === 1);
+    const st = (await ctl(clientT, 'status')).result!;
+    assert.equal(st.state, 'training');
+    assert.equal(st.plan_version, 3);
+    assert.equal(st.run_id, 'r1');
+    assert.deepEqual((st.workers as { node: string; steps: number }[]).map((w) => [w.node, w.steps]), [['w1', 1], ['w2', 0]]);
+    assert.deepEqual(st.progress, { samples: 32, batches_acked: 1, batches_total: 10, samples_per_s: (st.progress as { samples_per_s: number }).samples_per_s, loss: 0.7 });
+
+    const resumeFirst = await ctl(clientT, 'resume');
+    assert.match(resumeFirst.error!.message, /not paused/);
+    const paused = await ctl(clientT, 'pause', { reason: 'maintenance' });
+    assert.equal(paused.type, 'reply', JSON.stringify(paused));
+    assert.equal(paused.result!.groups_version, 1);
+    assert.equal(paused.result!.state, 'pausing');
+    const written = (await store.get())!;
+    assert.equal(written.groups_version, 1);
+    assert.equal(written.resume_version, 0, 'paused: no resume until ctl.resume');
+    assert.deepEqual(written.groups, info.groups, 'a pause leaves the groups as they are');
+    assert.equal((await ctl(clientT, 'pause')).result!.already, true, 'a second pause is answered, not applied again');
+    const regroup = await ctl(clientT, 'regroup', { groups: null });
+    assert.equal(regroup.type, 'error');
+    for (const w of info.workers) publishTelemetry(clientT, JOB, 'regroup', w, { node: w, groups_version: 1, state: 'ready', group: 'ungrouped' });
+    await until(async () => (await ctl(clientT, 'status')).result!.state === 'paused');
+    const resumed = await ctl(clientT, 'resume');
+    assert.equal(resumed.type, 'reply');
+    assert.equal((await store.get())!.resume_version, 1);
+    assert.equal((await ctl(clientT, 'status')).result!.state, 'training');
+    const events = ((await ctl(clientT, 'status', { events: 50 })).result!.events as { kind: string; text: string }[]);
+    assert.ok(events.some((e) => e.kind === 'pause' && /maintenance/.test(e.text)), JSON.stringify(events));
+    assert.ok(events.some((e) => e.kind === 'resume'));
+    assert.ok(events.filter((e) => e.kind === 'worker').length >= 2, 'each worker pausing is an event');
+
+    // The driver's own end-of-job shutdown is not a request to end the job early.
+    const own = await new ActorRef(system, controlAddress(JOB)).request('shutdown', { run_id: 'r1', reason: 'the job is done' });
+    assert.equal(own.stopping, true);
+    const other = await ctl(clientT, 'shutdown', { run_id: 'another-run', reason: 'x' });
+    assert.equal(other.result!.stopping, false);
+    assert.deepEqual(shutdowns, []);
+    const stop = await ctl(clientT, 'shutdown', { reason: 'operator' });
+    assert.equal(stop.result!.stopping, true);
+    assert.deepEqual(shutdowns, ['operator']);
+  } finally {
+    await system.stop();
+    await controller?.dispose();
+    await driverT.close();
+    await clientT.close();
+  }
+});
