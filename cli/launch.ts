@@ -15,7 +15,7 @@ import {
 import { loadConfig, natsConnection, type HetpsConfig } from '../topology/mod.ts';
 import { natsBatchQueue } from '../actors/store/batch-queue.ts';
 import { natsJobInfoStore } from '../actors/store/job-info.ts';
-import { HeartbeatPublisher } from '../actors/health/heartbeat.ts';
+import { ThreadedHeartbeat } from '../actors/health/heartbeat.ts';
 import { HealthWatcher } from '../actors/health/health-watcher.ts';
 import { DEFAULT_NODE_WAIT_MS, startServerNode, startWorkerNode, workerNodeByName, workerNodeOf } from '../actors/node/nodes.ts';
 import { natsConnectionOf, natsPlanStore } from '../actors/store/plan-store.ts';
@@ -145,10 +145,10 @@ export async function runLaunch(flags: LaunchFlags): Promise<number> {
   const shutdown = shutdownSignal(transport, job, flags.runId ?? null, log);
   // From the moment the process is connected: the health actor knows it is there while it waits for the job.
   let nodeState: () => string = () => 'starting';
-  const heartbeat = new HeartbeatPublisher({
-    transport, job, node, role: flags.role === 'server' ? 'shard' : 'worker', incarnation: system.senderId, periodMs: config.fault_tolerance.heartbeat_ms,
-    clock: systemClock, state: () => nodeState(),
-  }).start();
+  const heartbeat = new ThreadedHeartbeat({
+    servers, auth: conn.auth, tls: conn.tls, job, node, role: flags.role === 'server' ? 'shard' : 'worker', incarnation: system.senderId,
+    periodMs: config.fault_tolerance.heartbeat_ms, clock: systemClock, state: () => nodeState(),
+  });
   const planStore = natsPlanStore(nc, job);
   let health: HealthWatcher | null = null;
   let code = 0;
@@ -191,7 +191,7 @@ export async function runLaunch(flags: LaunchFlags): Promise<number> {
     log.error({ err: e }, `${flags.role} ${node} failed`);
     code = e instanceof ConfigError ? 2 : 1;
   } finally {
-    heartbeat.stop(true);
+    await heartbeat.stop(true);
     health?.dispose();
     shutdown.dispose();
     // Bounded: with NATS gone (a driver that stopped its cluster) a drain would wait for a reconnect forever.

@@ -18,8 +18,8 @@ import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { randomUUID } from 'node:crypto';
 import { findNatsServer, startLocalCluster, type LocalCluster } from './local-cluster.ts';
-import { JSON_CONTENT_TYPE, MissingDependencyError, controlSubject, systemClock } from '../runtime/mod.ts';
-import { allWorkerNodes, groupsMeasuredAtStart, inactiveSettings, type HetpsConfig } from '../topology/mod.ts';
+import { JSON_CONTENT_TYPE, MissingDependencyError, controlSubject, systemClock, type NatsAuth, type NatsTls } from '../runtime/mod.ts';
+import { allWorkerNodes, groupsMeasuredAtStart, inactiveSettings, natsConnection, type HetpsConfig } from '../topology/mod.ts';
 import type { Evaluation } from '../native-bridge/mod.ts';
 import { ackWaitFromConfig } from '../actors/store/batch-queue.ts';
 import { sparseLayoutFromConfig } from '../actors/node/config-bridge.ts';
@@ -356,6 +356,11 @@ async function writeSummary(summary: UpSummary, runDir: string, also: string | n
   if (also) await writeFile(resolve(also), text);
 }
 
+function natsAuthOf(config: HetpsConfig): { auth: NatsAuth | null; tls: NatsTls | null } {
+  const c = natsConnection(config);
+  return { auth: c.auth, tls: c.tls };
+}
+
 // ---------------------------------------------------------------- the run
 
 /** Runs the job to its end and returns the summary (also written to `<run dir>/summary.json`). */
@@ -381,6 +386,7 @@ export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSumma
   const plane = await startControlPlane(backend.system, {
     policy: { heartbeatMs: config.fault_tolerance.heartbeat_ms, deadAfterMs: config.fault_tolerance.dead_after_ms }, log,
     onShutdown: (reason) => { shutdownRequested = reason; },
+    nats: servers === null ? null : { servers, ...natsAuthOf(config) },
   });
   backend.onNodeExit((node, how) => plane.nodeExited(node, how));
   const monitor = plane.monitor.training;

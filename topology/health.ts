@@ -92,3 +92,13 @@ export function onExit(h: NodeHealth, now: number, how: string): NodeHealth {
   if (h.state === 'dead' && h.reason.startsWith('left')) return h;
   return { ...h, state: 'dead', sinceMs: now, reason: `process exited (${how})` };
 }
+
+/**
+ * The health actor itself was held up (its process busy, its machine
+ * overloaded): its tick came more than a heartbeat period late. Heartbeats
+ * that arrived meanwhile are still queued behind the tick, so judging now
+ * would call every node silent; it waits one period for them instead.
+ */
+export function observerStalled(prevTickMs: number, nowMs: number, tickMs: number, p: HealthPolicy): boolean {
+  return nowMs - prevTickMs > tickMs + p.heartbeatMs;
+}

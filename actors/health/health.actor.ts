@@ -10,7 +10,7 @@ import {
   JSON_CONTENT_TYPE, decode, heartbeatWildcard, telemetrySubject, encode,
   type ActorContext, type ActorDefinition, type Logger, type RawSubscription, type Timer, type TransportMsg,
 } from '../../runtime/mod.ts';
-import { onExit, onHeartbeat, onTick, type HealthPolicy, type NodeHealth } from '../../topology/mod.ts';
+import { observerStalled, onExit, onHeartbeat, onTick, type HealthPolicy, type NodeHealth } from '../../topology/mod.ts';
 import { healthMessages, heartbeatSchema, type HealthMessages, type HealthVerdictMessage, type HealthVerdicts } from './health.messages.ts';
 
 export const HEALTH_ACTOR_ID = 'main';
@@ -70,10 +70,20 @@ export function createHealthActor(o: HealthActorOptions): HealthActorDefinition 
     update(c, onHeartbeat(prev, r.data, c.clock.monotonic()), prev);
   };
 
+  let lastTick: number | null = null;
+  let graceUntil = 0;
   const tick = (c: ActorContext) => {
     const now = c.clock.monotonic();
+    const prev = lastTick;
+    lastTick = now;
+    if (prev !== null && observerStalled(prev, now, tickMs, o.policy)) {
+      c.log.warn({ late_ms: Math.round(now - prev - tickMs) }, 'health: this process was held up; judging again once the heartbeats queued meanwhile are in');
+      graceUntil = now + o.policy.heartbeatMs;
+    }
+    if (now < graceUntil) return;
     for (const h of [...nodes.values()]) update(c, onTick(h, now, o.policy), h);
   };
+  const tickMs = Math.max(10, Math.min(100, Math.floor(o.policy.heartbeatMs / 2)));
 
   const verdicts = (): HealthVerdicts => {
     const c = context;
@@ -94,7 +104,7 @@ export function createHealthActor(o: HealthActorOptions): HealthActorDefinition 
       context = c;
       sub = c.system.transport.subscribe(heartbeatWildcard(c.system.job), (m) => onBeat(c, m)) as RawSubscription;
       // Ticks well inside a heartbeat period, so a verdict is late by at most one tick.
-      ticker = c.clock.setInterval(() => tick(c), Math.max(10, Math.min(100, Math.floor(o.policy.heartbeatMs / 2))));
+      ticker = c.clock.setInterval(() => tick(c), tickMs);
     },
     onStop() {
       ticker?.cancel();

@@ -6,10 +6,10 @@
  * so every heartbeat and every report is seen; stopped before the nodes are
  * told to shut down.
  */
-import type { Actor, ActorSystem, Logger } from '../../runtime/mod.ts';
+import type { Actor, ActorSystem, Logger, NatsAuth, NatsTls } from '../../runtime/mod.ts';
 import type { HealthPolicy } from '../../topology/mod.ts';
 import { createHealthActor, type HealthActorDefinition } from '../health/health.actor.ts';
-import { HeartbeatPublisher } from '../health/heartbeat.ts';
+import { HeartbeatPublisher, ThreadedHeartbeat } from '../health/heartbeat.ts';
 import { HEALTH_ACTOR_ID } from '../health/health.actor.ts';
 import { createMonitorActor, type MonitorActorDefinition } from '../monitor/monitor.actor.ts';
 import { createSchedulerActor, type SchedulerActorDefinition } from './scheduler.actor.ts';
@@ -25,16 +25,18 @@ export interface ControlPlane {
 
 export async function startControlPlane(system: ActorSystem, o: {
   policy: HealthPolicy; log: Logger; onShutdown: (reason: string) => void;
+  /** The NATS cluster, for a heartbeat from a thread of its own; null: the in-process bus (heartbeat on the main thread). */
+  nats: { servers: string[]; auth: NatsAuth | null; tls: NatsTls | null } | null;
 }): Promise<ControlPlane> {
   const health = createHealthActor({ policy: o.policy });
   const monitor = createMonitorActor({ transport: system.transport, job: system.job, clock: system.clock, log: o.log });
   const scheduler = createSchedulerActor({ job: system.job, onShutdown: o.onShutdown });
   const actors: Actor<never>[] = [];
   for (const def of [health, monitor, scheduler] as const) actors.push(await system.spawn(def as never) as Actor<never>);
-  const heartbeat = new HeartbeatPublisher({
-    transport: system.transport, job: system.job, node: system.node, role: 'scheduler', incarnation: system.senderId, periodMs: o.policy.heartbeatMs,
-    clock: system.clock, state: () => 'running',
-  }).start();
+  const beat = { job: system.job, node: system.node, role: 'scheduler' as const, incarnation: system.senderId, periodMs: o.policy.heartbeatMs, clock: system.clock, state: () => 'running' };
+  const heartbeat = o.nats !== null
+    ? new ThreadedHeartbeat({ ...beat, ...o.nats })
+    : new HeartbeatPublisher({ ...beat, transport: system.transport }).start();
   let stopped = false;
   return {
     health, monitor, scheduler,
@@ -44,7 +46,7 @@ export async function startControlPlane(system: ActorSystem, o: {
     async stop() {
       if (stopped) return;
       stopped = true;
-      heartbeat.stop(true);
+      await heartbeat.stop(true);
       // The scheduler first: no command may start while the rest goes away.
       for (const a of [...actors].reverse()) await system.despawn(a).catch(() => undefined);
     },

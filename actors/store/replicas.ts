@@ -94,8 +94,15 @@ export async function createKvBucket(nc: NatsConnection, bucket: string, opts: R
   } catch (e) {
     if (!/stream not found/i.test((e as Error).message)) throw e;
   }
-  const { value, replicas } = await createWithReplicaFallback(nc, `KV bucket ${bucket}`, opts,
-    (r) => kvm.create(bucket, { replicas: r, history: opts.history }),
-    async () => { await jsm.streams.delete(stream); });
-  return { kv: value, replicas };
+  try {
+    const { value, replicas } = await createWithReplicaFallback(nc, `KV bucket ${bucket}`, opts,
+      (r) => kvm.create(bucket, { replicas: r, history: opts.history }),
+      async () => { await jsm.streams.delete(stream); });
+    return { kv: value, replicas };
+  } catch (e) {
+    // Another process (a node that started first) made it in the meantime: use theirs, as it is.
+    if (!/already in use/i.test((e as Error).message)) throw e;
+    const info = await jsm.streams.info(stream);
+    return { kv: await kvm.open(bucket), replicas: info.config.num_replicas };
+  }
 }

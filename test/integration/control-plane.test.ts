@@ -93,8 +93,12 @@ test('quick start over a 3-node cluster: status, heartbeats, pause/resume, a sha
     const driverTail = () => `driver:\n${driver.stderr().slice(-3000)}`;
     await waitFor('30 acknowledged batches', () => acks.size >= 30, 120_000, driverTail);
 
-    // status, as any NATS client sees it.
-    const st = await ctl(nc, 'status');
+    // status, as any NATS client sees it, once every worker is in its training loop (they start at their own pace).
+    let st = await ctl(nc, 'status');
+    for (let i = 0; i < 600 && !(st.result?.workers?.length === 5 && st.result.workers.every((w: any) => w.state === 'training')); i++) {
+      await sleep(100);
+      st = await ctl(nc, 'status');
+    }
     assert.equal(st.type, 'reply', JSON.stringify(st));
     const s = st.result;
     for (const k of ['job', 'run_id', 'mode', 'state', 'plan_version', 'groups', 'workers', 'shards', 'progress', 'regroups', 'events']) assert.ok(k in s, `status has ${k}`);
@@ -129,7 +133,10 @@ test('quick start over a 3-node cluster: status, heartbeats, pause/resume, a sha
     const acked = acks.size;
     await sleep(3_000);
     assert.equal(acks.size, acked, 'no batch acknowledged while paused');
-    assert.ok(status.result.workers.every((w: any) => w.state === 'paused'), JSON.stringify(status.result.workers));
+    // Each worker's own state travels in its heartbeats: one period behind the pause reports at most.
+    const pausedStatus = (await ctl(nc, 'status')).result;
+    assert.equal(pausedStatus.state, 'paused');
+    assert.ok(pausedStatus.workers.every((w: any) => w.state === 'paused'), JSON.stringify(pausedStatus.workers));
     const resumed = await ctl(nc, 'resume');
     assert.equal(resumed.type, 'reply', JSON.stringify(resumed));
     await waitFor('acknowledgements after resume', () => acks.size > acked, 30_000, driverTail);
@@ -164,17 +171,19 @@ test('quick start over a 3-node cluster: status, heartbeats, pause/resume, a sha
       assert.doesNotMatch(e.stderr, /reported lost|did not come back|goes on without|was lost with a dropped member/, `${name} lost or dropped a member`);
     }
     // Heartbeats: at least one a second from every node (server-1 aside while it was stopped).
+    const gaps: string[] = [];
     for (const node of ['server-1', 'server-2', ...workers.keys()]) {
       const times = beats.get(node) ?? [];
       assert.ok(times.length > 10, `heartbeats of ${node}`);
-      let worst = 0;
+      let worst = 0; let at = 0;
       for (let i = 1; i < times.length; i++) {
         if (node === 'server-1' && times[i - 1]! <= contAt + 500 && times[i]! >= stopAt) continue;
-        worst = Math.max(worst, times[i]! - times[i - 1]!);
+        if (times[i]! - times[i - 1]! > worst) { worst = times[i]! - times[i - 1]!; at = times[i - 1]!; }
       }
-      t.diagnostic(`${node}: ${times.length} heartbeats, largest gap ${worst} ms`);
-      assert.ok(worst < 1_000, `${node}: a heartbeat gap of ${worst} ms`);
+      t.diagnostic(`${node}: ${times.length} heartbeats, largest gap ${worst} ms, from ${at - stopAt} ms after the SIGSTOP (${at - times[0]!} ms after its first)`);
+      if (worst >= 1_000) gaps.push(`${node}: ${worst} ms`);
     }
+    assert.deepEqual(gaps, [], 'heartbeat gaps of a second or more');
   } finally {
     for (const sub of subs) sub.unsubscribe();
     await nc.close();

@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import {
   ActorSystem, InProcessBroker, SeededRandom, SimulatedClock, connectTransport, decode, encode, heartbeatSubject, telemetryWildcard,
 } from '../../runtime/mod.ts';
-import { onExit, onHeartbeat, onTick, suspectAfterMs, type HealthPolicy, type NodeHealth } from '../../topology/mod.ts';
+import { observerStalled, onExit, onHeartbeat, onTick, suspectAfterMs, type HealthPolicy, type NodeHealth } from '../../topology/mod.ts';
 import { createHealthActor, HEALTH_ACTOR_ID } from '../../actors/health/health.actor.ts';
 import { HeartbeatPublisher } from '../../actors/health/heartbeat.ts';
 import { HealthWatcher } from '../../actors/health/health-watcher.ts';
@@ -109,4 +109,11 @@ test('health actor: heartbeats in, transitions out on tel.health; verdicts on re
     await system.stop();
     await t.close(); await nodeT.close();
   }
+});
+
+test('the verdict rule: an observer held up for more than a period does not judge until the queued heartbeats are in', () => {
+  assert.equal(observerStalled(0, 100, 100, policy), false);
+  assert.equal(observerStalled(0, 350, 100, policy), false);
+  assert.equal(observerStalled(0, 351, 100, policy), true);
+  assert.equal(observerStalled(0, 5_000, 100, policy), true);
 });
