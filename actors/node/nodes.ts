@@ -16,7 +16,7 @@ import {
   EMBEDDING_INIT_SCALE, WIDE_TABLE, dataSourceFromConfig, modelFromConfig, optimizerInput, sparseLayoutFromConfig,
 } from './config-bridge.ts';
 import { groupOfWorker, waitForJobInfo, type JobInfo, type JobInfoStore } from '../store/job-info.ts';
-import type { PlanStore } from '../store/plan-store.ts';
+import { waitOnWatch, type PlanStore } from '../store/plan-store.ts';
 import type { NetworkProbe } from './node-profile.ts';
 import { ProfileReporter } from './profile-reporter.ts';
 import type { ProfileStore } from '../store/profile-store.ts';
@@ -28,23 +28,15 @@ import type { HealthView } from '../health/health.types.ts';
 /** How long a node waits for the driver (plan, job info) and for the shards, by default. */
 export const DEFAULT_NODE_WAIT_MS = 120_000;
 
-/** Polls the plan store until a plan is there. */
+/** Waits on the plan store's watch until a plan is there; a note every 5 s while it is not. */
 export async function waitForPlan(store: PlanStore, opts: { clock: Clock; timeoutMs: number; log: Logger | null }): Promise<ShardPlan> {
-  const start = opts.clock.monotonic();
-  let lastNote = start;
-  for (;;) {
-    const plan = await store.get().catch((e: unknown) => {
-      opts.log?.debug({ err: (e as Error).message }, 'plan store not readable yet');
-      return null;
-    });
-    if (plan) return plan;
-    const now = opts.clock.monotonic();
-    if (now - start >= opts.timeoutMs) {
-      throw new TimeoutError(`no shard plan after ${Math.round(opts.timeoutMs / 1000)} s: the driver (hetps up) has not created this job yet`);
-    }
-    if (now - lastNote >= 5_000) { lastNote = now; opts.log?.info('waiting for the shard plan (start `hetps up` for this job)'); }
-    await opts.clock.sleep(200);
-  }
+  return waitOnWatch<ShardPlan>({
+    clock: opts.clock, start: opts.clock.monotonic(), timeoutMs: opts.timeoutMs,
+    // The watch hands over the stored plan first; a store it cannot read yet, or a value that is not a plan, is only noted.
+    open: async (settle) => store.watch((plan) => settle.done(plan), (e) => opts.log?.debug({ err: e.message }, 'plan store not readable yet')),
+    onNote: () => opts.log?.info('waiting for the shard plan (start `hetps up` for this job)'),
+    timeout: () => new TimeoutError(`no shard plan after ${Math.round(opts.timeoutMs / 1000)} s: the driver (hetps up) has not created this job yet`),
+  });
 }
 
 /** The model and data a config describes, built once per process (the spam corpus loads in about a second). */

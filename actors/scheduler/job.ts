@@ -15,7 +15,7 @@ import { batchDescriptors, shardPlanFromConfig } from '../node/config-bridge.ts'
 import type { Evaluation } from '../../native-bridge/mod.ts';
 import { jobGroupsFromConfig, type JobInfo, type JobInfoStore } from '../store/job-info.ts';
 import type { ModelAndData } from '../node/nodes.ts';
-import type { PlanStore } from '../store/plan-store.ts';
+import { waitOnWatch, type PlanStore } from '../store/plan-store.ts';
 import type { ProfileStore } from '../store/profile-store.ts';
 import { nodeProfileOf, subscribeTelemetry, type ProfileTelemetry } from '../monitor/telemetry.ts';
 
@@ -27,34 +27,45 @@ export interface PreparedJob {
 
 /**
  * Waits until every one of `workers` has a profile in the store (each
- * worker puts one when it joins). `onProgress` hears the count whenever it
- * changes and every 5 s; `check` may abort the wait (a node process died).
- * The timeout names the workers still missing.
+ * worker puts one when it joins), on the store's watch. `onProgress` hears
+ * the count whenever it changes and every 5 s; `check` may abort the wait (a
+ * node process died), looked at every 500 ms. The timeout names the workers
+ * still missing.
  */
 export async function waitForProfiles(store: ProfileStore, workers: readonly string[], o: {
   clock: Clock; timeoutMs: number; onProgress?: (have: number, missing: string[]) => void; check?: () => string | null;
 }): Promise<Map<string, ProfileTelemetry>> {
   const start = o.clock.monotonic();
-  let lastNote = start;
-  let lastCount = -1;
-  for (;;) {
-    const have = await store.getMany(workers);
-    const missing = workers.filter((w) => !have.has(w));
-    const now = o.clock.monotonic();
-    if (have.size !== lastCount || now - lastNote >= 5_000) {
-      lastCount = have.size; lastNote = now;
-      o.onProgress?.(have.size, missing);
-    }
-    if (missing.length === 0) return have;
+  const have = await store.getMany(workers);
+  const missing = () => workers.filter((w) => !have.has(w));
+  o.onProgress?.(have.size, missing());
+  if (missing().length === 0) return have;
+  const aborted = (): Error | null => {
     const reason = o.check?.() ?? null;
-    if (reason !== null) throw new HetpsError(`waiting for the workers' profiles: ${reason} (missing: ${missing.join(', ')})`);
-    if (now - start >= o.timeoutMs) {
-      throw new TimeoutError(`no profile from ${missing.join(', ')} after ${Math.round(o.timeoutMs / 1000)} s (${have.size}/${workers.length} workers profiled). `
+    return reason === null ? null : new HetpsError(`waiting for the workers' profiles: ${reason} (missing: ${missing().join(', ')})`);
+  };
+  const abortedAtStart = aborted();
+  if (abortedAtStart !== null) throw abortedAtStart;
+  return waitOnWatch<Map<string, ProfileTelemetry>>({
+    clock: o.clock, start, timeoutMs: o.timeoutMs,
+    open: (settle) => store.watch((p) => {
+      if (!workers.includes(p.node)) return;
+      const count = have.size;
+      have.set(p.node, p);
+      if (have.size === count) return; // a newer profile of a worker already counted
+      const left = missing();
+      o.onProgress?.(have.size, left);
+      if (left.length === 0) settle.done(have);
+    }),
+    onNote: () => o.onProgress?.(have.size, missing()),
+    check: o.check ? aborted : null,
+    timeout: () => {
+      const left = missing();
+      return new TimeoutError(`no profile from ${left.join(', ')} after ${Math.round(o.timeoutMs / 1000)} s (${have.size}/${workers.length} workers profiled). `
         + 'A worker publishes its profile when it starts, and hps groups cluster.worker_nodes by those profiles: start the missing workers '
-        + '(hetps launch --role worker --node NAME …) or look at their logs for why they did not get that far', { data: { missing } });
-    }
-    await o.clock.sleep(200);
-  }
+        + '(hetps launch --role worker --node NAME …) or look at their logs for why they did not get that far', { data: { missing: left } });
+    },
+  });
 }
 
 /** The worker groups a job runs with, and how they were chosen (the summary's `grouping`). */

@@ -3,7 +3,7 @@
  * mode, the workers, and how many batches (and, for bsp, rounds) there are.
  * Written once the batch descriptors are queued, so a worker that sees it
  * knows every batch of the job is already in the queue. Lives in a JetStream
- * KV bucket (NATS) or in memory (embedded mode); nodes poll it until it is
+ * KV bucket (NATS) or in memory (embedded mode); nodes watch it until it is
  * there, so nodes and driver may start in any order, and then watch it for
  * the driver's later writes (pause, regroup, resume).
  */
@@ -11,6 +11,7 @@ import { z } from 'zod';
 import { Kvm, type KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/nats-core';
 import { createKvBucket, type ReplicaOptions } from './replicas.ts';
+import { waitOnWatch } from './plan-store.ts';
 import { ConfigError, TimeoutError, decode, encode, streamName, type Clock } from '../../runtime/mod.ts';
 import { workerGroupSchema, type HetpsConfig, type WorkerGroupConfig } from '../../topology/mod.ts';
 
@@ -156,19 +157,22 @@ export async function resetNatsJobInfo(nc: NatsConnection, job: string): Promise
   } catch { /* not there */ }
 }
 
-/** Polls until the job info is there; the error says what is missing. */
+/**
+ * Waits on the store's watch until the job info (of `runId`, when given) is
+ * there; `onWait` hears 0 when it is not there at once, then the time waited
+ * every 5 s. The error says what is missing.
+ */
 export async function waitForJobInfo(store: JobInfoStore, opts: { clock: Clock; timeoutMs: number; runId?: string | null; onWait?: (waitedMs: number) => void }): Promise<JobInfo> {
   const start = opts.clock.monotonic();
-  let lastNote = start;
-  for (let first = true; ; first = false) {
-    const info = await store.get();
-    if (info && (opts.runId == null || info.run_id === opts.runId)) return info;
-    if (first) opts.onWait?.(0);
-    const now = opts.clock.monotonic();
-    if (now - start >= opts.timeoutMs) {
-      throw new TimeoutError(`no job info after ${Math.round(opts.timeoutMs / 1000)} s: the driver (hetps up) has not queued this job's batches yet`);
-    }
-    if (now - lastNote >= 5_000) { lastNote = now; opts.onWait?.(now - start); }
-    await opts.clock.sleep(200);
-  }
+  const wanted = (info: JobInfo | null): info is JobInfo => info !== null && (opts.runId == null || info.run_id === opts.runId);
+  const now = await store.get();
+  if (wanted(now)) return now;
+  opts.onWait?.(0);
+  return waitOnWatch<JobInfo>({
+    clock: opts.clock, start, timeoutMs: opts.timeoutMs,
+    // Rejects while the bucket does not exist (a node started before the driver): waitOnWatch tries again every second.
+    open: (settle) => store.watch((info) => { if (wanted(info)) settle.done(info); }),
+    onNote: (ms) => opts.onWait?.(ms),
+    timeout: () => new TimeoutError(`no job info after ${Math.round(opts.timeoutMs / 1000)} s: the driver (hetps up) has not queued this job's batches yet`),
+  });
 }

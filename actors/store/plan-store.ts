@@ -12,7 +12,7 @@
 import { z } from 'zod';
 import { Kvm, type KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/nats-core';
-import { ConfigError, NatsBus, streamName, type Transport } from '../../runtime/mod.ts';
+import { ConfigError, NatsBus, streamName, type Clock, type Timer, type Transport } from '../../runtime/mod.ts';
 import { validateShardPlan, type ShardPlan } from '../../topology/mod.ts';
 import { StalePlanError } from '../shard/shard.errors.ts';
 import { createKvBucket, type ReplicaOptions } from './replicas.ts';
@@ -240,6 +240,7 @@ class NatsPlanStore implements PlanStore {
   watch(onPlan: (plan: ShardPlan) => void, onError: (e: Error) => void = ignore): () => void {
     let stopped = false;
     let stopIter: (() => void) | null = null;
+    let retry: ReturnType<typeof setTimeout> | null = null;
     let last = -1;
     const run = async (): Promise<void> => {
       const kv = await this.bucket();
@@ -261,8 +262,19 @@ class NatsPlanStore implements PlanStore {
         try { onPlan(plan); } catch (err) { onError(err as Error); }
       }
     };
-    run().catch((e: unknown) => { if (!stopped) onError(e as Error); });
-    return () => { stopped = true; stopIter?.(); };
+    const start = (): void => {
+      retry = null;
+      void run()
+        .catch((e: unknown) => { if (!stopped) onError(e as Error); })
+        // A watch that could not be set up (JetStream not ready) or whose consumer gave up starts again, so a watcher is never left deaf.
+        .finally(() => { if (!stopped) retry = setTimeout(start, 1_000); });
+    };
+    start();
+    return () => {
+      stopped = true;
+      if (retry !== null) clearTimeout(retry);
+      stopIter?.();
+    };
   }
 }
 
@@ -279,4 +291,85 @@ export function getPlan(nc: NatsConnection, job: string): Promise<ShardPlan | nu
 /** Watches the job's plan (see PlanStore.watch); returns `stop`. */
 export function watchPlan(nc: NatsConnection, job: string, onPlan: (plan: ShardPlan) => void, onError?: (e: Error) => void): () => void {
   return natsPlanStore(nc, job).watch(onPlan, onError);
+}
+
+// ---------------------------------------------------------------- waiting on a watch
+
+/** Ends a `waitOnWatch`: with the value waited for, or with an error. */
+export interface WatchWaitSettle<T> {
+  done(value: T): void;
+  fail(error: Error): void;
+}
+
+/**
+ * Waits until the events of a store's watch settle the wait, or `timeoutMs`
+ * after `start` (`clock.monotonic()`) with `timeout()`. Nodes and driver may
+ * start in any order, hence:
+ * - `open` starts a watch whose listener calls `settle` and resolves with its
+ *   stop once the watch is in place; while it rejects (a bucket not created
+ *   yet) it is tried again every second, each failure told to `onOpenError`;
+ * - every 5 s `onNote` hears how long the wait has lasted, and the watch is
+ *   renewed: a KV watch does not survive its bucket being destroyed and made
+ *   again (the driver does so to an earlier run's job info and profiles), and
+ *   a new watch starts with the current values;
+ * - `check`, every 500 ms, may end the wait with an error (a liveness check).
+ * Every watch and timer is stopped however the wait ends.
+ */
+export function waitOnWatch<T>(o: {
+  clock: Clock;
+  start: number;
+  timeoutMs: number;
+  open: (settle: WatchWaitSettle<T>) => Promise<() => void>;
+  timeout: () => Error;
+  onNote?: ((waitedMs: number) => void) | null;
+  onOpenError?: ((e: Error) => void) | null;
+  check?: (() => Error | null) | null;
+}): Promise<T> {
+  const { clock } = o;
+  return new Promise<T>((resolve, reject) => {
+    let settled = false;
+    // Bumped by each (re)open and by the end: a watch that resolves after it was superseded is stopped at once.
+    let generation = 0;
+    let stopWatch: (() => void) | null = null;
+    let retry: Timer | null = null;
+    const timers: Timer[] = [];
+    const end = (finish: () => void): void => {
+      if (settled) return;
+      settled = true;
+      generation++;
+      retry?.cancel();
+      for (const t of timers) t.cancel();
+      const stop = stopWatch;
+      stopWatch = null;
+      try { stop?.(); } catch { /* already ended */ }
+      finish();
+    };
+    const settle: WatchWaitSettle<T> = { done: (v) => end(() => resolve(v)), fail: (e) => end(() => reject(e)) };
+    const open = (): void => {
+      if (settled) return;
+      const g = ++generation;
+      retry?.cancel();
+      retry = null;
+      const previous = stopWatch;
+      stopWatch = null;
+      try { previous?.(); } catch { /* already ended */ }
+      let opening: Promise<() => void>;
+      try { opening = o.open(settle); } catch (e) { opening = Promise.reject(e); }
+      opening.then(
+        (stop) => { if (g === generation) stopWatch = stop; else stop(); },
+        (e: unknown) => {
+          if (g !== generation) return;
+          o.onOpenError?.(e as Error);
+          retry = clock.setTimeout(open, 1_000);
+        },
+      );
+    };
+    timers.push(clock.setTimeout(() => settle.fail(o.timeout()), Math.max(0, o.start + o.timeoutMs - clock.monotonic())));
+    timers.push(clock.setInterval(() => { o.onNote?.(clock.monotonic() - o.start); open(); }, 5_000));
+    if (o.check) {
+      const check = o.check;
+      timers.push(clock.setInterval(() => { const e = check(); if (e !== null) settle.fail(e); }, 500));
+    }
+    open();
+  });
 }

@@ -17,20 +17,48 @@ import { createKvBucket, type ReplicaOptions } from './replicas.ts';
 import { decode, encode, streamName } from '../../runtime/mod.ts';
 import { profileTelemetrySchema, type ProfileTelemetry } from '../monitor/telemetry.ts';
 
+/** Called with each profile stored (an exception it throws is dropped: the watch goes on). */
+export type ProfileListener = (profile: ProfileTelemetry) => void;
+
 export interface ProfileStore {
   put(profile: ProfileTelemetry): Promise<void>;
   /** The latest profile of each of `nodes` that has one. */
   getMany(nodes: readonly string[]): Promise<Map<string, ProfileTelemetry>>;
+  /**
+   * Calls `listener` with the latest profile of every node that has one, then
+   * with every later put, asynchronously. Resolves once the watch is in place
+   * (no later put is missed) with the function that ends it; rejects while
+   * the store cannot be watched yet (over NATS: no bucket yet).
+   */
+  watch(listener: ProfileListener): Promise<() => void>;
 }
 
 export function memoryProfileStore(): ProfileStore {
   const profiles = new Map<string, ProfileTelemetry>();
+  const listeners = new Set<{ listener: ProfileListener; active: boolean }>();
+  // Asynchronously, like a KV watch: a writer never runs a reader's code, and each listener gets its own copy.
+  const deliver = (w: { listener: ProfileListener; active: boolean }, p: ProfileTelemetry) => {
+    queueMicrotask(() => {
+      if (!w.active) return;
+      try { w.listener(profileTelemetrySchema.parse(p)); } catch { /* the listener's own failure; the watch goes on */ }
+    });
+  };
   return {
-    async put(p) { const v = profileTelemetrySchema.parse(p); profiles.set(v.node, v); },
+    async put(p) {
+      const v = profileTelemetrySchema.parse(p);
+      profiles.set(v.node, v);
+      for (const w of listeners) deliver(w, v);
+    },
     async getMany(nodes) {
       const out = new Map<string, ProfileTelemetry>();
       for (const n of nodes) { const p = profiles.get(n); if (p) out.set(n, p); }
       return out;
+    },
+    async watch(listener) {
+      const w = { listener, active: true };
+      listeners.add(w);
+      for (const p of profiles.values()) deliver(w, p);
+      return () => { w.active = false; listeners.delete(w); };
     },
   };
 }
@@ -55,6 +83,7 @@ export function natsProfileStore(nc: NatsConnection, job: string): ProfileStore 
     async put(p) {
       const v = profileTelemetrySchema.parse(p);
       try {
+        // A worker that comes first makes a plain bucket; the driver then uses it as it is (createKvBucket).
         writer ??= await new Kvm(nc).create(bucket, { history: 1 });
         await writer.put(profileKey(v.node), encode(v));
       } catch (e) {
@@ -76,6 +105,31 @@ export function natsProfileStore(nc: NatsConnection, job: string): ProfileStore 
         reader = null; // no bucket yet (no worker has joined): look again next time
       }
       return out;
+    },
+    async watch(listener) {
+      let iter: Awaited<ReturnType<KV['watch']>>;
+      try {
+        reader ??= await new Kvm(nc).open(bucket);
+        // Every key: the last profile of each node first, then each put, so nothing stored before the watch is missed.
+        iter = await reader.watch({ key: '>' });
+      } catch (e) {
+        reader = null; // no bucket yet (or it was reset): open it again next time
+        throw e;
+      }
+      let stopped = false;
+      void (async () => {
+        for await (const e of iter) {
+          if (stopped) break;
+          if (e.operation !== 'PUT' || e.value.byteLength === 0) continue;
+          let value: unknown;
+          try { value = decode(e.value); } catch { continue; } // not a profile: nothing to tell
+          const r = profileTelemetrySchema.safeParse(value);
+          // As getMany: only a profile under its own node's key.
+          if (!r.success || profileKey(r.data.node) !== e.key) continue;
+          try { listener(r.data); } catch { /* the listener's own failure; the watch goes on */ }
+        }
+      })().catch(() => undefined);
+      return () => { stopped = true; iter.stop(); };
     },
   };
 }

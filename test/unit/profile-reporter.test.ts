@@ -104,7 +104,7 @@ test('waiting for the job, the profile is put again (a driver starting later emp
   const clock = new SimulatedClock();
   let puts = 0;
   const inner = memoryProfileStore();
-  const store = { put: async (p: ProfileTelemetry) => { puts++; await inner.put(p); }, getMany: (n: readonly string[]) => inner.getMany(n) };
+  const store = { put: async (p: ProfileTelemetry) => { puts++; await inner.put(p); }, getMany: (n: readonly string[]) => inner.getMany(n), watch: inner.watch };
   const reporter = await ProfileReporter.join({
     transport: nodeT, job: JOB, node: 'w3', emulate: null, provider: 'cpu', store, clock, log: silentLogger(), probeSeconds: 0.2, republishMs: 0, device: async () => device,
   });
