@@ -18,6 +18,7 @@ import { connect, headers, type NatsConnection } from '@nats-io/transport-node';
 import { decode } from '@msgpack/msgpack';
 import { startTestCluster, type TestCluster } from '../support/cluster.ts';
 import { ROOT, hetps, type Child, type Exited } from '../support/ps.ts';
+import { until } from '../support/until.ts';
 
 let nats: TestCluster;
 let dir: string;
@@ -40,13 +41,6 @@ async function ctl(nc: NatsConnection, command: string, body: unknown = {}): Pro
   return JSON.parse(new TextDecoder().decode(m.data));
 }
 
-async function waitFor(what: string, f: () => boolean, ms: number, explainFn: () => string = () => ''): Promise<void> {
-  const end = Date.now() + ms;
-  while (!f()) {
-    assert.ok(Date.now() < end, `${what} did not happen within ${ms / 1000} s\n${explainFn()}`);
-    await sleep(20);
-  }
-}
 
 test('quick start over a 3-node cluster: status, heartbeats, pause/resume, a shard stopped for 20 s loses nothing', { timeout: 300_000 }, async (t) => {
   const quick = await readFile(join(ROOT, 'examples', 'quickstart.yaml'), 'utf8');
@@ -91,7 +85,7 @@ test('quick start over a 3-node cluster: status, heartbeats, pause/resume, a sha
     const driver = hetps(['up', '--config', cfg, '--no-launch', '--summary', summaryFile], { timeoutMs: 280_000 });
     children.push(driver);
     const driverTail = () => `driver:\n${driver.stderr().slice(-3000)}`;
-    await waitFor('30 acknowledged batches', () => acks.size >= 30, 120_000, driverTail);
+    await until(() => acks.size >= 30, '30 acknowledged batches', 120_000, driverTail);
 
     // status, as any NATS client sees it, once every worker is in its training loop (they start at their own pace).
     let st = await ctl(nc, 'status');
@@ -139,11 +133,11 @@ test('quick start over a 3-node cluster: status, heartbeats, pause/resume, a sha
     assert.ok(pausedStatus.workers.every((w: any) => w.state === 'paused'), JSON.stringify(pausedStatus.workers));
     const resumed = await ctl(nc, 'resume');
     assert.equal(resumed.type, 'reply', JSON.stringify(resumed));
-    await waitFor('acknowledgements after resume', () => acks.size > acked, 30_000, driverTail);
+    await until(() => acks.size > acked, 'acknowledgements after resume', 30_000, driverTail);
     t.diagnostic(`pause: last acknowledgement ${stoppedAfterMs} ms after the pause reply; resumed after ${resumed.result.paused_s} s`);
 
     // A shard stopped for 20 s: nobody alive is declared dead, no member dropped, nothing lost.
-    await waitFor('20 more acknowledgements', () => acks.size >= acked + 20, 60_000, driverTail);
+    await until(() => acks.size >= acked + 20, '20 more acknowledgements', 60_000, driverTail);
     const stopAt = Date.now();
     servers[0]!.child.kill('SIGSTOP');
     await sleep(20_000);

@@ -11,6 +11,7 @@ import { buildShardPlan, type ShardPlan } from '../../topology/mod.ts';
 import {
   PLAN_KEY, StalePlanError, getPlan, natsConnectionOf, natsPlanStore, planBucketName, putPlan, watchPlan,
 } from '../../actors/mod.ts';
+import { until } from '../support/until.ts';
 
 function planV(version: number, shards = ['s0', 's1', 's2']): ShardPlan {
   return buildShardPlan({
@@ -19,13 +20,6 @@ function planV(version: number, shards = ['s0', 's1', 's2']): ShardPlan {
   });
 }
 
-async function until(pred: () => boolean, what: string, timeoutMs = 15_000): Promise<void> {
-  const end = Date.now() + timeoutMs;
-  while (!pred()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
 
 test('the shard plan in a KV bucket: put, get and watch across the nodes of a 3-node cluster', { timeout: 120_000 }, async (t) => {
   await using nats = await startTestCluster({ nodes: 3, jetstream: true });

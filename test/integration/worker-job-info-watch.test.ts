@@ -9,14 +9,8 @@ import { startTestCluster } from '../support/cluster.ts';
 import { connectTransport } from '../../runtime/mod.ts';
 import { natsConnectionOf } from '../../actors/store/plan-store.ts';
 import { natsJobInfoStore, resetNatsJobInfo, type JobInfo } from '../../actors/store/job-info.ts';
+import { until } from '../support/until.ts';
 
-async function until(pred: () => boolean, what: string, timeoutMs = 15_000): Promise<void> {
-  const end = Date.now() + timeoutMs;
-  while (!pred()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
 
 test('NATS job info store: a watch on another connection gets the current info, then every put, until stopped', { timeout: 120_000 }, async (t) => {
   await using nats = await startTestCluster({ nodes: 1, jetstream: true });

@@ -15,6 +15,7 @@ import { RegroupController } from '../../actors/scheduler/regroup.ts';
 import { createSchedulerActor } from '../../actors/scheduler/scheduler.actor.ts';
 import type { ShardPlan } from '../../topology/mod.ts';
 import { publishTelemetry } from '../../actors/monitor/telemetry.ts';
+import { until } from '../support/until.ts';
 
 const JOB = 'rg';
 const g = (name: string, nodes: string[], sync_mode: 'sync' | 'async', sync_steps: number | null = null) =>
@@ -30,13 +31,6 @@ async function ask(t: Transport, body: unknown): Promise<{ type: string; result?
   return JSON.parse(new TextDecoder().decode(m.data));
 }
 
-async function until(f: () => Promise<boolean>, ms = 5_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!(await f())) {
-    if (Date.now() > end) throw new Error('condition not met in time');
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
 
 test('ctl.regroup: validated, written with the next groups_version, resumed once every live worker is ready', async () => {
   const broker = new InProcessBroker();

@@ -13,6 +13,7 @@ import { memoryJobInfoStore, type JobInfo } from '../../actors/store/job-info.ts
 import { memoryProfileStore } from '../../actors/store/profile-store.ts';
 import { RegroupController } from '../../actors/scheduler/regroup.ts';
 import { publishTelemetry, type ProfileTelemetry } from '../../actors/monitor/telemetry.ts';
+import { until } from '../support/until.ts';
 
 const JOB = 'rgp';
 const g = (name: string, nodes: string[], sync_mode: 'sync' | 'async', sync_steps: number | null = null) =>
@@ -30,13 +31,6 @@ function profile(node: string, speed: number): NodeProfile {
 }
 const telemetry = (p: NodeProfile): ProfileTelemetry => ({ ...p, phase: 'join', steps: 0, probe_ms: 500, device_from: 'node', network_from: 'node' });
 
-async function until(f: () => Promise<boolean>, ms = 5_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!(await f())) {
-    if (Date.now() > end) throw new Error('condition not met in time');
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
 
 function batch(t: Transport, w: string, i: number, ms: number): void {
   publishTelemetry(t, JOB, 'batch', w, {

@@ -17,6 +17,7 @@ import { RegroupController } from '../../actors/scheduler/regroup.ts';
 import { createSchedulerActor } from '../../actors/scheduler/scheduler.actor.ts';
 import { createMonitorActor } from '../../actors/monitor/monitor.actor.ts';
 import { publishTelemetry } from '../../actors/monitor/telemetry.ts';
+import { until } from '../support/until.ts';
 
 const JOB = 'sj';
 const info: JobInfo = {
@@ -28,13 +29,6 @@ interface Reply { type: string; result?: Record<string, unknown>; error?: { name
 async function ctl(t: Transport, command: string, body: unknown = {}): Promise<Reply> {
   const m = await t.request(controlSubject(JOB, command), new TextEncoder().encode(JSON.stringify(body)), { timeoutMs: 5_000, headers: { 'Content-Type': JSON_CONTENT_TYPE } });
   return JSON.parse(new TextDecoder().decode(m.data)) as Reply;
-}
-async function until(f: () => Promise<boolean> | boolean, ms = 5_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!(await f())) {
-    if (Date.now() > end) throw new Error('condition not met in time');
-    await new Promise((r) => setTimeout(r, 20));
-  }
 }
 
 test('scheduler: status, pause, resume, regroup refused while paused, unknown commands, shutdown', async () => {

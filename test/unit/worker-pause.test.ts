@@ -16,6 +16,7 @@ import { memoryBatchQueue, type BatchQueue, type QueuedBatch } from '../../actor
 import { prepareJob } from '../../actors/scheduler/job.ts';
 import { subscribeTelemetry, type RegroupTelemetry } from '../../actors/monitor/telemetry.ts';
 import type { PauseReply, ResumeReply, WorkerStats } from '../../actors/worker/worker.messages.ts';
+import { until } from '../support/until.ts';
 
 const WORKERS = ['w1', 'w2'];
 
@@ -132,13 +133,6 @@ async function startJob(mode: Mode): Promise<Job> {
 }
 
 /** Waits for a condition the workers bring about (never for time to pass as such). */
-async function until(pred: () => boolean, what: string, timeoutMs = 60_000): Promise<void> {
-  const end = Date.now() + timeoutMs;
-  while (!pred()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
 
 const totalAcks = (j: Job) => [...j.acks.values()].reduce((a, b) => a + b, 0);
 const statsOf = (j: Job, w: string): WorkerStats => j.workers.get(w)!.def.stats();
@@ -146,11 +140,11 @@ const statsOf = (j: Job, w: string): WorkerStats => j.workers.get(w)!.def.stats(
 async function jobWidePause(mode: 'asp' | 'bsp'): Promise<void> {
   const j = await startJob(mode);
   try {
-    await until(() => totalAcks(j) >= 6, 'some training');
+    await until(() => totalAcks(j) >= 6, 'some training', 60_000);
     const info = (await j.jobStore.get())!;
     await j.jobStore.put({ ...info, groups_version: info.groups_version + 1 });
     const v = info.groups_version + 1;
-    await until(() => WORKERS.every((w) => j.regroups.some((r) => r.node === w && r.state === 'ready' && r.groups_version === v)), 'every worker to report ready');
+    await until(() => WORKERS.every((w) => j.regroups.some((r) => r.node === w && r.state === 'ready' && r.groups_version === v)), 'every worker to report ready', 60_000);
     for (const w of WORKERS) assert.equal(statsOf(j, w).state, 'paused', `${w} shows paused`);
     assert.equal(j.queue.outstanding(), 0, 'a paused worker holds no batch');
     const acked = totalAcks(j);
@@ -189,18 +183,18 @@ test('bsp: a job-wide pause stops every worker between rounds (nothing held, not
 async function mailboxPause(mode: Mode): Promise<void> {
   const j = await startJob(mode);
   try {
-    await until(() => (j.ackedBy.get('w1') ?? 0) >= 2, 'w1 to train');
+    await until(() => (j.ackedBy.get('w1') ?? 0) >= 2, 'w1 to train', 60_000);
     const w1 = j.driver.ref('worker', 'w1');
     const paused = await w1.request<PauseReply & Record<string, unknown>>('pause', { reason: 'test' });
     assert.equal(paused.pausing, true);
     assert.ok(paused.state === 'pausing' || paused.state === 'paused', paused.state);
-    await until(() => statsOf(j, 'w1').state === 'paused', 'w1 to pause');
+    await until(() => statsOf(j, 'w1').state === 'paused', 'w1 to pause', 60_000);
     const stats = await w1.request<WorkerStats & Record<string, unknown>>('stats', {});
     assert.equal(stats.state, 'paused', 'the mailbox stats show the pause');
     const w1Acked = j.ackedBy.get('w1') ?? 0;
     const w2Acked = j.ackedBy.get('w2') ?? 0;
     // Progress of the other worker is the clock here: w1 stays where it is while w2 trains five more batches.
-    await until(() => (j.ackedBy.get('w2') ?? 0) >= Math.min(w2Acked + 5, j.total - w1Acked), 'w2 to train on');
+    await until(() => (j.ackedBy.get('w2') ?? 0) >= Math.min(w2Acked + 5, j.total - w1Acked), 'w2 to train on', 60_000);
     assert.equal(j.ackedBy.get('w1') ?? 0, w1Acked, 'the paused worker acknowledged nothing');
     assert.equal(statsOf(j, 'w1').state, 'paused');
     assert.notEqual(statsOf(j, 'w2').state, 'paused', 'the other worker is not paused');
