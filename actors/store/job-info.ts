@@ -10,6 +10,7 @@
 import { z } from 'zod';
 import { Kvm, type KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/nats-core';
+import { destroyBucket, watchValues } from './kv-watch.ts';
 import { createKvBucket, type ReplicaOptions } from './replicas.ts';
 import { waitOnWatch } from './plan-store.ts';
 import { ConfigError, TimeoutError, decode, encode, streamName, type Clock } from '../../runtime/mod.ts';
@@ -126,18 +127,7 @@ export function natsJobInfoStore(nc: NatsConnection, job: string): JobInfoStore 
     async watch(listener) {
       kv ??= await new Kvm(nc).open(bucket);
       // The default (last value, then updates) hands over the current info first, so nothing written before the watch is missed.
-      const iter = await kv.watch({ key: KEY });
-      let stopped = false;
-      void (async () => {
-        for await (const e of iter) {
-          if (stopped) break;
-          if (e.operation !== 'PUT' || e.value.byteLength === 0) continue;
-          let info: JobInfo;
-          try { info = jobInfoSchema.parse(decode(e.value)); } catch { continue; } // not a job info: nothing to tell
-          try { listener(info); } catch { /* the listener's own failure; the watch goes on */ }
-        }
-      })().catch(() => undefined);
-      return () => { stopped = true; iter.stop(); };
+      return watchValues(kv, KEY, (v) => jobInfoSchema.parse(v), listener);
     },
   };
 }
@@ -151,10 +141,7 @@ export async function createJobInfoBucket(nc: NatsConnection, job: string, opts:
 
 /** Removes an earlier run's job info (driver, before it queues a new run). */
 export async function resetNatsJobInfo(nc: NatsConnection, job: string): Promise<void> {
-  try {
-    const kv = await new Kvm(nc).open(jobInfoBucket(job));
-    await kv.destroy();
-  } catch { /* not there */ }
+  await destroyBucket(nc, jobInfoBucket(job));
 }
 
 /**

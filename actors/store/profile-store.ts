@@ -14,6 +14,7 @@
 import { Kvm, type KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/nats-core';
 import { createKvBucket, type ReplicaOptions } from './replicas.ts';
+import { destroyBucket, watchValues } from './kv-watch.ts';
 import { decode, encode, streamName } from '../../runtime/mod.ts';
 import { profileTelemetrySchema, type ProfileTelemetry } from '../monitor/telemetry.ts';
 
@@ -107,29 +108,18 @@ export function natsProfileStore(nc: NatsConnection, job: string): ProfileStore 
       return out;
     },
     async watch(listener) {
-      let iter: Awaited<ReturnType<KV['watch']>>;
       try {
         reader ??= await new Kvm(nc).open(bucket);
         // Every key: the last profile of each node first, then each put, so nothing stored before the watch is missed.
-        iter = await reader.watch({ key: '>' });
+        return await watchValues(reader, '>', (v, e) => {
+          const r = profileTelemetrySchema.safeParse(v);
+          // As getMany: only a profile under its own node's key.
+          return r.success && profileKey(r.data.node) === e.key ? r.data : null;
+        }, listener);
       } catch (e) {
         reader = null; // no bucket yet (or it was reset): open it again next time
         throw e;
       }
-      let stopped = false;
-      void (async () => {
-        for await (const e of iter) {
-          if (stopped) break;
-          if (e.operation !== 'PUT' || e.value.byteLength === 0) continue;
-          let value: unknown;
-          try { value = decode(e.value); } catch { continue; } // not a profile: nothing to tell
-          const r = profileTelemetrySchema.safeParse(value);
-          // As getMany: only a profile under its own node's key.
-          if (!r.success || profileKey(r.data.node) !== e.key) continue;
-          try { listener(r.data); } catch { /* the listener's own failure; the watch goes on */ }
-        }
-      })().catch(() => undefined);
-      return () => { stopped = true; iter.stop(); };
     },
   };
 }
@@ -143,8 +133,5 @@ export async function createProfileBucket(nc: NatsConnection, job: string, opts:
 
 /** Empties the profile bucket of an earlier run of this job name (driver, before it starts the nodes). */
 export async function resetNatsProfiles(nc: NatsConnection, job: string): Promise<void> {
-  try {
-    const kv = await new Kvm(nc).open(profileBucket(job));
-    await kv.destroy();
-  } catch { /* not there */ }
+  await destroyBucket(nc, profileBucket(job));
 }

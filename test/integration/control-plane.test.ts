@@ -8,30 +8,18 @@
  * no group member, loses nothing, and the job ends with every batch
  * acknowledged exactly once and test AUC ≥ 0.99.
  */
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { connect, headers, type NatsConnection } from '@nats-io/transport-node';
 import { decode } from '@msgpack/msgpack';
-import { startTestCluster, type TestCluster } from '../support/cluster.ts';
-import { ROOT, hetps, type Child, type Exited } from '../support/ps.ts';
+import { type Child, clusterAndDirForFile, explainExit, hetps, ROOT } from '../support/ps.ts';
 import { until } from '../support/until.ts';
 
-let nats: TestCluster;
-let dir: string;
-before(async () => {
-  nats = await startTestCluster({ nodes: 3 });
-  dir = await mkdtemp(join(tmpdir(), 'hetps-ctl-'));
-});
-after(async () => {
-  await nats?.[Symbol.asyncDispose]();
-  if (dir) await rm(dir, { recursive: true, force: true });
-});
-
-const explain = (r: Exited) => `exit ${r.code ?? r.signal}; stderr (tail):\n${r.stderr.split('\n').slice(-40).join('\n')}`;
+const env = clusterAndDirForFile('hetps-ctl-');
+const explain = explainExit;
 const JOB = 'ctlq';
 
 async function ctl(nc: NatsConnection, command: string, body: unknown = {}): Promise<{ type: string; result?: any; error?: { message: string } }> {
@@ -44,12 +32,12 @@ async function ctl(nc: NatsConnection, command: string, body: unknown = {}): Pro
 
 test('quick start over a 3-node cluster: status, heartbeats, pause/resume, a shard stopped for 20 s loses nothing', { timeout: 300_000 }, async (t) => {
   const quick = await readFile(join(ROOT, 'examples', 'quickstart.yaml'), 'utf8');
-  const cfg = join(dir, 'quickstart.yaml');
+  const cfg = join(env.dir(), 'quickstart.yaml');
   // The quick start as shipped, longer (6 epochs, as in the probe that found lost updates), on the test cluster.
-  await writeFile(cfg, quick.replace('name: quickstart', `name: ${JOB}\n  run_dir: ${join(dir, 'runs')}`).replace('epochs: 2', 'epochs: 6')
-    + `\nnats:\n  servers: [${nats.urls.join(', ')}]\n`);
+  await writeFile(cfg, quick.replace('name: quickstart', `name: ${JOB}\n  run_dir: ${join(env.dir(), 'runs')}`).replace('epochs: 2', 'epochs: 6')
+    + `\nnats:\n  servers: [${env.nats().urls.join(', ')}]\n`);
 
-  const nc = await connect({ servers: nats.urls, name: 'plain-nats-client', noAsyncTraces: true });
+  const nc = await connect({ servers: env.nats().urls, name: 'plain-nats-client', noAsyncTraces: true });
   const beats = new Map<string, number[]>();
   const verdicts: { node: string; role: string; state: string; reason: string; at: number }[] = [];
   const acks = new Map<string, number>();
@@ -81,7 +69,7 @@ test('quick start over a 3-node cluster: status, heartbeats, pause/resume, a sha
   }
   children.push(...workers.values());
   try {
-    const summaryFile = join(dir, 'summary.json');
+    const summaryFile = join(env.dir(), 'summary.json');
     const driver = hetps(['up', '--config', cfg, '--no-launch', '--summary', summaryFile], { timeoutMs: 280_000 });
     children.push(driver);
     const driverTail = () => `driver:\n${driver.stderr().slice(-3000)}`;

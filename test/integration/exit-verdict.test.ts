@@ -5,44 +5,32 @@
  * here, so only the exit can explain a fast verdict). The asp job still
  * acknowledges every batch exactly once.
  */
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { connect } from '@nats-io/transport-node';
 import { decode } from '@msgpack/msgpack';
-import { startTestCluster, type TestCluster } from '../support/cluster.ts';
-import { hetps, writeJobConfig, type Exited } from '../support/ps.ts';
+import { clusterAndDirForFile, explainExit, hetps, writeJobConfig } from '../support/ps.ts';
 
-let nats: TestCluster;
-let dir: string;
-before(async () => {
-  nats = await startTestCluster({ nodes: 3 });
-  dir = await mkdtemp(join(tmpdir(), 'hetps-exit-'));
-});
-after(async () => {
-  await nats?.[Symbol.asyncDispose]();
-  if (dir) await rm(dir, { recursive: true, force: true });
-});
-
-const explain = (r: Exited) => `exit ${r.code ?? r.signal}; stderr (tail):\n${r.stderr.split('\n').slice(-40).join('\n')}`;
+const env = clusterAndDirForFile('hetps-exit-');
+const explain = explainExit;
 
 test('a launched worker that is SIGKILLed is dead at once (its exit seen), and the job completes exactly once', { timeout: 150_000 }, async (t) => {
   const job = 'exitv';
-  const base = await writeJobConfig(dir, { job, mode: 'asp', servers: nats.urls, runDir: join(dir, 'runs'), samples: 2400, epochs: 1, workerRecoveryTimeoutS: 3 });
-  const cfg = join(dir, 'exit.yaml');
+  const base = await writeJobConfig(env.dir(), { job, mode: 'asp', servers: env.nats().urls, runDir: join(env.dir(), 'runs'), samples: 2400, epochs: 1, workerRecoveryTimeoutS: 3 });
+  const cfg = join(env.dir(), 'exit.yaml');
   await writeFile(cfg, (await readFile(base, 'utf8')).replace('fault_tolerance: { worker_recovery_timeout: 3 }',
     'fault_tolerance: { worker_recovery_timeout: 3, heartbeat_ms: 250, dead_after_ms: 30000 }'));
-  const nc = await connect({ servers: nats.urls, name: 'exit-watcher' });
+  const nc = await connect({ servers: env.nats().urls, name: 'exit-watcher' });
   const verdicts: { node: string; state: string; reason: string; at: number }[] = [];
   let acked = 0;
   nc.subscribe(`hps.${job}.tel.health.*`, { callback: (_e, m) => { verdicts.push({ ...(decode(m.data) as { node: string; state: string; reason: string }), at: Date.now() }); } });
   nc.subscribe(`hps.${job}.tel.batch.*`, { callback: (_e, m) => { if ((decode(m.data) as { ack_confirmed: boolean }).ack_confirmed) acked++; } });
   await nc.flush();
-  const summaryFile = join(dir, 'summary.json');
+  const summaryFile = join(env.dir(), 'summary.json');
   const driver = hetps(['up', '--config', cfg, '--summary', summaryFile], { timeoutMs: 140_000 });
   try {
     const deadline = Date.now() + 100_000;

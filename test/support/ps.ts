@@ -11,6 +11,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { connectTransport } from '../../runtime/mod.ts';
 import { subscribeTelemetry } from '../../actors/monitor/telemetry.ts';
+import { startTestCluster, type TestCluster } from './cluster.ts';
 
 export const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 export const BIN = join(ROOT, 'bin', 'hetps.mjs');
@@ -175,3 +176,21 @@ export function tempDirForFile(prefix: string): () => string {
   after(async () => { await rm(dir, { recursive: true, force: true }); });
   return () => dir;
 }
+
+/** A 3-node test cluster and a temp dir for one test file: started before its tests, removed after them. */
+export function clusterAndDirForFile(prefix: string): { nats: () => TestCluster; dir: () => string } {
+  let nats: TestCluster | null = null;
+  let dir = '';
+  before(async () => {
+    nats = await startTestCluster({ nodes: 3 });
+    dir = await mkdtemp(join(tmpdir(), prefix));
+  });
+  after(async () => {
+    await nats?.[Symbol.asyncDispose]();
+    if (dir) await rm(dir, { recursive: true, force: true });
+  });
+  return { nats: () => nats!, dir: () => dir };
+}
+
+/** A child's exit and the tail of its stderr, for assertion messages. */
+export const explainExit = (r: Exited): string => `exit ${r.code ?? r.signal}; stderr (tail):\n${r.stderr.split('\n').slice(-40).join('\n')}`;

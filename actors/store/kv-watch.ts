@@ -1,0 +1,37 @@
+/**
+ * What the job's KV stores share: watching a key (or `>`) for values that
+ * parse, and removing an earlier run's bucket.
+ */
+import type { NatsConnection } from '@nats-io/nats-core';
+import { Kvm, type KV, type KvEntry } from '@nats-io/kv';
+import { decode } from '../../runtime/mod.ts';
+
+/**
+ * Calls `listener` with every PUT under `key` that `parse` accepts (null:
+ * not a value of this store; skipped), the current value first (the watch's
+ * default: last value, then updates), so nothing written before is missed.
+ * A listener that throws does not end the watch. Returns the stop function.
+ */
+export async function watchValues<T>(kv: KV, key: string, parse: (value: unknown, e: KvEntry) => T | null, listener: (v: T) => void): Promise<() => void> {
+  const iter = await kv.watch({ key });
+  let stopped = false;
+  void (async () => {
+    for await (const e of iter) {
+      if (stopped) break;
+      if (e.operation !== 'PUT' || e.value.byteLength === 0) continue;
+      let v: T | null;
+      try { v = parse(decode(e.value), e); } catch { continue; }
+      if (v === null) continue;
+      try { listener(v); } catch { /* the listener's own failure; the watch goes on */ }
+    }
+  })().catch(() => undefined);
+  return () => { stopped = true; iter.stop(); };
+}
+
+/** Removes the bucket of an earlier run of this job name, if there is one. */
+export async function destroyBucket(nc: NatsConnection, bucket: string): Promise<void> {
+  try {
+    const kv = await new Kvm(nc).open(bucket);
+    await kv.destroy();
+  } catch { /* not there */ }
+}
