@@ -34,6 +34,8 @@ import { natsBatchQueue, type BatchDescriptor, type BatchQueue, type QueuedBatch
 import { sparseLayoutFromConfig } from '../node/config-bridge.ts';
 import { GroupWindows } from './api-group.ts';
 import { GroupMember, reducesInGroup, type WindowOutcome } from '../group/group-sync.ts';
+import { ThreadedHeartbeat } from '../health/heartbeat.ts';
+import { HealthWatcher } from '../health/health-watcher.ts';
 import { groupOfWorker, natsJobInfoStore, waitForJobInfo, type JobInfo } from '../store/job-info.ts';
 import { DEFAULT_NODE_WAIT_MS, UNGROUPED, modelAndData, startServerNode, waitForPlan, workerNodeByName, workerNodeOf, type ModelAndData } from '../node/nodes.ts';
 import { natsConnectionOf, natsPlanStore } from '../store/plan-store.ts';
@@ -111,6 +113,8 @@ export class HeterogeneousParameterServer {
   private pendingCheckpoints: Promise<unknown>[] = [];
   /** hps, in a group that reduces together: this worker's member and the windows the script's steps feed. */
   private member: GroupMember | null = null;
+  private heartbeat: ThreadedHeartbeat | null = null;
+  private health: HealthWatcher | null = null;
   private windows: GroupWindows | null = null;
   private stats = { steps: 0, samples: 0, acked: 0 };
   private closed = false;
@@ -154,12 +158,19 @@ export class HeterogeneousParameterServer {
     this.system = new ActorSystem({
       transport: this.transport, job, node, clock: systemClock, random: new SeededRandom(hashString(node, config.training.random_seed)), logger: this.log,
     });
+    // A node like a launched one: its heartbeat (from a thread of its own) tells the health actor it is there.
+    let state = 'starting';
+    this.heartbeat = new ThreadedHeartbeat({
+      servers, auth: conn.auth, tls: conn.tls, job, node, role: o.role === 'server' ? 'shard' : 'worker', incarnation: this.system.senderId,
+      periodMs: config.fault_tolerance.heartbeat_ms, clock: systemClock, state: () => (this.closed ? 'stopping' : state),
+    });
     const planStore = natsPlanStore(nc, job);
     const waitMs = o.waitMs ?? DEFAULT_NODE_WAIT_MS;
     this.md = modelAndData(config);
     this.client = new ShardClient(this.system, { requestTimeoutMs: 10_000, log: this.log, shouldStop: () => this.closed });
     if (o.role === 'server') {
       ({ plan: this.plan } = await startServerNode({ config, server: node, system: this.system, planStore, log: this.log, md: this.md, waitMs }));
+      state = 'serving';
       return;
     }
     const overrides = nodeOverrides(config, node);
@@ -195,7 +206,7 @@ export class HeterogeneousParameterServer {
       const queue = this.queue;
       this.member = new GroupMember({
         system: this.system, group, member: node, runId: this.info.run_id, plan: this.plan, stepper: this.stepper, log: this.log,
-        shouldStop: () => this.closed, recoveryTimeoutMs: this.info.ack_wait_ms,
+        shouldStop: () => this.closed, recoveryTimeoutMs: this.info.ack_wait_ms, health: this.health = await HealthWatcher.start(this.system),
       });
       await this.member.start();
       this.windows = new GroupWindows({
@@ -205,6 +216,7 @@ export class HeterogeneousParameterServer {
       });
     }
     this.profile.startTraining();
+    state = 'training';
   }
 
   /** A group window's batches, acknowledged once the group's update of them is out, and reported. */
@@ -347,6 +359,7 @@ export class HeterogeneousParameterServer {
     if (this.windows !== null) await this.windows.finish().catch((e: unknown) => this.log.error({ err: e }, 'group windows failed'));
     this.closed = true;
     await this.member?.stop();
+    this.health?.dispose();
     this.profile?.stop();
     await Promise.all(this.pendingCheckpoints);
     if (this.workerNode && this.transport && this.info) {
@@ -356,6 +369,7 @@ export class HeterogeneousParameterServer {
     }
     await this.queue?.close();
     await this.system?.stop().catch(() => undefined);
+    await this.heartbeat?.stop(true);
     await this.session?.dispose().catch(() => undefined);
     await this.transport?.close().catch(() => undefined);
   }
