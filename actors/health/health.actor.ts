@@ -123,8 +123,12 @@ export function createHealthActor(o: HealthActorOptions): HealthActorDefinition 
 }
 
 function log(l: Logger, v: HealthVerdictMessage, prev: NodeHealth | null): void {
+  if (v.reason.startsWith('left')) {
+    // A normal end: dead to the job, nothing to worry about.
+    l.info({ node: v.node, state: v.state }, `health: ${v.role} ${v.node} left (it stopped)`);
+    return;
+  }
   const text = `health: ${v.role} ${v.node} is ${v.state}${prev ? ` (was ${prev.state})` : ''}: ${v.reason}`;
   if (v.state === 'alive') l.info({ node: v.node, state: v.state }, text);
-  else if (v.reason.startsWith('left')) l.info({ node: v.node, state: v.state }, text);
   else l.warn({ node: v.node, state: v.state, reason: v.reason }, text);
 }
