@@ -412,6 +412,7 @@ export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSumma
     regrouper = new RegroupController({
       transport: backend.transport, job, jobStore: backend.jobStore, info: prepared.info, clock: systemClock, log, profileStore: backend.profileStore,
       profiles: grouping?.profiles ?? [],
+      isDead: (node) => plane.health.stateOf(node) === 'dead',
       onPaused: (v, workers) => {
         out.line(`paused: every live worker stopped at its boundary (${workers.join(', ')}); send ctl.resume to continue`);
         publishEvent(backend.transport, job, 'scheduler', { kind: 'paused', node: null, text: `every live worker paused (groups v${v})` });

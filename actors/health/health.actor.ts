@@ -25,6 +25,8 @@ export interface HealthActorOptions {
 export type HealthActorDefinition = ActorDefinition<HealthMessages> & {
   /** Verdicts now (same process). */
   verdicts(): HealthVerdicts;
+  /** One node's verdict now (same process); null: not heard of. */
+  stateOf(node: string): NodeHealth['state'] | null;
 };
 
 export function createHealthActor(o: HealthActorOptions): HealthActorDefinition {
@@ -100,6 +102,7 @@ export function createHealthActor(o: HealthActorOptions): HealthActorDefinition 
     id: HEALTH_ACTOR_ID,
     messages: healthMessages,
     verdicts,
+    stateOf: (node) => nodes.get(node)?.state ?? null,
     onStart(c) {
       context = c;
       sub = c.system.transport.subscribe(heartbeatWildcard(c.system.job), (m) => onBeat(c, m)) as RawSubscription;

@@ -137,6 +137,8 @@ export async function startWorkerNode(o: {
   profiling?: WorkerProfiling | null;
   /** The health actor's verdicts, which the worker's hps group acts on; null or absent: none. */
   health?: HealthView | null;
+  /** How long a worker paused for a regroup waits for the resume (default 120 s); a ctl.pause has no limit. */
+  regroupResumeTimeoutMs?: number;
 }): Promise<StartedWorker> {
   const { config, node, system, log } = o;
   const waitMs = o.waitMs ?? DEFAULT_NODE_WAIT_MS;
@@ -172,6 +174,7 @@ export async function startWorkerNode(o: {
     bandwidthMbps: overrides.emulate?.bandwidth_mbps ?? null,
     groupSync,
     health: o.health ?? null,
+    ...(o.regroupResumeTimeoutMs !== undefined ? { regroupResumeTimeoutMs: o.regroupResumeTimeoutMs } : {}),
     jobStore: o.jobStore,
     onBatchTrained: reporter ? (t) => reporter.noteStep(t.emulated_step_ms ?? t.busy_ms) : null,
   });

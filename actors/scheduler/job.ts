@@ -144,6 +144,7 @@ export async function prepareJob(o: {
       ({ name, nodes: [...nodes], sync_mode, sync_steps, accumulation_steps, adaptive_threshold })) : jobGroupsFromConfig(config),
     groups_version: 0,
     resume_version: 0,
+    paused: false,
   };
   await o.jobStore.put(info);
   return { plan, descriptors, info };

@@ -101,6 +101,8 @@ export interface RegroupControllerOptions {
   profileStore?: ProfileStore | null;
   /** Profiles known when the job started (those its groups were measured from). */
   profiles?: readonly NodeProfile[];
+  /** The health verdicts: a dead worker is not waited for (a pause or regroup would wait for its report forever). Absent: none. */
+  isDead?: (node: string) => boolean;
   /** Every live worker has paused for `groupsVersion` (ctl.pause). */
   onPaused?: (groupsVersion: number, workers: string[]) => void;
 }
@@ -184,9 +186,9 @@ export class RegroupController {
     this.unsubscribe();
   }
 
-  /** Live workers: their loop started and has not ended. */
+  /** Live workers: their loop started and has not ended, and the health actor does not say they are dead. */
   private live(): string[] {
-    return this.info.workers.filter((w) => this.started.has(w) && !this.ended.has(w));
+    return this.info.workers.filter((w) => this.started.has(w) && !this.ended.has(w) && !(this.o.isDead?.(w) ?? false));
   }
 
   /** Starts a regroup (see the module comment); resolves once the new groups are written, not when training resumes. */
@@ -300,7 +302,7 @@ export class RegroupController {
     if (this.pausedAt !== null) return { state: this.state, groups_version: this.info.groups_version, already: true };
     if (this.inProgress !== null) throw new HetpsError(`pause: groups v${this.info.groups_version} are being put in place; try again once the regroup is done`);
     const v = this.info.groups_version + 1;
-    this.info = { ...this.info, groups_version: v };
+    this.info = { ...this.info, groups_version: v, paused: true };
     await this.o.jobStore.put(this.info);
     this.pausedAt = this.o.clock.monotonic();
     this.pauseDone = false;
@@ -313,7 +315,7 @@ export class RegroupController {
   async resume(): Promise<{ state: string; groups_version: number; paused_s: number }> {
     if (this.pausedAt === null) throw new HetpsError(`resume: the job is not paused (it is ${this.state})`);
     const v = this.info.groups_version;
-    this.info = { ...this.info, resume_version: v };
+    this.info = { ...this.info, resume_version: v, paused: false };
     await this.o.jobStore.put(this.info);
     const pausedS = (this.o.clock.monotonic() - this.pausedAt) / 1000;
     this.pausedAt = null;

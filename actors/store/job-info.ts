@@ -45,6 +45,12 @@ export const jobInfoSchema = z.object({
   groups_version: z.number().int().nonnegative().default(0),
   /** The groups version workers may resume training under; < groups_version: a regroup is in progress. */
   resume_version: z.number().int().nonnegative().default(0),
+  /**
+   * The pending version is a ctl.pause (groups unchanged), not a regroup:
+   * workers wait for ctl.resume however long it takes (a regroup resumes by
+   * itself, so a long wait there means the driver is gone).
+   */
+  paused: z.boolean().default(false),
 });
 export type JobInfo = z.infer<typeof jobInfoSchema>;
 

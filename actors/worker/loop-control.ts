@@ -194,12 +194,16 @@ export class LoopControl {
       const info = this.latest;
       if (info !== null && info.resume_version >= version) return info;
       const now = clock.monotonic();
-      if (now - started >= limit) throw new HetpsError(`regroup v${version}: the driver did not resume training within ${Math.round(limit / 1000)} s`);
-      if (now - lastNote >= 10_000) {
+      // ctl.pause: an operator's pause lasts as long as they want; only a regroup's resume is overdue.
+      const operatorPause = info !== null && info.paused && info.groups_version === version;
+      if (!operatorPause && now - started >= limit) throw new HetpsError(`regroup v${version}: the driver did not resume training within ${Math.round(limit / 1000)} s`);
+      const noteEvery = operatorPause ? 60_000 : 10_000;
+      if (now - lastNote >= noteEvery) {
         lastNote = now;
-        this.log.warn({ groups_version: version, waited_s: Math.round((now - started) / 1000) }, `paused for regroup v${version}: still waiting for the driver's resume`);
+        if (operatorPause) this.log.info({ groups_version: version, waited_s: Math.round((now - started) / 1000) }, 'paused by ctl.pause: waiting for ctl.resume');
+        else this.log.warn({ groups_version: version, waited_s: Math.round((now - started) / 1000) }, `paused for regroup v${version}: still waiting for the driver's resume`);
       }
-      await this.changed(Math.min(limit - (now - started), 10_000 - (now - lastNote)));
+      await this.changed(Math.max(1, Math.min(operatorPause ? noteEvery : limit - (now - started), noteEvery - (now - lastNote))));
     }
   }
 

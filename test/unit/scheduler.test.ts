@@ -22,7 +22,7 @@ import { until } from '../support/until.ts';
 const JOB = 'sj';
 const info: JobInfo = {
   job: JOB, run_id: 'r1', mode: 'asp', workers: ['w1', 'w2'], total_batches: 10, rounds: 5, epochs: 1, batch_size: 32, ack_wait_ms: 60_000,
-  groups: [], groups_version: 0, resume_version: 0,
+  groups: [], groups_version: 0, resume_version: 0, paused: false,
 };
 
 interface Reply { type: string; result?: Record<string, unknown>; error?: { name: string; message: string } }
@@ -79,6 +79,7 @@ test('scheduler: status, pause, resume, regroup refused while paused, unknown co
     assert.equal(written.groups_version, 1);
     assert.equal(written.resume_version, 0, 'paused: no resume until ctl.resume');
     assert.deepEqual(written.groups, info.groups, 'a pause leaves the groups as they are');
+    assert.equal(written.paused, true, 'marked as an operator pause: workers wait for resume without a limit');
     assert.equal((await ctl(clientT, 'pause')).result!.already, true, 'a second pause is answered, not applied again');
     const regroup = await ctl(clientT, 'regroup', { groups: null });
     assert.equal(regroup.type, 'error');
@@ -87,6 +88,7 @@ test('scheduler: status, pause, resume, regroup refused while paused, unknown co
     const resumed = await ctl(clientT, 'resume');
     assert.equal(resumed.type, 'reply');
     assert.equal((await store.get())!.resume_version, 1);
+    assert.equal((await store.get())!.paused, false);
     assert.equal((await ctl(clientT, 'status')).result!.state, 'training');
     const events = ((await ctl(clientT, 'status', { events: 50 })).result!.events as { kind: string; text: string }[]);
     assert.ok(events.some((e) => e.kind === 'pause' && /maintenance/.test(e.text)), JSON.stringify(events));
@@ -107,5 +109,28 @@ test('scheduler: status, pause, resume, regroup refused while paused, unknown co
     await controller?.dispose();
     await driverT.close();
     await clientT.close();
+  }
+});
+
+test('pause: a worker the health actor says is dead is not waited for', async () => {
+  const broker = new InProcessBroker();
+  const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
+  const store = memoryJobInfoStore();
+  await store.put(info);
+  const dead = new Set<string>();
+  const c = new RegroupController({ transport: driverT, job: JOB, jobStore: store, info, clock: systemClock, log: silentLogger(), autoEveryMs: 0, isDead: (n) => dead.has(n) });
+  try {
+    for (const w of info.workers) publishTelemetry(driverT, JOB, 'start', w, { node: w, group: 'ungrouped', mode: 'asp', emulated_speed: null });
+    await until(() => c.pausedWorkers().length === 0 && c.state === 'training');
+    await c.pause('test');
+    publishTelemetry(driverT, JOB, 'regroup', 'w1', { node: 'w1', groups_version: 1, state: 'ready', group: 'ungrouped' });
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(c.state, 'pausing', 'w2 is alive as far as anyone knows: waited for');
+    dead.add('w2');
+    await until(() => c.state === 'paused', 'paused without the dead worker');
+    await c.resume();
+  } finally {
+    await c.dispose();
+    await driverT.close();
   }
 });

@@ -118,7 +118,10 @@ async function startJob(mode: Mode): Promise<Job> {
   for (const s of config.cluster.server_nodes) await startServerNode({ config, server: s, system: await mk(s), planStore, log: silentLogger(), md });
   const workers = new Map<string, StartedWorker>();
   for (const w of allWorkerNodes(config)) {
-    workers.set(w.name, await startWorkerNode({ config, node: w, system: await mk(w.name), planStore, jobStore, queue, log: silentLogger(), md, runId: `run-${mode}` }));
+    // A short regroup resume limit: an operator's pause (paused: true) must outlast it.
+    workers.set(w.name, await startWorkerNode({
+      config, node: w, system: await mk(w.name), planStore, jobStore, queue, log: silentLogger(), md, runId: `run-${mode}`, regroupResumeTimeoutMs: 100,
+    }));
   }
   return {
     config, total: prepared.info.total_batches, queue, jobStore, driver, workers, acks, ackedBy, regroups,
@@ -142,7 +145,7 @@ async function jobWidePause(mode: 'asp' | 'bsp'): Promise<void> {
   try {
     await until(() => totalAcks(j) >= 6, 'some training', 60_000);
     const info = (await j.jobStore.get())!;
-    await j.jobStore.put({ ...info, groups_version: info.groups_version + 1 });
+    await j.jobStore.put({ ...info, groups_version: info.groups_version + 1, paused: true });
     const v = info.groups_version + 1;
     await until(() => WORKERS.every((w) => j.regroups.some((r) => r.node === w && r.state === 'ready' && r.groups_version === v)), 'every worker to report ready', 60_000);
     for (const w of WORKERS) assert.equal(statsOf(j, w).state, 'paused', `${w} shows paused`);
@@ -151,13 +154,15 @@ async function jobWidePause(mode: 'asp' | 'bsp'): Promise<void> {
     assert.ok(acked < j.total, `paused mid-training (${acked} of ${j.total} acknowledged)`);
     const takes = j.queue.takes();
     const rounds = WORKERS.map((w) => statsOf(j, w).round);
-    // Ten emulated steps' time: a worker that went on would have taken and acknowledged batches in it.
+    // Ten emulated steps' time (and twice the regroup resume limit): a worker that went on would have taken
+    // and acknowledged batches in it; one that treated the pause as an overdue regroup would have failed.
     await new Promise((r) => setTimeout(r, 200));
+    for (const w of WORKERS) assert.equal(statsOf(j, w).state, 'paused', `${w} still paused after the regroup resume limit`);
     assert.equal(totalAcks(j), acked, 'nothing is acknowledged while the job is paused');
     assert.equal(j.queue.takes(), takes, 'nothing is taken from the queue while the job is paused');
     assert.deepEqual(WORKERS.map((w) => statsOf(j, w).round), rounds);
 
-    await j.jobStore.put({ ...info, groups_version: v, resume_version: v });
+    await j.jobStore.put({ ...info, groups_version: v, resume_version: v, paused: false });
     const ends = await Promise.all(WORKERS.map((w) => j.workers.get(w)!.def.done));
     for (const s of ends) assert.equal(s.state, 'done', `${s.node}: ${s.error}`);
     assert.equal(j.acks.size, j.total, 'every batch acknowledged');
