@@ -6,6 +6,7 @@
 import { test, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { inactiveSettings, loadConfig, parseConfig, TRAINING_MODES } from '../../topology/mod.ts';
+import { SMALL_CLUSTER } from '../support/config.ts';
 
 const FILE = 'job.yaml';
 
@@ -31,14 +32,7 @@ const NOT_ACTIVE = [
   'monitoring.port',
 ];
 
-const CLUSTER = `cluster:
-  worker_groups:
-    - name: g1
-      nodes: [w1, w2]
-  server_nodes: [s1, s2]
-model: { type: ctr }
-data: { source: spam }
-`;
+const CLUSTER = SMALL_CLUSTER;
 
 /** Every setting set, each to a value that asks for something. */
 const EVERYTHING = (mode: string) => `${CLUSTER}training:

@@ -6,12 +6,12 @@
  */
 import { test, describe } from 'node:test';
 import assert from 'node:assert/strict';
-import { ConfigError } from '../../runtime/errors.ts';
 import {
   DEFAULT_GROUPING_CONFIG, DEFAULT_PROFILING_CONFIG, allWorkerNodes, groupingOptionsFromConfig, groupsMeasuredAtStart, inactiveSettings, loadConfig,
   nodeOverrides, parseConfig,
-  type ConfigIssue, type HetpsConfig,
+  type HetpsConfig,
 } from '../../topology/mod.ts';
+import { lineOf, rejectedConfig } from '../support/config.ts';
 
 const FILE = 'job.yaml';
 const MODEL_AND_DATA = `model: { type: ctr }
@@ -34,25 +34,11 @@ ${MODEL_AND_DATA}`;
 
 function parse(text: string): HetpsConfig { return parseConfig(text, FILE); }
 
-function issuesOf(text: string): { error: ConfigError; issues: ConfigIssue[] } {
-  try {
-    parse(text);
-  } catch (e) {
-    assert.ok(e instanceof ConfigError, `expected a ConfigError, got ${String(e)}`);
-    return { error: e, issues: (e.data as { issues: ConfigIssue[] }).issues };
-  }
-  assert.fail('expected the config to be rejected');
-}
 
-function lineOf(text: string, needle: string): number {
-  const i = text.split('\n').findIndex((l) => l.includes(needle));
-  if (i < 0) throw new Error(`${JSON.stringify(needle)} is not in the text`);
-  return i + 1;
-}
 
 /** The config is rejected with an issue at `path` containing every word, on `line`, shown as `job.yaml:line:col: path: message`. */
 function expectIssue(text: string, want: { path: string; words: string[]; line: number }): void {
-  const { error, issues } = issuesOf(text);
+  const { error, issues } = rejectedConfig(text);
   const issue = issues.find((i) => i.path === want.path && want.words.every((w) => i.message.includes(w)));
   assert.ok(issue, `no issue at ${want.path} with ${JSON.stringify(want.words)}; got:\n${error.message}`);
   assert.equal(issue.line, want.line, `line of ${want.path}: ${error.message}`);

@@ -6,27 +6,13 @@
 import { test, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
-import { ConfigError } from '../../runtime/errors.ts';
-import { parseConfig, type ConfigIssue } from '../../topology/mod.ts';
+import type { ConfigIssue } from '../../topology/mod.ts';
+import { lineOf, rejectedConfig } from '../support/config.ts';
 
 const FILE = 'job.yaml';
 const QUICKSTART = readFileSync('examples/quickstart.yaml', 'utf8');
 
-function rejected(text: string): { error: ConfigError; issues: ConfigIssue[] } {
-  try {
-    parseConfig(text, FILE);
-  } catch (e) {
-    assert.ok(e instanceof ConfigError, `expected a ConfigError, got ${String(e)}`);
-    return { error: e, issues: (e.data as { issues: ConfigIssue[] }).issues };
-  }
-  assert.fail('expected the config to be rejected');
-}
 
-function lineOf(text: string, needle: string): number {
-  const i = text.split('\n').findIndex((l) => l.includes(needle));
-  assert.ok(i >= 0, `${JSON.stringify(needle)} is not in the text`);
-  return i + 1;
-}
 
 /** The issue's message has a code frame: source lines, then a caret under the column. */
 function assertCodeFrame(issue: ConfigIssue, sourceLine: string): void {
@@ -42,7 +28,7 @@ function assertCodeFrame(issue: ConfigIssue, sourceLine: string): void {
 describe('YAML syntax errors', () => {
   test('an unclosed flow sequence: one problem with its line, column and code frame', () => {
     const text = 'cluster:\n  worker_groups: [a, b\n  server_nodes: [s]\n';
-    const { error, issues } = rejected(text);
+    const { error, issues } = rejectedConfig(text);
     assert.equal(issues.length, 1);
     const [issue] = issues;
     assert.deepEqual([issue!.path, issue!.line, issue!.column], ['', 3, 3]);
@@ -55,7 +41,7 @@ describe('YAML syntax errors', () => {
   test('`cluster: [` in the quickstart: the first error only, with how many more the parser found', () => {
     const text = QUICKSTART.replace(/^cluster:$/m, 'cluster: [');
     assert.notEqual(text, QUICKSTART);
-    const { error, issues } = rejected(text);
+    const { error, issues } = rejectedConfig(text);
     assert.equal(issues.length, 1, error.message);
     const [issue] = issues;
     assert.ok(issue!.line !== null && issue!.line > lineOf(text, 'cluster: ['), `a line after the bracket: ${issue!.line}`);
@@ -67,7 +53,7 @@ describe('YAML syntax errors', () => {
   test('a bad indentation in the quickstart is reported at that line', () => {
     const text = QUICKSTART.replace('      nodes: [fast-1', '     nodes: [fast-1');
     assert.notEqual(text, QUICKSTART);
-    const { issues } = rejected(text);
+    const { issues } = rejectedConfig(text);
     assert.equal(issues.length, 1);
     assert.equal(issues[0]!.line, lineOf(text, '     nodes: [fast-1'));
     assertCodeFrame(issues[0]!, '     nodes: [fast-1, fast-2, fast-3]');
@@ -75,13 +61,13 @@ describe('YAML syntax errors', () => {
 
   test('a file that does not parse gets no schema problems', () => {
     const text = 'cluster:\n  worker_grups: []\n  server_nodes: [s\nmodel: { type: nope }\n';
-    const { issues } = rejected(text);
+    const { issues } = rejectedConfig(text);
     assert.equal(issues.length, 1);
     assert.match(issues[0]!.message, /^YAML syntax: /);
   });
 
   test('a single error does not mention more', () => {
-    const { issues } = rejected('a: 1\nb: 2\na: 3\n');
+    const { issues } = rejectedConfig('a: 1\nb: 2\na: 3\n');
     assert.equal(issues.length, 1);
     assert.doesNotMatch(issues[0]!.message, /more parse error/);
     assert.equal(issues[0]!.line, 3);

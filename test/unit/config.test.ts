@@ -8,6 +8,7 @@ import {
   allWorkerNodes, inactiveSettings, loadConfig, natsConnection, nodeOverrides, parseConfig, serverNodes,
   type ConfigIssue, type HetpsConfig,
 } from '../../topology/mod.ts';
+import { SMALL_CLUSTER } from '../support/config.ts';
 
 const FILE = 'job.yaml';
 
@@ -33,14 +34,7 @@ data: { source: spam }
 `;
 
 /** A small valid config the failing examples start from. */
-const BASE = `cluster:
-  worker_groups:
-    - name: g1
-      nodes: [w1, w2]
-  server_nodes: [s1, s2]
-model: { type: ctr }
-data: { source: spam }
-`;
+const BASE = SMALL_CLUSTER;
 
 function issuesOf(text: string, file = FILE): { error: ConfigError; issues: ConfigIssue[] } {
   try {
