@@ -10,7 +10,7 @@
 import { z } from 'zod';
 import { Kvm, type KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/nats-core';
-import { destroyBucket, watchValues } from './kv-watch.ts';
+import { MemoryWatchers, destroyBucket, watchValues } from './kv-watch.ts';
 import { createKvBucket, type ReplicaOptions } from './replicas.ts';
 import { waitOnWatch } from './plan-store.ts';
 import { ConfigError, TimeoutError, decode, encode, streamName, type Clock } from '../../runtime/mod.ts';
@@ -84,26 +84,14 @@ export interface JobInfoStore {
 
 export function memoryJobInfoStore(): JobInfoStore {
   let info: JobInfo | null = null;
-  const listeners = new Set<{ listener: JobInfoListener; active: boolean }>();
-  // Asynchronously, like a KV watch: a writer never runs a reader's code, and each listener gets its own copy.
-  const deliver = (w: { listener: JobInfoListener; active: boolean }, i: JobInfo) => {
-    queueMicrotask(() => {
-      if (!w.active) return;
-      try { w.listener(jobInfoSchema.parse(i)); } catch { /* the listener's own failure; the watch goes on */ }
-    });
-  };
+  const watchers = new MemoryWatchers<JobInfo>((i) => jobInfoSchema.parse(i));
   return {
     async put(i) {
       info = jobInfoSchema.parse(i);
-      for (const w of listeners) deliver(w, info);
+      watchers.publish(info);
     },
     async get() { return info; },
-    async watch(listener) {
-      const w = { listener, active: true };
-      listeners.add(w);
-      if (info !== null) deliver(w, info);
-      return () => { w.active = false; listeners.delete(w); };
-    },
+    async watch(listener) { return watchers.add(listener, info === null ? [] : [info]); },
   };
 }
 

@@ -35,3 +35,31 @@ export async function destroyBucket(nc: NatsConnection, bucket: string): Promise
     await kv.destroy();
   } catch { /* not there */ }
 }
+
+/**
+ * The in-memory stores' watchers, delivering as a KV watch does: the
+ * current values first, then each put, asynchronously (a writer never runs
+ * a reader's code), each listener its own copy (`copy`).
+ */
+export class MemoryWatchers<T> {
+  private readonly watchers = new Set<{ listener: (v: T) => void; active: boolean }>();
+  constructor(private readonly copy: (v: T) => T) {}
+
+  add(listener: (v: T) => void, current: Iterable<T>): () => void {
+    const w = { listener, active: true };
+    this.watchers.add(w);
+    for (const v of current) this.deliver(w, v);
+    return () => { w.active = false; this.watchers.delete(w); };
+  }
+
+  publish(v: T): void {
+    for (const w of this.watchers) this.deliver(w, v);
+  }
+
+  private deliver(w: { listener: (v: T) => void; active: boolean }, v: T): void {
+    queueMicrotask(() => {
+      if (!w.active) return;
+      try { w.listener(this.copy(v)); } catch { /* the listener's own failure; the watch goes on */ }
+    });
+  }
+}

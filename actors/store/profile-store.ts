@@ -14,7 +14,7 @@
 import { Kvm, type KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/nats-core';
 import { createKvBucket, type ReplicaOptions } from './replicas.ts';
-import { destroyBucket, watchValues } from './kv-watch.ts';
+import { MemoryWatchers, destroyBucket, watchValues } from './kv-watch.ts';
 import { decode, encode, streamName } from '../../runtime/mod.ts';
 import { profileTelemetrySchema, type ProfileTelemetry } from '../monitor/telemetry.ts';
 
@@ -36,31 +36,19 @@ export interface ProfileStore {
 
 export function memoryProfileStore(): ProfileStore {
   const profiles = new Map<string, ProfileTelemetry>();
-  const listeners = new Set<{ listener: ProfileListener; active: boolean }>();
-  // Asynchronously, like a KV watch: a writer never runs a reader's code, and each listener gets its own copy.
-  const deliver = (w: { listener: ProfileListener; active: boolean }, p: ProfileTelemetry) => {
-    queueMicrotask(() => {
-      if (!w.active) return;
-      try { w.listener(profileTelemetrySchema.parse(p)); } catch { /* the listener's own failure; the watch goes on */ }
-    });
-  };
+  const watchers = new MemoryWatchers<ProfileTelemetry>((p) => profileTelemetrySchema.parse(p));
   return {
     async put(p) {
       const v = profileTelemetrySchema.parse(p);
       profiles.set(v.node, v);
-      for (const w of listeners) deliver(w, v);
+      watchers.publish(v);
     },
     async getMany(nodes) {
       const out = new Map<string, ProfileTelemetry>();
       for (const n of nodes) { const p = profiles.get(n); if (p) out.set(n, p); }
       return out;
     },
-    async watch(listener) {
-      const w = { listener, active: true };
-      listeners.add(w);
-      for (const p of profiles.values()) deliver(w, p);
-      return () => { w.active = false; listeners.delete(w); };
-    },
+    async watch(listener) { return watchers.add(listener, profiles.values()); },
   };
 }
 
