@@ -4,7 +4,8 @@
  * value is put, and a wait survives the driver emptying an earlier run's
  * bucket (destroyed and made again) under it.
  */
-import { test } from 'node:test';
+import { test, type TestContext } from 'node:test';
+import type { NatsConnection } from '@nats-io/nats-core';
 import assert from 'node:assert/strict';
 import { startTestCluster } from '../support/cluster.ts';
 import { connectTransport, systemClock } from '../../runtime/mod.ts';
@@ -33,13 +34,17 @@ function profile(node: string): ProfileTelemetry {
   };
 }
 
+/** Two connections to one server, the driver's and a node's, closed after the test. */
+async function driverAndNode(t: TestContext, url: string): Promise<{ driver: NatsConnection; node: NatsConnection }> {
+  const driverT = await connectTransport({ servers: [url], name: 'driver' });
+  const nodeT = await connectTransport({ servers: [url], name: 'node' });
+  t.after(async () => { await driverT.close(); await nodeT.close(); });
+  return { driver: natsConnectionOf(driverT)!, node: natsConnectionOf(nodeT)! };
+}
+
 test('start-up waits over NATS: started before the buckets exist, each resolves when its value is put', { timeout: 120_000 }, async (t) => {
   await using nats = await startTestCluster({ nodes: 1, jetstream: true });
-  const driverT = await connectTransport({ servers: [nats.urls[0]!], name: 'driver' });
-  const nodeT = await connectTransport({ servers: [nats.urls[0]!], name: 'node' });
-  t.after(async () => { await driverT.close(); await nodeT.close(); });
-  const driver = natsConnectionOf(driverT)!;
-  const node = natsConnectionOf(nodeT)!;
+  const { driver, node } = await driverAndNode(t, nats.urls[0]!);
   const job = `early${process.pid}`;
   await resetNatsJobInfo(driver, job);
   await resetNatsProfiles(driver, job);
@@ -79,11 +84,7 @@ test('start-up waits over NATS: started before the buckets exist, each resolves 
 
 test('waitForJobInfo over NATS: the driver emptying an earlier run\'s bucket under the wait does not hide the new run', { timeout: 120_000 }, async (t) => {
   await using nats = await startTestCluster({ nodes: 1, jetstream: true });
-  const driverT = await connectTransport({ servers: [nats.urls[0]!], name: 'driver' });
-  const nodeT = await connectTransport({ servers: [nats.urls[0]!], name: 'node' });
-  t.after(async () => { await driverT.close(); await nodeT.close(); });
-  const driver = natsConnectionOf(driverT)!;
-  const node = natsConnectionOf(nodeT)!;
+  const { driver, node } = await driverAndNode(t, nats.urls[0]!);
   const job = `reset${process.pid}`;
   await resetNatsJobInfo(driver, job);
   const earlier = natsJobInfoStore(driver, job);
