@@ -330,8 +330,15 @@ const faultToleranceSchema = section({
   /** Backups per shard; default: 1 when there are two or more servers, else 0 (resolve). */
   backup_factor: nonNegInt().optional(),
   preheat_backup: bool().default(false),
-  /** How a backup follows its primary: `async` (may lag a little) or `strong`. */
-  backup_sync: oneOf(['async', 'strong']).default('async'),
+  /**
+   * How a backup follows its primary: `sync` (the primary answers a push only
+   * once every live backup applied it: nothing acknowledged is lost) or
+   * `async` (it answers at once; backups lag by at most `replication_lag`
+   * updates, which a failover could lose).
+   */
+  replication: oneOf(['sync', 'async']).default('sync'),
+  /** async replication: the most updates a backup may lag before the primary waits for it. */
+  replication_lag: posInt().default(64),
   /** How often every node process publishes a heartbeat, in milliseconds. */
   heartbeat_ms: posInt().default(250),
   /** Milliseconds without a heartbeat after which a node is dead; more than heartbeat_ms. */
@@ -538,10 +545,8 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   { path: 'communication.backend', when: (c) => c.communication.backend === 'nccl' || c.communication.backend === 'gloo', instead: 'every tensor goes over NATS' },
   { path: 'communication.compression', when: (c) => c.communication.compression !== 'none', instead: 'gradients are sent uncompressed' },
   { path: 'communication.compression_threshold', when: () => true, instead: 'gradients are sent uncompressed' },
-  { path: 'fault_tolerance.server_recovery_timeout', when: () => true, instead: 'no server failover' },
-  { path: 'fault_tolerance.backup_factor', when: (c) => c.fault_tolerance.backup_factor > 0, instead: 'shards have no backups' },
-  { path: 'fault_tolerance.preheat_backup', when: (c) => c.fault_tolerance.preheat_backup, instead: 'shards have no backups' },
-  { path: 'fault_tolerance.backup_sync', when: () => true, instead: 'shards have no backups' },
+  { path: 'fault_tolerance.server_recovery_timeout', when: () => true, instead: 'clients wait for a shard with no live replica without a limit' },
+  { path: 'fault_tolerance.preheat_backup', when: (c) => c.fault_tolerance.preheat_backup, instead: 'no standby workers yet' },
   { path: 'load_balancing.enabled', when: (c) => c.load_balancing.enabled, instead: 'shards stay where the initial plan put them' },
   { path: 'load_balancing.imbalance_threshold', when: () => true, instead: 'shards stay where the initial plan put them' },
   { path: 'load_balancing.sustain_seconds', when: () => true, instead: 'shards stay where the initial plan put them' },

@@ -5,3 +5,4 @@ export * from './staleness.ts';
 export * from './grouping.ts';
 export * from './regroup.ts';
 export * from './health.ts';
+export * from './replication.ts';

@@ -6,6 +6,7 @@
  * migration) change placement without touching the actors.
  */
 import { ConfigError } from '../runtime/errors.ts';
+import { placeReplicas, validatePlacement, type ReplicaPlacement } from './replication.ts';
 
 export interface DenseParamSize { name: string; size: number }
 export interface SparseTableSpec { name: string; dim: number }
@@ -31,6 +32,12 @@ export interface ShardPlan {
   partitions: number;
   /** Owner shard of each partition. */
   partitionOwner: string[];
+  /**
+   * Which server node holds each shard's primary and backups
+   * (topology/replication.ts). Failover and re-replication write a new plan
+   * version with only this changed; the layout above stays.
+   */
+  placement: ReplicaPlacement;
 }
 
 export interface BuildShardPlanOptions {
@@ -42,6 +49,10 @@ export interface BuildShardPlanOptions {
   partitions: number | null;
   /** Largest dense block in bytes (keep it under the server's max_payload). */
   maxBlockBytes: number;
+  /** Backups per shard (fault_tolerance.backup_factor); default 0. */
+  backupFactor?: number;
+  /** The server nodes replicas may live on; default: the shards (one server per shard). */
+  servers?: string[];
 }
 
 /** The plan of a fresh job: dense blocks balanced by bytes, partitions dealt round-robin. */
@@ -67,7 +78,8 @@ export function buildShardPlan(o: BuildShardPlanOptions): ShardPlan {
     }
   }
   const partitionOwner = Array.from({ length: partitions }, (_, i) => o.shards[i % o.shards.length]!);
-  return { version: o.version, shards: [...o.shards], denseParams: o.denseParams.map((p) => ({ ...p })), dense, sparseTables: o.sparseTables.map((t) => ({ ...t })), partitions, partitionOwner };
+  const placement = placeReplicas(o.shards, o.servers ?? o.shards, o.backupFactor ?? 0);
+  return { version: o.version, shards: [...o.shards], denseParams: o.denseParams.map((p) => ({ ...p })), dense, sparseTables: o.sparseTables.map((t) => ({ ...t })), partitions, partitionOwner, placement };
 }
 
 /** murmur3's finaliser: spreads consecutive and Zipf-hot ids evenly over partitions. */
@@ -138,6 +150,7 @@ export function validateShardPlan(plan: ShardPlan): void {
     tables.add(t.name);
     if (!Number.isInteger(t.dim) || t.dim < 1) throw new ConfigError(`${v}: sparse table ${t.name} has dim ${t.dim}`);
   }
+  validatePlacement(v, plan.shards, plan.placement);
   const sizes = new Map(plan.denseParams.map((p) => [p.name, p.size]));
   if (sizes.size !== plan.denseParams.length) throw new ConfigError(`${v}: a dense parameter is listed twice`);
   const covered = new Map(plan.denseParams.map((p) => [p.name, 0]));
@@ -166,4 +179,15 @@ export function validateShardPlan(plan: ShardPlan): void {
       end = b.offset + b.length;
     }
   }
+}
+
+/** A plan with a new placement (failover, re-replication): the next version, the layout unchanged. */
+export function withPlacement(plan: ShardPlan, placement: ReplicaPlacement): ShardPlan {
+  return { ...plan, version: plan.version + 1, placement };
+}
+
+/** True when two plans cut the parameters the same way (only the placement or the version differ). */
+export function sameLayout(a: ShardPlan, b: ShardPlan): boolean {
+  return JSON.stringify([a.shards, a.denseParams, a.dense, a.sparseTables, a.partitions, a.partitionOwner])
+    === JSON.stringify([b.shards, b.denseParams, b.dense, b.sparseTables, b.partitions, b.partitionOwner]);
 }

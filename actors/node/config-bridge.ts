@@ -134,6 +134,8 @@ export function shardPlanFromConfig(config: HetpsConfig, model: CtrModel | MlpMo
     sparseTables: layout.tables,
     partitions: null,
     maxBlockBytes: Math.max(4096, Math.min(maxPayload, 8 << 20) - BLOCK_HEADROOM_BYTES),
+    servers: [...config.cluster.server_nodes],
+    backupFactor: config.fault_tolerance.backup_factor,
   });
 }
 

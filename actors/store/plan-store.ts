@@ -59,6 +59,14 @@ const planSchema = z.object({
   sparseTables: z.array(z.object({ name: z.string().min(1), dim: z.number().int().positive() })),
   partitions: z.number().int().positive(),
   partitionOwner: z.array(z.string().min(1)),
+  placement: z.object({
+    servers: z.array(z.string().min(1)).min(1),
+    replicas: z.record(z.string(), z.object({
+      primary: z.string().min(1),
+      backups: z.array(z.string().min(1)),
+      seeding: z.array(z.string().min(1)).default([]),
+    })),
+  }),
 });
 
 /** Checks shape and consistency; returns a fresh plan with exactly the plan's fields (in a fixed key order). */

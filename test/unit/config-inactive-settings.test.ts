@@ -20,9 +20,7 @@ const NOT_ACTIVE = [
   'communication.compression',
   'communication.compression_threshold',
   'fault_tolerance.server_recovery_timeout',
-  'fault_tolerance.backup_factor',
   'fault_tolerance.preheat_backup',
-  'fault_tolerance.backup_sync',
   'load_balancing.enabled',
   'load_balancing.imbalance_threshold',
   'load_balancing.sustain_seconds',
@@ -45,7 +43,7 @@ fault_tolerance:
   server_recovery_timeout: 5
   backup_factor: 1
   preheat_backup: true
-  backup_sync: strong
+  replication: async
   heartbeat_ms: 100
   dead_after_ms: 400
 load_balancing: { enabled: true, imbalance_threshold: 0.5, sustain_seconds: 10 }

@@ -105,14 +105,14 @@ describe('accepted configs', () => {
 
   test('the other keys the article documents are accepted with its names', () => {
     const c = parse(BASE + `server: { use_gpu: true, gpu_id: 0 }
-fault_tolerance: { preheat_backup: true, backup_sync: strong }
+fault_tolerance: { preheat_backup: true, replication: async }
 logging: { level: WARNING }
 monitoring: { port: 8888 }
 load_balancing: { imbalance_threshold: 0.3, sustain_seconds: 60 }
 `);
     assert.deepEqual(c.server, { use_gpu: true, gpu_id: 0 });
     assert.equal(c.fault_tolerance.preheat_backup, true);
-    assert.equal(c.fault_tolerance.backup_sync, 'strong');
+    assert.equal(c.fault_tolerance.replication, 'async');
     assert.equal(c.logging.level, 'warn');
     assert.equal(c.monitoring.port, 8888);
   });
@@ -522,8 +522,7 @@ describe('inactiveSettings', () => {
     assert.deepEqual(inactiveSettings(c), [
       'communication.compression=adaptive (not active yet: gradients are sent uncompressed)',
       'communication.compression_threshold=0.5 (not active yet: gradients are sent uncompressed)',
-      'fault_tolerance.server_recovery_timeout=60 (not active yet: no server failover)',
-      'fault_tolerance.backup_factor=1 (not active yet: shards have no backups)',
+      'fault_tolerance.server_recovery_timeout=60 (not active yet: clients wait for a shard with no live replica without a limit)',
     ]);
   });
 
