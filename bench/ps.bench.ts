@@ -165,7 +165,7 @@ async function main(): Promise<void> {
       };
     }
     await server.spawn(def);
-    const shard = client.ref('shard', 's0');
+    const shard = client.ref('shard', 's0@s0');
 
     // --- raw nats.js: a responder on node 1 answering with preallocated buffers of the same sizes
     const rawRep = await connect({ servers: [node1], name: 'bench-raw-rep' });

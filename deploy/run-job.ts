@@ -18,7 +18,7 @@ import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { randomUUID } from 'node:crypto';
 import { findNatsServer, startLocalCluster, type LocalCluster } from './local-cluster.ts';
-import { JSON_CONTENT_TYPE, MissingDependencyError, controlSubject, systemClock, type NatsAuth, type NatsTls } from '../runtime/mod.ts';
+import { JSON_CONTENT_TYPE, MissingDependencyError, controlSubject, systemClock, type Actor, type NatsAuth, type NatsTls } from '../runtime/mod.ts';
 import { allWorkerNodes, groupsMeasuredAtStart, inactiveSettings, natsConnection, type HetpsConfig } from '../topology/mod.ts';
 import type { Evaluation } from '../native-bridge/mod.ts';
 import { ackWaitFromConfig } from '../actors/store/batch-queue.ts';
@@ -31,6 +31,9 @@ import { EVAL_BATCH_MIN, ShardEvaluator, evaluateOnShards } from '../actors/moni
 import { DEFAULT_NODE_WAIT_MS, modelAndData } from '../actors/node/nodes.ts';
 import { RegroupController, type RegroupRecord } from '../actors/scheduler/regroup.ts';
 import { startControlPlane } from '../actors/scheduler/control-plane.ts';
+import { ShardFailover, createFailoverActor, type FailoverRecord, type ReplicaRecord } from '../actors/scheduler/failover.ts';
+import { checkIntegrity, type IntegrityReport } from '../actors/scheduler/integrity.ts';
+import { PlanView } from '../actors/store/plan-view.ts';
 import { publishEvent } from '../actors/monitor/monitor.messages.ts';
 import { ShardClient, shardStalenessSummary, type StalenessSummary } from '../actors/worker/shard-client.ts';
 import { lineLogger } from './node-processes.ts';
@@ -120,6 +123,20 @@ export interface UpSummary {
    * `profiles`). null in asp / bsp.
    */
   grouping: JobGrouping | null;
+  /** The end-of-run integrity check (actors/scheduler/integrity.ts); null when it could not run. */
+  integrity: IntegrityReport | null;
+  /** Shard replication and the failovers of the run. */
+  replication: {
+    backup_factor: number;
+    mode: 'sync' | 'async';
+    failovers: FailoverRecord[];
+    replicas_added: ReplicaRecord[];
+    shards_lost: string[];
+    /** Shards with no backup at the end (a failure of their primary would lose them). */
+    unprotected: string[];
+    /** Requests the driver's client re-sent after a stale plan or silence. */
+    client_reroutes: number;
+  };
 }
 
 /** The not-active report: the file's inactive settings. */
@@ -391,7 +408,10 @@ export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSumma
   backend.onNodeExit((node, how) => plane.nodeExited(node, how));
   const monitor = plane.monitor.training;
   const check = () => (shutdownRequested !== null ? `ctl.shutdown: ${shutdownRequested}` : backend.check());
-  const shardClient = new ShardClient(backend.system, { requestTimeoutMs: 30_000, log, shouldStop: () => false });
+  let shardClient!: ShardClient;
+  let failover: ShardFailover | null = null;
+  let failoverActor: Actor<never> | null = null;
+  let integrity: IntegrityReport | null = null;
   const control = new ControlScript(ctx, backend, o.ctlScript ?? []);
   let periodic: ShardEvaluator | null = null;
   let regrouper: RegroupController | null = null;
@@ -401,6 +421,15 @@ export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSumma
   try {
     grouping = await startNodesAndPlanGroups(ctx, backend, servers ?? []);
     const prepared = await createJob(ctx, backend, grouping);
+    shardClient = new ShardClient(backend.system, { requestTimeoutMs: 30_000, log, shouldStop: () => false, plans: PlanView.follow(prepared.plan, backend.planStore) });
+    if (servers !== null) {
+      // Failover acts on the health actor's verdicts; the embedded mode has one process, nothing to fail over to.
+      failover = new ShardFailover({
+        planStore: backend.planStore, health: plane.health, servers: config.cluster.server_nodes, backupFactor: config.fault_tolerance.backup_factor,
+        transport: backend.transport, job, clock: systemClock, log,
+      });
+      failoverActor = await backend.system.spawn(createFailoverActor(failover)) as unknown as Actor<never>;
+    }
     if (o.evalEveryS > 0) {
       // One thread: the evaluation shares the machine with the nodes it measures.
       periodic = await ShardEvaluator.create({
@@ -420,7 +449,7 @@ export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSumma
     });
     const controller = regrouper;
     plane.monitor.setTotalBatches(prepared.info.total_batches);
-    plane.scheduler.attach({ info: () => controller.jobInfo, plan: prepared.plan, controller });
+    plane.scheduler.attach({ info: () => controller.jobInfo, plan: () => shardClient.plans.current, controller });
     trained = await supervise(ctx, backend, monitor, prepared, ctx.emulated, periodic, o.evalEveryS, control, check);
     plane.scheduler.setEnded('stopping');
     await control.settled();
@@ -428,7 +457,16 @@ export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSumma
     out.end();
     printTraining(out, trained, regrouper?.records ?? [], ctx.emulated);
     evaluated = await evaluate(ctx, shardClient, monitor, prepared);
+    await failover?.settled();
+    const finalPlan = await shardClient.plans.refresh();
+    integrity = await checkIntegrity({ system: backend.system, plan: finalPlan, acked: monitor.ackedBatches(), clock: systemClock, log });
+    out.line(`integrity: ${integrity.acked} batches acknowledged, ${integrity.applied} applied on every shard, ${integrity.lost} lost, ${integrity.duplicated} applied twice`
+      + `${integrity.dropped_stale ? `, ${integrity.dropped_stale} dropped as too stale` : ''}; replicas ${integrity.replicas_equal === null ? 'not all checked' : integrity.replicas_equal ? 'equal' : 'DIFFER'}`
+      + ` (plan v${finalPlan.version}${failover && failover.failovers.length ? `, ${failover.failovers.length} failover(s)` : ''})`);
+    if (integrity.lost || integrity.duplicated) log.warn({ lost: integrity.lost_examples, duplicated: integrity.duplicated_examples }, 'integrity check found lost or duplicated batches');
   } finally {
+    failover?.dispose();
+    if (failoverActor) await backend.system.despawn(failoverActor).catch(() => undefined);
     await regrouper?.dispose().catch(() => undefined);
     await plane.stop();
     await periodic?.dispose().catch(() => undefined);
@@ -471,6 +509,16 @@ export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSumma
     per_worker_group: report.per_worker_group,
     ...(o.ctlScript !== null ? { control_replies: control.replies } : {}),
     grouping,
+    integrity,
+    replication: {
+      backup_factor: config.fault_tolerance.backup_factor,
+      mode: config.fault_tolerance.replication,
+      failovers: failover?.failovers ?? [],
+      replicas_added: failover?.replicas ?? [],
+      shards_lost: failover ? [...failover.lost] : [],
+      unprotected: failover?.report().unprotected ?? [],
+      client_reroutes: shardClient.rerouted,
+    },
   };
   await writeSummary(summary, ctx.runDir, o.summaryPath);
   return summary;

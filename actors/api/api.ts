@@ -43,6 +43,7 @@ import { ProfileReporter } from '../node/profile-reporter.ts';
 import { natsProfileStore } from '../store/profile-store.ts';
 import type { ShardSnapshot } from '../shard/shard.messages.ts';
 import { publishTelemetry } from '../monitor/telemetry.ts';
+import { PlanView } from '../store/plan-view.ts';
 import { ShardClient, waitForShards } from '../worker/shard-client.ts';
 import { WorkerStepper, batchFromDescriptor } from '../worker/step.ts';
 
@@ -167,7 +168,6 @@ export class HeterogeneousParameterServer {
     const planStore = natsPlanStore(nc, job);
     const waitMs = o.waitMs ?? DEFAULT_NODE_WAIT_MS;
     this.md = modelAndData(config);
-    this.client = new ShardClient(this.system, { requestTimeoutMs: 10_000, log: this.log, shouldStop: () => this.closed });
     if (o.role === 'server') {
       ({ plan: this.plan } = await startServerNode({ config, server: node, system: this.system, planStore, log: this.log, md: this.md, waitMs }));
       state = 'serving';
@@ -190,7 +190,8 @@ export class HeterogeneousParameterServer {
     }
     if (!this.info.workers.includes(node)) throw new ConfigError(`worker ${node} is not one of the job's workers (${this.info.workers.join(', ')})`);
     this.plan = await waitForPlan(planStore, { clock: systemClock, timeoutMs: waitMs, log: this.log });
-    await waitForShards(this.system, this.plan.shards, { timeoutMs: waitMs, log: this.log });
+    await waitForShards(this.system, this.plan, { timeoutMs: waitMs, log: this.log });
+    this.client = new ShardClient(this.system, { requestTimeoutMs: 10_000, log: this.log, shouldStop: () => this.closed, plans: PlanView.follow(this.plan, planStore) });
     this.queue = natsBatchQueue(nc, job);
     this.session = await StepSession.create(this.md.model, { provider: overrides.provider ?? 'cpu', intraOpNumThreads: overrides.threads ?? 1, graph: 'step' });
     this.stepper = new WorkerStepper({

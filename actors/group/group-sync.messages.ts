@@ -67,6 +67,8 @@ export const groupSyncMessages = {
     base_versions: z.array(z.object({ shard: z.string().min(1), version: z.number().int().nonnegative() })),
     /** The sender's gradients, one part per step index (or one for the window); `weight`: the samples of that part. */
     parts: z.array(z.object({ weight: z.number().nonnegative(), ...tensors })),
+    /** The ids of the batches the sender trained in this window (pushed with the window's update, for the shards' applied log). */
+    batches: z.array(z.string().min(1)).default([]),
   }),
   pushed: z.object({
     ...header,

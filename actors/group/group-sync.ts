@@ -466,6 +466,8 @@ export class GroupMember {
   private readonly dues = new Map<number, string[]>();
   /** This member's step counter over the run (its `step.completed`). */
   private stepCounter = 0;
+  /** The batch ids trained in the current window. */
+  private windowBatches: string[] = [];
   /** When each peer was last heard from (monotonic ms). */
   private readonly heardAt = new Map<string, number>();
   /** Peers reported lost and not heard from since. */
@@ -606,9 +608,11 @@ export class GroupMember {
       return batch === null ? null : stepper.prepare(batch, { reuseDense });
     };
     let ahead: Promise<PreparedStep | null> | null = null;
+    this.windowBatches = [];
     const take = async (p: PreparedStep) => {
       const c = await stepper.computePrepared(p);
       acc.add(c);
+      this.windowBatches.push(p.batch.batchId);
       const st: WindowStep = { loss: c.loss, samples: c.samples, computeMs: c.computeMs, stepMs: c.stepMs };
       steps.push(st);
       source.stepped?.(st);
@@ -658,7 +662,7 @@ export class GroupMember {
     const acc = this.acc;
     const parts = acc.parts().map((p) => ({ tensors: p.sums.byShard(new Set(this.o.plan.shards), 1 / p.weight) }));
     const results = await Promise.all(this.o.plan.shards.flatMap((shard) => {
-      const body = this.pushBody(shard, parts.map((p) => p.tensors.get(shard) ?? null), acc.weight, acc.baseVersion(shard));
+      const body = this.pushBody(shard, parts.map((p) => p.tensors.get(shard) ?? null), acc.weight, acc.baseVersion(shard), this.windowBatches);
       return body === null ? [] : [this.o.stepper.push(shard, body)];
     }));
     phases.push = this.clock.monotonic() - t0;
@@ -677,7 +681,7 @@ export class GroupMember {
     }
     return {
       run_id: this.o.runId, window: w, member: this.o.member, weight: acc.weight, steps, total_steps: this.stepCounter,
-      owners: [...owners], idle, drained, groups_version: this.seenVersion(), base_versions, parts,
+      owners: [...owners], idle, drained, groups_version: this.seenVersion(), base_versions, parts, batches: [...this.windowBatches],
     };
   }
 
@@ -759,7 +763,7 @@ export class GroupMember {
       }
       const total = slices.reduce((n, s) => n + s.weight, 0);
       results = await Promise.all([...mine].flatMap((shard) => {
-        const body = this.pushBody(shard, parts.map((p) => p.get(shard) ?? null), total, base.get(shard) ?? null);
+        const body = this.pushBody(shard, parts.map((p) => p.get(shard) ?? null), total, base.get(shard) ?? null, slices.flatMap((s) => s.batches));
         return body === null ? [] : [this.o.stepper.push(shard, body).then((r) => ({ shard, r }))];
       }));
     }
@@ -805,7 +809,7 @@ export class GroupMember {
   }
 
   /** One push of `shard`'s parts (the first now, the rest as `later_steps`); null when no part touches the shard. */
-  private pushBody(shard: string, parts: readonly (ShardTensors | null)[], weight: number, baseVersion: number | null): PushRequest | null {
+  private pushBody(shard: string, parts: readonly (ShardTensors | null)[], weight: number, baseVersion: number | null, batches: readonly string[]): PushRequest | null {
     const steps = parts.filter((p): p is ShardTensors => p !== null && (p.dense.length > 0 || p.sparse.length > 0));
     if (steps.length === 0) return null;
     if (baseVersion === null) throw new HetpsError(`group ${this.o.group.name}: gradient for shard ${shard} but no member reported the version it pulled`);
@@ -813,6 +817,7 @@ export class GroupMember {
     return {
       plan_version: this.o.plan.version, round: null, expected: null, weight, base_version: baseVersion,
       dense: first!.dense, sparse: first!.sparse, later_steps: later.map((t) => ({ dense: t.dense, sparse: t.sparse })),
+      batches: [...batches],
     };
   }
 

@@ -27,10 +27,17 @@ export type HealthActorDefinition = ActorDefinition<HealthMessages> & {
   verdicts(): HealthVerdicts;
   /** One node's verdict now (same process); null: not heard of. */
   stateOf(node: string): NodeHealth['state'] | null;
+  /**
+   * Every verdict change, in this process (a HealthView). A node that came
+   * back as a new process (another incarnation) is reported dead first:
+   * whatever it held in memory is gone.
+   */
+  onChange(listener: (node: string, state: NodeHealth['state']) => void): () => void;
 };
 
 export function createHealthActor(o: HealthActorOptions): HealthActorDefinition {
   const nodes = new Map<string, NodeHealth>();
+  const listeners = new Set<(node: string, state: NodeHealth['state']) => void>();
   let sub: { unsubscribe(): void } | null = null;
   let ticker: Timer | null = null;
   let context: ActorContext | null = null;
@@ -52,6 +59,11 @@ export function createHealthActor(o: HealthActorOptions): HealthActorDefinition 
       c.log.warn({ err: (e as Error).message, node: next.node }, 'could not publish a health verdict');
     }
     o.onVerdict?.(v);
+    const restarted = prev !== null && prev.incarnation !== next.incarnation && prev.state !== 'dead';
+    for (const l of listeners) {
+      if (restarted) l(next.node, 'dead');
+      l(next.node, next.state);
+    }
   };
 
   const onBeat = (c: ActorContext, m: TransportMsg) => {
@@ -103,6 +115,10 @@ export function createHealthActor(o: HealthActorOptions): HealthActorDefinition 
     messages: healthMessages,
     verdicts,
     stateOf: (node) => nodes.get(node)?.state ?? null,
+    onChange(listener) {
+      listeners.add(listener);
+      return () => { listeners.delete(listener); };
+    },
     onStart(c) {
       context = c;
       sub = c.system.transport.subscribe(heartbeatWildcard(c.system.job), (m) => onBeat(c, m)) as RawSubscription;

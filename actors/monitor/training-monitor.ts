@@ -223,6 +223,9 @@ export class TrainingMonitor {
    * started, the mean loss of the last `lossWindow` acknowledged batches, and
    * per worker its steps, samples and its last reported samples/s.
    */
+  /** The ids of the batches acknowledged so far (confirmed by the queue). */
+  ackedBatches(): Set<string> { return new Set(this.acks.keys()); }
+
   liveFigures(totalBatches: number | null, lossWindow = 50): LiveFigures {
     let samples = 0;
     for (const t of this.batchTelemetry) samples += t.samples;

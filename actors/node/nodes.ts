@@ -9,7 +9,7 @@
  * those profiles before it writes the job info.
  */
 import { ConfigError, TimeoutError, type ActorSystem, type Clock, type Logger } from '../../runtime/mod.ts';
-import { allWorkerNodes, nodeOverrides, type HetpsConfig, type ShardPlan, type StalenessPolicy, type WorkerNode } from '../../topology/mod.ts';
+import { allWorkerNodes, nodeOverrides, replicasOn, type HetpsConfig, type ShardPlan, type StalenessPolicy, type WorkerNode } from '../../topology/mod.ts';
 import { initDenseParams, type CtrModel, type DataSource, type DeviceProfile, type ExecutionProvider, type MlpModel } from '../../native-bridge/mod.ts';
 import type { BatchQueue } from '../store/batch-queue.ts';
 import {
@@ -20,7 +20,8 @@ import { waitOnWatch, type PlanStore } from '../store/plan-store.ts';
 import type { NetworkProbe } from './node-profile.ts';
 import { ProfileReporter } from './profile-reporter.ts';
 import type { ProfileStore } from '../store/profile-store.ts';
-import { createShardActor } from '../shard/shard.actor.ts';
+import { ShardState } from '../shard/shard.actor.ts';
+import { ShardHost } from '../shard/shard-host.ts';
 import { waitForShards } from '../worker/shard-client.ts';
 import { createWorkerActor, type WorkerActorDefinition } from '../worker/worker.actor.ts';
 import type { HealthView } from '../health/health.types.ts';
@@ -67,7 +68,7 @@ export async function startServerNode(o: {
   config: HetpsConfig; server: string; system: ActorSystem; planStore: PlanStore; log: Logger; md?: ModelAndData; waitMs?: number;
   /** Profile on join, published once (a server has no steps to time; servers are not grouped); null or absent: none. */
   profiling?: WorkerProfiling | null;
-}): Promise<{ plan: ShardPlan }> {
+}): Promise<{ plan: ShardPlan; host: ShardHost }> {
   const { config, server, system } = o;
   if (!config.cluster.server_nodes.includes(server)) {
     throw new ConfigError(`server "${server}" is not in cluster.server_nodes of ${config.source.file} (${config.cluster.server_nodes.join(', ')})`);
@@ -75,24 +76,31 @@ export async function startServerNode(o: {
   if (o.profiling) (await profileOnJoin(o.profiling, { config, node: server, system, log: o.log, provider: 'cpu' })).stop();
   const { model } = o.md ?? modelAndData(config);
   const plan = await waitForPlan(o.planStore, { clock: system.clock, timeoutMs: o.waitMs ?? DEFAULT_NODE_WAIT_MS, log: o.log });
-  if (!plan.shards.includes(server)) throw new ConfigError(`server "${server}" has no shard in plan v${plan.version} (shards: ${plan.shards.join(', ')})`);
+  if (!plan.placement.servers.includes(server)) throw new ConfigError(`server "${server}" is not a server node of plan v${plan.version} (servers: ${plan.placement.servers.join(', ')})`);
   // The same initial values as train-local: He-initialised from training.random_seed, rows from (seed, table, id).
   const initialDense = initDenseParams(model, config.training.random_seed);
   const sparseSettings = model.family === 'ctr' ? config.optimizer.sparse : config.optimizer;
-  await system.spawn(createShardActor({
-    shard: server, plan, initialDense,
-    denseOptimizer: optimizerInput(config.optimizer),
-    sparseOptimizer: optimizerInput(sparseSettings),
-    sparseInitScale: EMBEDDING_INIT_SCALE,
-    sparseInitScaleByTable: { [WIDE_TABLE]: 0 },
-    seed: config.training.random_seed,
-    clock: system.clock,
-    staleness: stalenessPolicyFromConfig(config),
-  }));
   const policy = stalenessPolicyFromConfig(config);
-  o.log.info({ shard: server, plan_version: plan.version, blocks: plan.dense.filter((b) => b.shard === server).length, max_staleness: policy?.maxStaleness ?? null },
-    policy === null ? 'shard serving' : `shard serving (hps: stale pushes at lr/(1+s), refused beyond ${policy.maxStaleness})`);
-  return { plan };
+  const host = new ShardHost({
+    node: server, system, planStore: o.planStore, log: o.log,
+    replication: config.fault_tolerance.replication, lagLimit: config.fault_tolerance.replication_lag,
+    newState: (shard, p) => new ShardState({
+      shard, plan: p, initialDense,
+      denseOptimizer: optimizerInput(config.optimizer),
+      sparseOptimizer: optimizerInput(sparseSettings),
+      sparseInitScale: EMBEDDING_INIT_SCALE,
+      sparseInitScaleByTable: { [WIDE_TABLE]: 0 },
+      seed: config.training.random_seed,
+      clock: system.clock,
+      staleness: policy,
+    }),
+  });
+  await host.start(plan);
+  const held = replicasOn(plan.placement, server);
+  o.log.info({ node: server, plan_version: plan.version, replicas: held, replication: config.fault_tolerance.replication, max_staleness: policy?.maxStaleness ?? null },
+    `server ${server} holds ${held.map((r) => `${r.shard} (${r.role})`).join(', ') || 'no replica yet'}`
+    + (policy === null ? '' : ` (hps: stale pushes at lr/(1+s), refused beyond ${policy.maxStaleness})`));
+  return { plan, host };
 }
 
 export function workerNodeOf(config: HetpsConfig, group: string, rank: number): WorkerNode {
@@ -157,7 +165,7 @@ export async function startWorkerNode(o: {
     reporter?.stopRefreshing();
     if (!info.workers.includes(node.name)) throw new ConfigError(`worker ${node.name} is not one of the job's workers (${info.workers.join(', ')}): a different config than the driver's?`);
     plan = await waitForPlan(o.planStore, { clock: system.clock, timeoutMs: waitMs, log });
-    await waitForShards(system, plan.shards, { timeoutMs: waitMs, log });
+    await waitForShards(system, plan, { timeoutMs: waitMs, log });
   } catch (e) {
     reporter?.stop();
     throw e;
@@ -173,6 +181,7 @@ export async function startWorkerNode(o: {
     referenceStepMs: config.training.emulation_reference_step_ms,
     bandwidthMbps: overrides.emulate?.bandwidth_mbps ?? null,
     groupSync,
+    planStore: o.planStore,
     health: o.health ?? null,
     ...(o.regroupResumeTimeoutMs !== undefined ? { regroupResumeTimeoutMs: o.regroupResumeTimeoutMs } : {}),
     jobStore: o.jobStore,

@@ -10,6 +10,7 @@
  * (`figures`, `events`), and every shard's `stats` (1 s each; a shard that
  * does not answer is listed as such).
  */
+import { replicaId } from '../shard/replica.ts';
 import { controlAddress, HetpsError, type ActorContext, type ActorDefinition } from '../../runtime/mod.ts';
 import type { ShardPlan } from '../../topology/mod.ts';
 import type { ShardStats } from '../shard/shard.messages.ts';
@@ -26,7 +27,8 @@ export const SCHEDULER_ACTOR_ID = 'main';
 
 export interface AttachedJob {
   info: () => JobInfo;
-  plan: ShardPlan;
+  /** The current shard plan (it changes with failovers). */
+  plan: () => ShardPlan;
   controller: RegroupController;
 }
 
@@ -74,11 +76,14 @@ export function createSchedulerActor(o: SchedulerActorOptions): SchedulerActorDe
     };
     const groupOf = new Map<string, string>();
     for (const g of info?.groups ?? []) for (const n of g.nodes) groupOf.set(n, g.name);
-    const shards = await Promise.all((a?.plan.shards ?? []).map(async (shard) => {
-      const st = await c.system.ref('shard', shard).request<ShardStats & Record<string, unknown>>('stats', {}, { timeoutMs }).catch(() => null);
-      const hb = verdict.get(shard);
+    const plan = a?.plan() ?? null;
+    const shards = await Promise.all((plan?.shards ?? []).map(async (shard) => {
+      const r = plan!.placement.replicas[shard]!;
+      const st = await c.system.ref('shard', replicaId(shard, r.primary)).request<ShardStats & { replica_lag?: Record<string, number> } & Record<string, unknown>>('stats', {}, { timeoutMs }).catch(() => null);
+      const hb = verdict.get(r.primary);
       return {
-        shard, state: st === null ? (hb?.state === 'alive' || hb === undefined ? 'not answering' : hb.state) : (hb?.state ?? 'alive'),
+        shard, primary: r.primary, backups: [...r.backups], seeding: [...r.seeding], replica_lag: st?.replica_lag ?? null,
+        state: st === null ? (hb?.state === 'alive' || hb === undefined ? 'not answering' : hb.state) : (hb?.state ?? 'alive'),
         version: st?.version ?? null, rows: st === null ? null : Object.values(st.sparse_rows).reduce((x, y) => x + y, 0),
         bytes: st?.bytes ?? null, pulls: st?.pulls ?? null, pushes: st?.pushes ?? null, last_heartbeat_ms: hb?.last_heartbeat_ms ?? null,
       };
@@ -87,7 +92,7 @@ export function createSchedulerActor(o: SchedulerActorOptions): SchedulerActorDe
     return {
       job: o.job, run_id: info?.run_id ?? null, mode: info?.mode ?? null,
       state: ended ?? (a === null ? 'starting' : a.controller.state),
-      plan_version: a?.plan.version ?? null,
+      plan_version: plan?.version ?? null,
       groups: (info?.groups ?? []).map((g) => ({ name: g.name, sync_mode: g.sync_mode, members: g.nodes.map((node) => ({ node, state: nodeState(node) })) })),
       workers: (info?.workers ?? []).map((node) => {
         const f = figures?.workers[node];

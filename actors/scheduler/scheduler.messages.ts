@@ -41,6 +41,8 @@ export interface JobStatus {
   shards: {
     shard: string; state: string; version: number | null; rows: number | null; bytes: number | null; pulls: number | null; pushes: number | null;
     last_heartbeat_ms: number | null;
+    /** Where its replicas are (the plan's placement), and per other replica the updates not yet confirmed (what a failover could lose under async replication). */
+    primary: string; backups: string[]; seeding: string[]; replica_lag: Record<string, number> | null;
   }[];
   progress: { samples: number; batches_acked: number; batches_total: number | null; samples_per_s: number; loss: number | null };
   regroups: unknown[];

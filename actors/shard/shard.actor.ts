@@ -14,6 +14,7 @@
  * resolved; nothing here holds on to the reply object afterwards. No closures
  * or per-row objects are created per message (tsx wraps named closures).
  */
+import { createHash } from 'node:crypto';
 import { z } from 'zod';
 import {
   ActorStoppedError, ConfigError, DeferredReply, InvalidTensorError, ValidationError, zf32, zu32,
@@ -59,7 +60,8 @@ export function createShardActor(opts: ShardStateOptions | ShardState): ShardAct
   const state = opts instanceof ShardState ? opts : new ShardState(opts);
   return {
     kind: 'shard',
-    id: state.shard,
+    // The address of the shard's primary under its plan (`<shard>@<node>`): a single replica, standing alone.
+    id: `${state.shard}@${state.plan.placement.replicas[state.shard]?.primary ?? state.shard}`,
     messages: shardMessages,
     idempotent: true,
     // Pulls, snapshots and stats are reads: repeating one is harmless, and
@@ -161,6 +163,8 @@ export class ShardState {
 
   private versionValue = 0;
   private roundValue = 0;
+  /** The plan version (epoch) requests must name; moves forward with failovers while the layout stays. */
+  private epochValue: number;
   private pushes = 0;
   private pulls = 0;
   private applyMs = 0;
@@ -178,6 +182,7 @@ export class ShardState {
     if (!plan.shards.includes(shard)) throw new ConfigError(`shard ${shard} is not in shard plan v${plan.version} (shards: ${plan.shards.join(', ')})`);
     this.shard = shard;
     this.plan = plan;
+    this.epochValue = plan.version;
     this.clock = opts.clock;
     this.seed = opts.seed;
     this.stalenessPolicy = opts.staleness ?? null;
@@ -211,7 +216,9 @@ export class ShardState {
   get version(): number { return this.versionValue; }
   /** Synchronous rounds applied so far (= the round now open). */
   get round(): number { return this.roundValue; }
-  get planVersion(): number { return this.plan.version; }
+  get planVersion(): number { return this.epochValue; }
+  /** Serve requests of plan version `epoch` from now on (a newer plan with the same layout: failover, re-replication). */
+  setEpoch(epoch: number): void { this.epochValue = epoch; }
 
   // ---------------------------------------------------------------- pull
 
@@ -310,18 +317,79 @@ export class ShardState {
         lrScale = d.lrScale;
         if (lrScale < 1) this.staleScaled++;
       }
-      const t0 = this.clock.monotonic();
-      this.applyGradients(m.dense, m.sparse, lrScale);
-      this.versionValue++;
-      for (let k = 0; k < m.later_steps.length; k++) {
-        this.applyGradients(m.later_steps[k]!.dense, m.later_steps[k]!.sparse, lrScale);
-        this.versionValue++;
-      }
-      this.applyMs += this.clock.monotonic() - t0;
+      this.applyAsync(m, lrScale);
       return { version: this.versionValue, applied: true, staleness, lr_scale: lrScale };
     }
     const applied = this.contribute(m);
     return { version: this.versionValue, applied, staleness, lr_scale: 1 };
+  }
+
+  /**
+   * A push its primary already validated and applied, applied the same way
+   * here (a backup): the primary's staleness decision (`lrScale`) is taken as
+   * it is, so primary and backup stay bit-identical.
+   */
+  applyReplicated(m: PushRequest, lrScale: number): void {
+    this.recordStaleness(Math.max(0, this.versionValue - m.base_version));
+    this.pushes++;
+    if (m.round === null) {
+      if (this.stalenessPolicy !== null) this.recentStaleness.add(Math.max(0, this.versionValue - m.base_version));
+      if (lrScale < 1) this.staleScaled++;
+      this.applyAsync(m, lrScale);
+    } else {
+      this.contribute(m);
+    }
+  }
+
+  /** Counts a push its primary refused as too stale (a backup keeps the same counters). */
+  noteRefused(m: PushRequest): void {
+    const staleness = Math.max(0, this.versionValue - m.base_version);
+    this.recordStaleness(staleness);
+    if (this.stalenessPolicy !== null) this.recentStaleness.add(staleness);
+    this.pushes++;
+    this.staleRefused++;
+  }
+
+  private applyAsync(m: PushRequest, lrScale: number): void {
+    const t0 = this.clock.monotonic();
+    this.applyGradients(m.dense, m.sparse, lrScale);
+    this.versionValue++;
+    for (let k = 0; k < m.later_steps.length; k++) {
+      this.applyGradients(m.later_steps[k]!.dense, m.later_steps[k]!.sparse, lrScale);
+      this.versionValue++;
+    }
+    this.applyMs += this.clock.monotonic() - t0;
+  }
+
+  /**
+   * SHA-256 over everything an update changes: version, round, every owned
+   * dense block (values, optimizer state, step) and every sparse row an
+   * update touched (by id). Equal on a primary and its caught-up backups.
+   */
+  stateHash(): string {
+    const h = createHash('sha256');
+    h.update(`${this.versionValue}/${this.roundValue}`);
+    const bytes = (a: ArrayBufferView) => new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
+    for (const b of this.ownedBlocks) {
+      h.update(`b${b.id}:${b.step}`);
+      h.update(bytes(b.values));
+      for (const st of b.state) h.update(bytes(st));
+    }
+    for (const t of [...this.tables.values()].sort((a, b) => (a.name < b.name ? -1 : 1))) {
+      const snap = t.table.snapshot();
+      // Rows a pull created but no update touched still hold their deterministic initial values: a
+      // backup, which sees no pulls, has not created them; they are left out on both sides.
+      const order = Array.from(snap.ids.keys()).filter((k) => snap.steps[k]! > 0).sort((a, b) => snap.ids[a]! - snap.ids[b]!);
+      const d = snap.dim;
+      const slots = snap.stateSlots;
+      h.update(`t${t.name}:${order.length}`);
+      for (const k of order) {
+        h.update(`${snap.ids[k]}:${snap.steps[k]}`);
+        h.update(bytes(snap.values.subarray(k * d, (k + 1) * d)));
+        h.update(bytes(snap.state.subarray(k * d * slots, (k + 1) * d * slots)));
+      }
+    }
+    return h.digest('hex');
   }
 
   private checkRound(round: number, expected: number | null): void {
@@ -517,7 +585,7 @@ export class ShardState {
     }));
     const sparse: SparseTableSnapshot[] = [...this.tables.values()].map((t) => t.table.snapshot());
     return {
-      format: 1, shard: this.shard, plan_version: this.plan.version, version: this.versionValue, round: this.roundValue,
+      format: 1, shard: this.shard, plan_version: this.epochValue, version: this.versionValue, round: this.roundValue,
       dense_optimizer: this.denseOptimizer.config.type, sparse_optimizer: this.sparseOptimizer.config.type,
       dense, sparse,
     };
@@ -616,7 +684,7 @@ export class ShardState {
       le: [...STALENESS_LE], counts: [...this.stalenessCounts], count: this.stalenessCount, sum: this.stalenessSum, max: this.stalenessMax,
     };
     return {
-      shard: this.shard, plan_version: this.plan.version, version: this.versionValue, round: this.roundValue,
+      shard: this.shard, plan_version: this.epochValue, version: this.versionValue, round: this.roundValue,
       pushes: this.pushes, pulls: this.pulls, duplicates, sparse_rows: sparseRows, dense_blocks: this.ownedBlocks.length, bytes,
       waiting_pulls: this.waiting.length, pending_contributions: pending, staleness,
       max_staleness: this.stalenessPolicy?.maxStaleness ?? null, stale_refused: this.staleRefused, stale_scaled: this.staleScaled, apply_ms: this.applyMs,
@@ -647,10 +715,10 @@ export class ShardState {
   }
 
   private checkPlanVersion(version: number, op: string): void {
-    if (version === this.plan.version) return;
-    const newer = version < this.plan.version ? 'the shard has a newer plan: re-read it' : 'the shard has not received that plan yet';
-    throw new StalePlanError(`shard ${this.shard}: ${op} uses shard plan v${version}, the shard serves v${this.plan.version} (${newer})`, {
-      data: { shard: this.shard, shard_plan_version: this.plan.version, request_plan_version: version },
+    if (version === this.epochValue) return;
+    const newer = version < this.epochValue ? 'the shard has a newer plan: re-read it' : 'the shard has not received that plan yet';
+    throw new StalePlanError(`shard ${this.shard}: ${op} uses shard plan v${version}, the shard serves v${this.epochValue} (${newer})`, {
+      data: { shard: this.shard, shard_plan_version: this.epochValue, request_plan_version: version },
     });
   }
 

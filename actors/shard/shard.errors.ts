@@ -42,3 +42,16 @@ export class StaleUpdateError extends HetpsError {
 registerErrorClass(StalePlanError);
 registerErrorClass(SyncRoundError);
 registerErrorClass(StaleUpdateError);
+
+/**
+ * A replica under a newer plan refused an update from a primary that is no
+ * longer the primary (it was deposed while paused or cut off). The sender
+ * stops serving: it applies nothing more and waits to be re-seeded as a
+ * backup. Not retryable. `data`: `{ shard, epoch, replica_epoch }`.
+ */
+export class FencedError extends HetpsError {
+  override readonly code: string = 'ERR_FENCED';
+  override readonly retryable: boolean = false;
+}
+
+registerErrorClass(FencedError);

@@ -64,6 +64,14 @@ export const shardMessages = {
      * updates, not one. Async pushes only.
      */
     later_steps: z.array(z.object({ dense: z.array(denseGrad), sparse: z.array(sparseGrads) })).default([]),
+    /**
+     * The ids of the batches whose gradients this push carries (a group
+     * window carries its members' batches). A shard keeps the log of the
+     * batches it applied, for the end-of-run integrity check; a push whose
+     * every batch this shard already applied (a batch trained again after its
+     * worker died before acknowledging it) is answered without applying it again.
+     */
+    batches: z.array(z.string().min(1)).default([]),
   }),
   /** Everything the shard holds, for checkpoints (and, later, replication and migration). */
   snapshot: z.object({}),
@@ -73,6 +81,94 @@ export const shardMessages = {
   stats: z.object({}),
 };
 export type ShardMessages = typeof shardMessages;
+
+const pushSchema = shardMessages.push;
+const pushReplySchema = z.object({
+  version: z.number().int().nonnegative(), applied: z.boolean(), staleness: z.number().int().nonnegative(), lr_scale: z.number(),
+});
+
+/**
+ * One update in a primary's replication stream, numbered `rseq` (1, 2, …
+ * per primary and backup). `push`: applied with the primary's `lr_scale`,
+ * and `(from, seq)` → `reply` recorded in the backup's dedup table, so a
+ * retry reaching this replica once promoted is answered, not applied again.
+ * `refused`: a push the primary refused as too stale (counted, batches logged).
+ */
+export const replicationEntrySchema = z.object({
+  rseq: z.number().int().positive(),
+  kind: z.enum(['push', 'refused']),
+  from: z.string().min(1),
+  seq: z.number().int().nonnegative(),
+  push: pushSchema,
+  lr_scale: z.number(),
+  reply: pushReplySchema.nullable(),
+});
+export type ReplicationEntry = z.output<typeof replicationEntrySchema>;
+
+/** One sender's recent `(seq → reply)` pairs: the dedup table travels with a seed. */
+export const dedupWindowSchema = z.object({
+  from: z.string().min(1),
+  evicted_up_to: z.number().int(),
+  seqs: z.array(z.number().int().nonnegative()),
+  replies: z.array(pushReplySchema),
+});
+export type DedupWindowWire = z.output<typeof dedupWindowSchema>;
+
+/**
+ * A replica of a shard on one server node (`hps.<job>.shard.<shard>@<node>.<op>`):
+ * the shard's messages, served while it is the primary, plus what its
+ * primary sends it while it is a backup.
+ */
+export const replicaMessages = {
+  ...shardMessages,
+  /**
+   * Updates from the primary, in `rseq` order. `epoch`: the plan version the
+   * primary serves; a replica under a newer plan refuses it (FencedError: the
+   * sender was deposed), one under an older plan asks it to retry
+   * (StalePlanError). Entries at or below what the replica applied are
+   * skipped; the reply says how far it has applied (`applied_to`).
+   */
+  replicate: z.object({
+    epoch: z.number().int().nonnegative(),
+    primary: z.string().min(1),
+    entries: z.array(replicationEntrySchema),
+  }),
+  /**
+   * The first message to a new backup: the primary's state as of update
+   * `base_rseq` (the snapshot, its dedup table, its applied-batch log, and
+   * the contributions to still-open synchronous rounds), then the stream
+   * continues from `base_rseq + 1`.
+   */
+  seed: z.object({
+    epoch: z.number().int().nonnegative(),
+    primary: z.string().min(1),
+    base_rseq: z.number().int().nonnegative(),
+    snapshot: z.record(z.string(), z.unknown()),
+    dedup: z.array(dedupWindowSchema),
+    applied: z.array(z.tuple([z.string(), z.number().int().positive()])),
+    refused: z.array(z.string()),
+    open_rounds: z.array(replicationEntrySchema),
+  }),
+  /** The end-of-run check: the batches applied (with counts), those refused as stale, and the state hash. */
+  integrity: z.object({}),
+};
+export type ReplicaMessages = typeof replicaMessages;
+
+export interface ReplicateReply { applied_to: number }
+
+export interface IntegrityReply {
+  shard: string;
+  node: string;
+  role: string;
+  epoch: number;
+  version: number;
+  hash: string;
+  /** Batch id → times applied (more than 1 is a duplicate). */
+  applied: Record<string, number>;
+  refused: string[];
+  /** Updates applied but not yet confirmed by every backup (async replication: what a failover could lose). */
+  unreplicated: number;
+}
 export type PullRequest = z.output<typeof shardMessages.pull>;
 export type PushRequest = z.output<typeof shardMessages.push>;
 

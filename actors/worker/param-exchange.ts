@@ -91,6 +91,8 @@ export interface PushMeta {
   expected: number | null;
   weight: number;
   baseVersion: number;
+  /** The batch ids the push carries (the shards' applied log); default none. */
+  batches?: readonly string[];
 }
 
 /**
@@ -126,7 +128,7 @@ export function pushRequest(
   }
   return {
     plan_version: plan.version, round: meta.round, expected: meta.expected, weight: meta.weight, base_version: meta.baseVersion, later_steps: [],
-    dense, sparse,
+    dense, sparse, batches: [...(meta.batches ?? [])],
   };
 }
 

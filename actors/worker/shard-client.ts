@@ -1,26 +1,37 @@
 /**
  * Requests from a worker (or the driver, or the API) to the shards, with the
  * retry rules of the parameter server:
+ * - every request goes to the shard's primary under the newest plan the
+ *   client has seen, and names that plan's version;
  * - a push keeps one seq for all its attempts, so a push retried after a
- *   lost reply is applied once (the shard deduplicates by (from, seq));
+ *   lost reply, or at a promoted backup after a failover, is applied once
+ *   (every replica holds the (from, seq) dedup table);
+ * - a StalePlanError, no responder, or no answer within an attempt's time
+ *   re-reads the plan and sends again (to the new primary, if it moved);
  * - a pull waiting for a synchronous round is re-sent until the round is
- *   there, logging what it waits for instead of hanging silently;
- * - a stale plan is not retried (the plan does not change during a run yet).
+ *   there, logging what it waits for instead of hanging silently.
  */
 import {
   HetpsError, TimeoutError, isRetryable, type ActorRef, type ActorSystem, type Logger,
 } from '../../runtime/mod.ts';
+import type { ShardPlan } from '../../topology/mod.ts';
 import type { PullReply, PullRequest, PushReply, PushRequest, ShardSnapshot, ShardStats } from '../shard/shard.messages.ts';
+import { primaryReplicaId } from '../shard/replica.ts';
+import { PlanView } from '../store/plan-view.ts';
 
 /** Thrown out of a wait when the worker was told to stop. */
 export class StopRequestedError extends HetpsError {}
 
 export interface ShardClientOptions {
-  /** Per attempt. */
+  /** Per request, for reads that may take long (stats, snapshots). */
   requestTimeoutMs: number;
+  /** Per attempt of a pull or push before the plan is re-read and the request sent again; default 2000 ms. */
+  attemptTimeoutMs?: number;
   log: Logger;
   /** Polled while waiting; true ends the wait with StopRequestedError. */
   shouldStop: () => boolean;
+  /** The plan the client routes by (followed as failovers write new versions). */
+  plans: PlanView | ShardPlan;
 }
 
 function isStalePlan(e: unknown): boolean {
@@ -29,34 +40,57 @@ function isStalePlan(e: unknown): boolean {
 
 export class ShardClient {
   private refs = new Map<string, ActorRef>();
-  constructor(readonly system: ActorSystem, private readonly opts: ShardClientOptions) {}
+  readonly plans: PlanView;
+  /** Requests sent again after a failover or a stale plan (for tests and the summary). */
+  rerouted = 0;
+  constructor(readonly system: ActorSystem, private readonly opts: ShardClientOptions) {
+    this.plans = opts.plans instanceof PlanView ? opts.plans : PlanView.fixed(opts.plans);
+  }
 
+  private get attemptMs(): number { return Math.min(this.opts.attemptTimeoutMs ?? 2_000, this.opts.requestTimeoutMs); }
+
+  /** The shard's primary under the current plan. */
   ref(shard: string): ActorRef {
-    let r = this.refs.get(shard);
-    if (!r) { r = this.system.ref('shard', shard); this.refs.set(shard, r); }
+    const id = primaryReplicaId(this.plans.current, shard);
+    let r = this.refs.get(id);
+    if (!r) { r = this.system.ref('shard', id); this.refs.set(id, r); }
     return r;
+  }
+
+  /** After a refusal or silence: re-read the plan; true when the shard's primary moved. */
+  private async reroute(shard: string): Promise<boolean> {
+    const before = primaryReplicaId(this.plans.current, shard);
+    await this.plans.refresh();
+    this.rerouted++;
+    return primaryReplicaId(this.plans.current, shard) !== before;
   }
 
   async pull(shard: string, req: PullRequest, expected: number | null = null): Promise<PullReply> {
     const started = this.system.clock.monotonic();
+    let lastNote = started;
     for (let attempt = 0; ; attempt++) {
       if (this.opts.shouldStop()) throw new StopRequestedError(`stopped while pulling from ${shard}`);
+      req.plan_version = this.plans.current.version;
       try {
         return await this.ref(shard).request<PullReply & Record<string, unknown>>('pull', req as unknown as Record<string, unknown>, {
-          timeoutMs: this.opts.requestTimeoutMs, retries: req.min_round === null ? 2 : 0,
+          timeoutMs: this.attemptMs,
         });
       } catch (e) {
-        if (isStalePlan(e) || !isRetryable(e)) throw e;
-        const waited = Math.round((this.system.clock.monotonic() - started) / 1000);
-        if (req.min_round !== null && e instanceof TimeoutError) {
+        if (!isStalePlan(e) && !isRetryable(e)) throw e;
+        const moved = await this.reroute(shard);
+        const now = this.system.clock.monotonic();
+        const waited = Math.round((now - started) / 1000);
+        if (req.min_round !== null && e instanceof TimeoutError && !moved) {
+          if (now - lastNote < 10_000) continue;
+          lastNote = now;
           const s = await this.stats(shard, 2_000).catch(() => null);
           this.opts.log.warn({ shard, round: req.min_round, waited_s: waited, shard_round: s?.round ?? null, contributions: s?.pending_contributions ?? null, expected },
             `bsp round ${req.min_round}: still waiting for ${shard} to apply round ${req.min_round - 1}`
             + (s ? ` (it has applied ${s.round} rounds and holds ${s.pending_contributions} of ${expected ?? '?'} contributions)` : ' (its stats do not answer either)')
-            + ` after ${waited} s; a worker that has died stalls bsp until fault tolerance lands`);
-        } else {
-          this.opts.log.warn({ shard, err: (e as Error).message, attempt }, `pull from ${shard} failed; retrying`);
-          await this.system.clock.sleep(Math.min(2_000, 100 * 2 ** Math.min(attempt, 4)));
+            + ` after ${waited} s`);
+        } else if (!moved) {
+          if (attempt > 0 && attempt % 10 === 0) this.opts.log.warn({ shard, err: (e as Error).message, attempt, waited_s: waited }, `pull from ${shard} failed; retrying`);
+          await this.system.clock.sleep(Math.min(500, 25 * 2 ** Math.min(attempt, 5)));
         }
       }
     }
@@ -67,16 +101,21 @@ export class ShardClient {
     const seq = this.system.nextSeq();
     const started = this.system.clock.monotonic();
     for (let attempt = 0; ; attempt++) {
+      req.plan_version = this.plans.current.version;
       try {
         return await this.ref(shard).request<PushReply & Record<string, unknown>>('push', req as unknown as Record<string, unknown>, {
-          timeoutMs: this.opts.requestTimeoutMs, retries: 2, seq,
+          timeoutMs: this.attemptMs, seq,
         });
       } catch (e) {
-        if (isStalePlan(e) || !isRetryable(e)) throw e;
+        if (!isStalePlan(e) && !isRetryable(e)) throw e;
         if (this.opts.shouldStop()) throw new StopRequestedError(`stopped while pushing to ${shard}`, { cause: e });
+        const moved = await this.reroute(shard);
+        if (moved) continue;
         const waited = Math.round((this.system.clock.monotonic() - started) / 1000);
-        this.opts.log.warn({ shard, err: (e as Error).message, waited_s: waited }, `push to ${shard} not answered yet; re-sending it (same seq, applied once)`);
-        await this.system.clock.sleep(Math.min(2_000, 100 * 2 ** Math.min(attempt, 4)));
+        if (attempt > 0 && attempt % 5 === 0) {
+          this.opts.log.warn({ shard, err: (e as Error).message, waited_s: waited }, `push to ${shard} not answered yet; re-sending it (same seq, applied once)`);
+        }
+        await this.system.clock.sleep(Math.min(500, 25 * 2 ** Math.min(attempt, 5)));
       }
     }
   }
@@ -94,7 +133,8 @@ export class ShardClient {
  * Asks every shard for its stats until all answer. The error after
  * `timeoutMs` names the shards still missing.
  */
-export async function waitForShards(system: ActorSystem, shards: readonly string[], opts: { timeoutMs: number; log: Logger | null }): Promise<void> {
+export async function waitForShards(system: ActorSystem, plan: ShardPlan, opts: { timeoutMs: number; log: Logger | null }): Promise<void> {
+  const shards = plan.shards;
   const missing = new Set(shards);
   const clock = system.clock;
   const start = clock.monotonic();
@@ -102,7 +142,7 @@ export async function waitForShards(system: ActorSystem, shards: readonly string
   while (missing.size) {
     await Promise.all([...missing].map(async (s) => {
       try {
-        await system.ref('shard', s).request('stats', {}, { timeoutMs: 1_000 });
+        await system.ref('shard', primaryReplicaId(plan, s)).request('stats', {}, { timeoutMs: 1_000 });
         missing.delete(s);
       } catch { /* not up yet */ }
     }));

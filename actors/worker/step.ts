@@ -150,7 +150,7 @@ export class WorkerStepper {
     const { result, timing } = await this.graph(batch, index, rows, U);
     const rowGrads = result.rowGrads === null ? null : new Map([[EMB_TABLE, result.rowGrads.emb], [WIDE_TABLE, result.rowGrads.wide]]);
     const pushes = await Promise.all(exchanges.map((ex) => this.push(ex.shard, pushRequest(plan, ex, tables, result.denseGrads, rowGrads, {
-      round: sync?.round ?? null, expected: sync?.expected ?? null, weight: batch.size, baseVersion: versions.get(ex.shard)!,
+      round: sync?.round ?? null, expected: sync?.expected ?? null, weight: batch.size, baseVersion: versions.get(ex.shard)!, batches: [batch.batchId],
     }))));
     return {
       loss: result.loss, samples: batch.size, staleness: maxPushStaleness(pushes), computeMs: timing.computeMs, stepMs: timing.stepMs,

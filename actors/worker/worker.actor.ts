@@ -27,6 +27,8 @@ import type { SparseLayout } from '../node/config-bridge.ts';
 import type { JobInfo, JobInfoStore } from '../store/job-info.ts';
 import type { HealthView } from '../health/health.types.ts';
 import { publishTelemetry, type BatchTelemetry, type DoneTelemetry, type StartTelemetry } from '../monitor/telemetry.ts';
+import type { PlanStore } from '../store/plan-store.ts';
+import { PlanView } from '../store/plan-view.ts';
 import { ShardClient, StopRequestedError } from './shard-client.ts';
 import { WorkerStepper } from './step.ts';
 import { LoopControl } from './loop-control.ts';
@@ -43,6 +45,8 @@ export interface WorkerActorOptions {
   group: string;
   job: JobInfo;
   plan: ShardPlan;
+  /** Where newer plans (failovers) come from; null or absent: the client routes by \`plan\` only. */
+  planStore?: PlanStore | null;
   queue: BatchQueue;
   source: DataSource;
   model: CtrModel | MlpModel;
@@ -109,7 +113,10 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
   const run = async (ctx: ActorContext): Promise<void> => {
     const { log, clock, system } = ctx;
     const job = o.job.job;
-    const client = new ShardClient(system, { requestTimeoutMs, log, shouldStop: () => control.stopRequested });
+    const client = new ShardClient(system, {
+      requestTimeoutMs, log, shouldStop: () => control.stopRequested,
+      plans: o.planStore ? PlanView.follow(o.plan, o.planStore) : o.plan,
+    });
     const stepper = new WorkerStepper({
       client, plan: o.plan, model: o.model, layout: o.layout, session: session!, clock, log, node: o.node,
       emulateSpeed: o.emulateSpeed, referenceStepMs: o.referenceStepMs, bandwidthMbps: o.bandwidthMbps ?? null,

@@ -102,7 +102,7 @@ training: { mode: hps, random_seed: 5, emulation_reference_step_ms: 40 }
   const session = await StepSession.create(md.model, { graph: 'step', intraOpNumThreads: 1 });
   const clock = new SimulatedClock(0);
   const stepper = new WorkerStepper({
-    client: new ShardClient(w1, { requestTimeoutMs: 5_000, log: silentLogger(), shouldStop: () => false }),
+    client: new ShardClient(w1, { requestTimeoutMs: 5_000, log: silentLogger(), shouldStop: () => false, plans: plan }),
     plan, model: md.model, layout: sparseLayoutFromConfig(config, md.model), session, clock, log: silentLogger(),
     emulateSpeed: 0.5, referenceStepMs: config.training.emulation_reference_step_ms, bandwidthMbps: 8,
   });

@@ -67,7 +67,7 @@ function union(bs: readonly CtrBatch[]): CtrBatch {
     if (dense) dense.set(b.dense!, sample * denseDim);
     bag += b.size * slots; id += b.ids.length; sample += b.size;
   }
-  return { kind: 'ctr', batchId: 'union', size, slots, offsets, ids, dense, denseDim, labels };
+  return { kind: 'ctr', batchId: `union(${bs.map((b) => b.batchId).join('+')})`, size, slots, offsets, ids, dense, denseDim, labels };
 }
 
 interface Cluster {
@@ -91,7 +91,7 @@ async function cluster(job: string, cfg: HetpsConfig = config): Promise<Cluster>
   };
   const planStore = memoryPlanStore(plan);
   for (const s of ['s1', 's2']) await startServerNode({ config: cfg, server: s, system: await system(s), planStore, log: silentLogger(), md });
-  const client = (sys: ActorSystem) => new ShardClient(sys, { requestTimeoutMs: 5_000, log: silentLogger(), shouldStop: () => false });
+  const client = (sys: ActorSystem) => new ShardClient(sys, { requestTimeoutMs: 5_000, log: silentLogger(), shouldStop: () => false, plans: plan });
   return {
     system,
     client,

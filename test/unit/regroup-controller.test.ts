@@ -43,7 +43,7 @@ test('ctl.regroup: validated, written with the next groups_version, resumed once
   const system = new ActorSystem({ transport: driverT, job: JOB, node: 'driver', clock: systemClock, random: new SeededRandom(1) });
   const scheduler = createSchedulerActor({ job: JOB, onShutdown: () => undefined });
   await system.spawn(scheduler);
-  scheduler.attach({ info: () => ctl.jobInfo, plan: { version: 1, shards: [] } as unknown as ShardPlan, controller: ctl });
+  scheduler.attach({ info: () => ctl.jobInfo, plan: () => ({ version: 1, shards: [] }) as unknown as ShardPlan, controller: ctl });
   try {
     for (const w of info.workers) publishTelemetry(clientT, JOB, 'start', w, { node: w, group: 'x', mode: 'hps', emulated_speed: null });
 

@@ -56,7 +56,7 @@ test('scheduler: status, pause, resume, regroup refused while paused, unknown co
     await store.put(info);
     controller = new RegroupController({ transport: driverT, job: JOB, jobStore: store, info, clock: systemClock, log: silentLogger(), autoEveryMs: 0 });
     const c = controller;
-    scheduler.attach({ info: () => c.jobInfo, plan: { version: 3, shards: [] } as unknown as ShardPlan, controller: c });
+    scheduler.attach({ info: () => c.jobInfo, plan: () => ({ version: 3, shards: [] }) as unknown as ShardPlan, controller: c });
     for (const w of info.workers) publishTelemetry(clientT, JOB, 'start', w, { node: w, group: 'ungrouped', mode: 'asp', emulated_speed: null });
     publishTelemetry(clientT, JOB, 'batch', 'w1', {
       node: 'w1', batch_id: 'b0', samples: 32, loss: 0.7, redelivered: false, ack_confirmed: true, staleness: 0, round: null, busy_ms: 1, emulated_step_ms: 1,

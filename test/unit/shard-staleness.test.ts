@@ -26,7 +26,7 @@ async function shard(staleness: StalenessPolicy | null) {
     denseOptimizer: { type: 'sgd', learningRate: LR }, sparseOptimizer: { type: 'sgd', learningRate: LR },
     sparseInitScale: 0.1, seed: 3, clock: systemClock, staleness,
   }));
-  const ref = client.ref('shard', 's0');
+  const ref = client.ref('shard', 's0@s0');
   const id = 7;
   assert.equal(shardOfSparseId(p, id), 's0');
   const ids = Int32Array.from([id]);

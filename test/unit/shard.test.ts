@@ -68,7 +68,7 @@ async function startShards(opts: {
 }
 
 function pull(s: Setup, shard: string, fields: { dense?: number[]; sparse?: { table: string; ids: Int32Array }[]; min_round?: number | null; plan_version?: number }): Promise<PullReply> {
-  return s.client.ref('shard', shard).request<PullReply & Record<string, unknown>>('pull', {
+  return s.client.ref('shard', `${shard}@${shard}`).request<PullReply & Record<string, unknown>>('pull', {
     plan_version: fields.plan_version ?? s.plan.version,
     dense: Int32Array.from(fields.dense ?? []),
     sparse: fields.sparse ?? [],
@@ -83,7 +83,7 @@ interface PushFields {
 }
 
 function push(s: Setup, shard: string, f: PushFields, seq?: number): Promise<PushReply> {
-  return s.client.ref('shard', shard).request<PushReply & Record<string, unknown>>('push', {
+  return s.client.ref('shard', `${shard}@${shard}`).request<PushReply & Record<string, unknown>>('push', {
     plan_version: f.plan_version ?? s.plan.version,
     round: f.round ?? null, expected: f.expected ?? null, weight: f.weight ?? 1, base_version: f.base_version ?? 0,
     dense: f.dense ?? [], sparse: f.sparse ?? [],
@@ -91,7 +91,7 @@ function push(s: Setup, shard: string, f: PushFields, seq?: number): Promise<Pus
 }
 
 function stats(s: Setup, shard: string): Promise<ShardStats> {
-  return s.client.ref('shard', shard).request<ShardStats & Record<string, unknown>>('stats', {});
+  return s.client.ref('shard', `${shard}@${shard}`).request<ShardStats & Record<string, unknown>>('stats', {});
 }
 
 const f32 = (xs: number[]) => Float32Array.from(xs);
@@ -327,14 +327,14 @@ test('snapshot → restore into a fresh shard reproduces pulls and later updates
       sparse: [{ table: 'emb', ids, grads: g(k) }, { table: 'wide', ids: ids.subarray(0, 2), grads: f32([k, 1]) }],
     });
   }
-  const snap = await a.client.ref('shard', 's1').request<ShardSnapshot & Record<string, unknown>>('snapshot', {});
+  const snap = await a.client.ref('shard', 's1@s1').request<ShardSnapshot & Record<string, unknown>>('snapshot', {});
   assert.equal(snap.version, 3);
   assert.equal(snap.dense.length, 2);
   assert.equal(snap.dense[0]!.state.length, 2, 'adam keeps two state slots');
   assert.equal(snap.dense[0]!.step, 3);
 
   const b = await startShards({ dense: adam, sparse: adagrad, shards: ['s1'], job: 'restored' });
-  const restored = await b.client.ref('shard', 's1').request('restore', { state: snap });
+  const restored = await b.client.ref('shard', 's1@s1').request('restore', { state: snap });
   assert.deepEqual(restored, { version: 3, round: 0 });
   const req = { dense: [1, 2], sparse: [{ table: 'emb', ids }, { table: 'wide', ids }] };
   assert.deepEqual(await pull(b, 's1', req), await pull(a, 's1', req));
@@ -346,12 +346,12 @@ test('snapshot → restore into a fresh shard reproduces pulls and later updates
 
 test('restore refuses a snapshot of another layout and changes nothing', async () => {
   const s = await startShards();
-  const ref = s.client.ref('shard', 's1');
+  const ref = s.client.ref('shard', 's1@s1');
   const snap = await ref.request<ShardSnapshot & Record<string, unknown>>('snapshot', {});
   await push(s, 's1', { dense: [{ block: 1, grad: f32([1, 1]) }] });
   const wrongDim = { ...snap, sparse: snap.sparse.map((t) => (t.table === 'emb' ? { ...t, dim: 8 } : t)) };
   await assert.rejects(ref.request('restore', { state: wrongDim }), (e: unknown) => e instanceof ValidationError && /emb has dim 8, the plan says 4/.test(e.message));
-  const otherShard = await s.client.ref('shard', 's0').request<ShardSnapshot & Record<string, unknown>>('snapshot', {});
+  const otherShard = await s.client.ref('shard', 's0@s0').request<ShardSnapshot & Record<string, unknown>>('snapshot', {});
   await assert.rejects(ref.request('restore', { state: otherShard }), (e: unknown) => e instanceof ValidationError && /block 0 is not owned/.test(e.message));
   await assert.rejects(ref.request('restore', { state: { format: 1 } }), (e: unknown) => e instanceof ValidationError && /not a shard snapshot/.test(e.message));
   assert.equal((await pull(s, 's1', { dense: [1] })).version, 1, 'state unchanged');

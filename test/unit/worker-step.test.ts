@@ -82,7 +82,7 @@ training: { mode: asp, random_seed: 7 }
   for (const [i, s] of ['s1', 's2'].entries()) await startServerNode({ config, server: s, system: systems[i]!, planStore, log: silentLogger(), md });
   const session = await StepSession.create(md.model, { graph: 'step', intraOpNumThreads: 1 });
   const stepper = new WorkerStepper({
-    client: new ShardClient(systems[2]!, { requestTimeoutMs: 5_000, log: silentLogger(), shouldStop: () => false }),
+    client: new ShardClient(systems[2]!, { requestTimeoutMs: 5_000, log: silentLogger(), shouldStop: () => false, plans: plan }),
     plan, model: md.model, layout: sparseLayoutFromConfig(config, md.model), session, clock: systemClock, log: silentLogger(), emulateSpeed: null,
   });
   const { dense, sparse } = optimizersFromConfig(config, md.model);

@@ -1,0 +1,210 @@
+/**
+ * Shard failover and re-replication, driven by the health actor's verdicts
+ * (the scheduler's part of fault tolerance; the rules are
+ * topology/replication.ts):
+ *
+ * - a server node is **dead** → every shard whose primary it held gets its
+ *   first live backup as primary, and its other replicas are dropped: a new
+ *   plan version written by compare-and-set on the plan bucket (a concurrent
+ *   writer makes it re-read and decide again);
+ * - a shard below `backup_factor` replicas gets a new replica (`seeding`) on
+ *   the live server holding the fewest; its primary seeds it and reports
+ *   `replica_ready` once it has caught up, and the next plan makes it a backup.
+ *
+ * Served as actor `scheduler/failover` (`hps.<job>.scheduler.failover.*`):
+ * `replica_ready` from primaries, `status` for anyone.
+ */
+import { z } from 'zod';
+import type { ActorDefinition, Clock, Logger, Transport } from '../../runtime/mod.ts';
+import { failover, promoteSeeded, rereplicate, unprotectedShards, withPlacement, type ShardPlan } from '../../topology/mod.ts';
+import type { HealthState, HealthView } from '../health/health.types.ts';
+import { publishEvent } from '../monitor/monitor.messages.ts';
+import type { PlanStore } from '../store/plan-store.ts';
+import { FAILOVER_ACTOR_ID } from '../shard/shard-host.ts';
+
+export const failoverMessages = {
+  /** A primary's seeded replica has caught up: make it a backup. */
+  replica_ready: z.object({ shard: z.string().min(1), node: z.string().min(1), epoch: z.number().int().nonnegative() }),
+  /** The failovers so far and the current placement. */
+  status: z.object({}),
+};
+
+/** One promotion, as the summary and `status` report it. */
+export interface FailoverRecord {
+  shard: string;
+  from: string;
+  to: string;
+  /** Plan version that made `to` the primary. */
+  epoch: number;
+  /** Milliseconds from the dead verdict to the plan being written. */
+  decided_ms: number;
+  at: string;
+}
+
+export interface ReplicaRecord { shard: string; node: string; epoch: number; at: string; kind: 'seeding' | 'backup' }
+
+export interface FailoverOptions {
+  planStore: PlanStore;
+  health: HealthView;
+  servers: readonly string[];
+  backupFactor: number;
+  transport: Transport;
+  job: string;
+  clock: Clock;
+  log: Logger;
+}
+
+export class ShardFailover {
+  readonly failovers: FailoverRecord[] = [];
+  readonly replicas: ReplicaRecord[] = [];
+  /** Shards that lost every replica (nothing to promote). */
+  readonly lost = new Set<string>();
+  private readonly dead = new Set<string>();
+  private chain: Promise<void> = Promise.resolve();
+  private readonly unsubscribe: () => void;
+  private stopped = false;
+  private current: ShardPlan | null = null;
+
+  constructor(private readonly o: FailoverOptions) {
+    this.unsubscribe = o.health.onChange((node, state) => this.onVerdict(node, state));
+    for (const s of o.servers) if (o.health.stateOf(s) === 'dead') this.dead.add(s);
+  }
+
+  get plan(): ShardPlan | null { return this.current; }
+
+  private onVerdict(node: string, state: HealthState): void {
+    if (!this.o.servers.includes(node)) return;
+    const at = this.o.clock.monotonic();
+    if (state === 'dead') this.dead.add(node);
+    else if (state === 'alive') this.dead.delete(node);
+    else return;
+    this.enqueue(() => this.reconcile(state === 'dead' ? { node, at } : null));
+  }
+
+  private enqueue(step: () => Promise<void>): Promise<void> {
+    const next = this.chain.then(step).catch((e: unknown) => this.o.log.error({ err: (e as Error).message }, 'shard failover step failed'));
+    this.chain = next;
+    return next;
+  }
+
+  /** Writes `make(plan)` by compare-and-set, re-reading and deciding again when another writer was first. */
+  private async write(make: (plan: ShardPlan) => ShardPlan | null): Promise<ShardPlan | null> {
+    for (let attempt = 0; attempt < 20 && !this.stopped; attempt++) {
+      const plan = await this.o.planStore.get();
+      if (plan === null) return null;
+      this.current = plan;
+      const next = make(plan);
+      if (next === null) return null;
+      try {
+        await this.o.planStore.put(next);
+        this.current = next;
+        return next;
+      } catch (e) {
+        if ((e as Error).name !== 'StalePlanError') throw e;
+      }
+    }
+    return null;
+  }
+
+  /** Promotes past the dead servers, then re-replicates onto the live ones. */
+  private async reconcile(death: { node: string; at: number } | null): Promise<void> {
+    let changes: ReturnType<typeof failover> = null;
+    const written = await this.write((plan) => {
+      changes = failover(plan.placement, this.dead);
+      if (changes === null || changes.changes.length === 0) return null;
+      return withPlacement(plan, changes.placement);
+    });
+    const result = changes as ReturnType<typeof failover>;
+    if (result !== null) {
+      for (const s of result.lost) {
+        if (this.lost.has(s)) continue;
+        this.lost.add(s);
+        this.o.log.error({ shard: s }, `shard ${s}: every replica is dead; its updates since the last checkpoint are lost unless a server comes back`);
+        publishEvent(this.o.transport, this.o.job, 'scheduler', { kind: 'shard_lost', node: null, text: `shard ${s}: no live replica` });
+      }
+    }
+    if (written !== null && result !== null) {
+      for (const c of result.changes) {
+        if (c.promoted !== null) {
+          const rec: FailoverRecord = {
+            shard: c.shard, from: c.promoted.from, to: c.promoted.to, epoch: written.version,
+            decided_ms: death ? Math.round(this.o.clock.monotonic() - death.at) : 0, at: new Date().toISOString(),
+          };
+          this.failovers.push(rec);
+          this.o.log.warn(rec, `failover: shard ${c.shard} primary ${c.promoted.from} → ${c.promoted.to} (plan v${written.version})`);
+          publishEvent(this.o.transport, this.o.job, 'scheduler', {
+            kind: 'failover', node: c.promoted.from, text: `shard ${c.shard}: primary ${c.promoted.from} is dead; ${c.promoted.to} promoted (plan v${written.version})`,
+          });
+        }
+        if (c.dropped.length) this.o.log.warn({ shard: c.shard, dropped: c.dropped }, `shard ${c.shard}: replica(s) on ${c.dropped.join(', ')} dropped (dead)`);
+      }
+    }
+    await this.rereplicate();
+  }
+
+  private async rereplicate(): Promise<void> {
+    const live = new Set(this.o.servers.filter((s) => !this.dead.has(s) && this.o.health.stateOf(s) !== 'dead'));
+    let added: { shard: string; node: string }[] = [];
+    const written = await this.write((plan) => {
+      const r = rereplicate(plan.placement, live, this.o.backupFactor);
+      if (r === null) return null;
+      added = r.added;
+      return withPlacement(plan, r.placement);
+    });
+    if (written === null) return;
+    for (const a of added) {
+      this.replicas.push({ shard: a.shard, node: a.node, epoch: written.version, at: new Date().toISOString(), kind: 'seeding' });
+      this.o.log.info(a, `shard ${a.shard}: new replica on ${a.node} being seeded (plan v${written.version})`);
+      publishEvent(this.o.transport, this.o.job, 'scheduler', { kind: 'replica_seeding', node: a.node, text: `shard ${a.shard}: seeding a new replica on ${a.node}` });
+    }
+  }
+
+  /** A seeded replica caught up: from the next plan on, its primary waits for it. */
+  async replicaReady(shard: string, node: string): Promise<{ epoch: number | null }> {
+    let out: { epoch: number | null } = { epoch: null };
+    await this.enqueue(async () => {
+      const written = await this.write((plan) => {
+        const p = promoteSeeded(plan.placement, shard, node);
+        return p === null ? null : withPlacement(plan, p);
+      });
+      if (written === null) return;
+      out = { epoch: written.version };
+      this.replicas.push({ shard, node, epoch: written.version, at: new Date().toISOString(), kind: 'backup' });
+      this.o.log.info({ shard, node, epoch: written.version }, `shard ${shard}: replica on ${node} caught up; a backup from plan v${written.version}`);
+      publishEvent(this.o.transport, this.o.job, 'scheduler', { kind: 'replica_ready', node, text: `shard ${shard}: replica on ${node} is a backup (plan v${written.version})` });
+    });
+    return out;
+  }
+
+  /** What `status` and the summary report. */
+  report(): { plan_version: number | null; placement: ShardPlan['placement'] | null; unprotected: string[]; failovers: FailoverRecord[]; replicas: ReplicaRecord[]; lost: string[] } {
+    const p = this.current;
+    return {
+      plan_version: p?.version ?? null, placement: p?.placement ?? null, unprotected: p ? unprotectedShards(p.placement) : [],
+      failovers: [...this.failovers], replicas: [...this.replicas], lost: [...this.lost],
+    };
+  }
+
+  /** Waits for the steps queued so far (tests, the end of a run). */
+  async settled(): Promise<void> { await this.chain; }
+
+  dispose(): void {
+    this.stopped = true;
+    this.unsubscribe();
+  }
+}
+
+export type FailoverActorDefinition = ActorDefinition<typeof failoverMessages> & { readonly failover: ShardFailover };
+
+export function createFailoverActor(f: ShardFailover): FailoverActorDefinition {
+  return {
+    kind: 'scheduler',
+    id: FAILOVER_ACTOR_ID,
+    messages: failoverMessages,
+    failover: f,
+    handlers: {
+      replica_ready: (m) => f.replicaReady(m.shard, m.node),
+      status: () => f.report(),
+    },
+  };
+}

@@ -1,0 +1,564 @@
+/**
+ * One replica of a shard on one server node, at
+ * `hps.<job>.shard.<shard>@<node>`: the primary serves pulls and pushes and
+ * streams every update to its backups; a backup applies that stream.
+ *
+ * - **Sync replication** (default): the primary applies an update, appends it
+ *   to each backup's stream, and answers the pusher only once every backup
+ *   of the plan has applied it. An acknowledged update is on every replica.
+ *   `async`: it answers at once, and waits only when a backup lags more than
+ *   `lagLimit` updates (what a failover could lose, reported by `integrity`).
+ * - **Dedup travels with the state.** Every replica keeps the `(from, seq) →
+ *   reply` table of the pushes it applied (the primary's replies, streamed),
+ *   so a retry that reaches a promoted backup is answered, never applied again.
+ *   A retry arriving while the first attempt still waits for its backups
+ *   joins it.
+ * - **Fencing.** A replica serves only under the newest plan it knows; a
+ *   primary whose backup refuses its stream (the backup follows a newer plan
+ *   naming another primary) is deposed: it answers everything with
+ *   StalePlanError (clients re-read the plan) and applies nothing more.
+ * - **Seeding** (re-replication, and later live migration): a new replica
+ *   gets the primary's snapshot as of stream position `base_rseq`, then the
+ *   stream from there; once it has caught up the primary asks the scheduler
+ *   to make it a backup, and from that plan on it is waited for.
+ * - **Applied-batch log.** Each replica counts the batch ids it applied, for
+ *   the end-of-run integrity check; a push whose every batch it already
+ *   applied (a batch trained again after its worker died unacknowledged) is
+ *   answered without applying it again.
+ */
+import {
+  DeferredReply, HetpsError, isRetryable, type ActorDefinition, type ActorSystem, type Logger, type Timer,
+} from '../../runtime/mod.ts';
+import { replicaNodes, type ReplicaRole, type ShardPlan } from '../../topology/mod.ts';
+import type { ShardState } from './shard.actor.ts';
+import {
+  replicaMessages, type DedupWindowWire, type IntegrityReply, type PushReply, type PushRequest, type ReplicaMessages,
+  type ReplicateReply, type ReplicationEntry,
+} from './shard.messages.ts';
+import { FencedError, StalePlanError, StaleUpdateError } from './shard.errors.ts';
+
+/** The actor id of `shard`'s replica on `node`. */
+export function replicaId(shard: string, node: string): string {
+  return `${shard}@${node}`;
+}
+
+/** The actor id of `shard`'s primary under `plan`. */
+export function primaryReplicaId(plan: ShardPlan, shard: string): string {
+  const r = plan.placement.replicas[shard];
+  if (r === undefined) throw new HetpsError(`shard ${shard} is not placed in shard plan v${plan.version}`);
+  return replicaId(shard, r.primary);
+}
+
+export interface ReplicaOptions {
+  shard: string;
+  node: string;
+  state: ShardState;
+  system: ActorSystem;
+  log: Logger;
+  replication: 'sync' | 'async';
+  /** async: the most updates a backup may lag before the primary waits. */
+  lagLimit: number;
+  /** A seeding backup has caught up: ask the scheduler to make it a backup. */
+  onCaughtUp: (shard: string, node: string, epoch: number) => Promise<void>;
+  /** Per replication request; default 1000 ms. */
+  requestTimeoutMs?: number;
+}
+
+// ---------------------------------------------------------------- dedup
+
+const DEDUP_WINDOW = 10_000;
+
+interface DedupWindow { replies: Map<number, PushReply>; evictedUpTo: number }
+
+/** `(from, seq) → reply` of the pushes a replica applied, a window per sender. */
+export class DedupTable {
+  private windows = new Map<string, DedupWindow>();
+
+  /** The reply already sent, 'evicted' when the pair is older than the window, null when never applied. */
+  get(from: string, seq: number): PushReply | 'evicted' | null {
+    const w = this.windows.get(from);
+    if (w === undefined) return null;
+    const r = w.replies.get(seq);
+    if (r !== undefined) return r;
+    return seq <= w.evictedUpTo ? 'evicted' : null;
+  }
+
+  record(from: string, seq: number, reply: PushReply): void {
+    let w = this.windows.get(from);
+    if (w === undefined) { w = { replies: new Map(), evictedUpTo: -1 }; this.windows.set(from, w); }
+    w.replies.set(seq, reply);
+    while (w.replies.size > DEDUP_WINDOW) {
+      const oldest = w.replies.keys().next().value as number;
+      w.replies.delete(oldest);
+      if (oldest > w.evictedUpTo) w.evictedUpTo = oldest;
+    }
+  }
+
+  export(): DedupWindowWire[] {
+    return [...this.windows].map(([from, w]) => ({ from, evicted_up_to: w.evictedUpTo, seqs: [...w.replies.keys()], replies: [...w.replies.values()] }));
+  }
+
+  import(wire: readonly DedupWindowWire[]): void {
+    this.windows = new Map(wire.map((d) => [d.from, { evictedUpTo: d.evicted_up_to, replies: new Map(d.seqs.map((s, i) => [s, d.replies[i]!])) }]));
+  }
+}
+
+// ---------------------------------------------------------------- the primary's stream to one backup
+
+interface Waiter { rseq: number; resolve: () => void; reject: (e: Error) => void }
+
+const MAX_ENTRIES_PER_MESSAGE = 64;
+
+/**
+ * The primary's stream of updates to one other replica. Entries stay until
+ * that replica confirms them (`applied_to`); a lost reply, a timeout or a gap
+ * re-sends from the first unconfirmed one (the replica skips what it has).
+ */
+class ReplicationLink {
+  private entries: ReplicationEntry[] = [];
+  private ackedTo: number;
+  private sentTo: number;
+  private waiters: Waiter[] = [];
+  private flushTimer: Timer | null = null;
+  private flushing = false;
+  private attempt = 0;
+  private closed = false;
+  private seeded: boolean;
+  private reportedCaughtUp = false;
+  private readonly ref;
+
+  constructor(private readonly r: Replica, readonly node: string, public gating: boolean, baseRseq: number, seedFirst: boolean) {
+    this.ackedTo = baseRseq;
+    this.sentTo = baseRseq;
+    this.seeded = !seedFirst;
+    this.ref = r.o.system.ref('shard', replicaId(r.o.shard, node));
+    if (seedFirst) this.schedule(0);
+  }
+
+  /** Updates not yet confirmed by this replica. */
+  get lag(): number { return this.entries.length; }
+
+  append(e: ReplicationEntry): void {
+    this.entries.push(e);
+    if (!this.flushTimer && !this.flushing) this.schedule(0);
+  }
+
+  /** Resolves once the replica applied update `rseq` (or at once when the link is closed). */
+  waitFor(rseq: number): Promise<void> {
+    if (this.ackedTo >= rseq || this.closed) return Promise.resolve();
+    return new Promise((resolve, reject) => this.waiters.push({ rseq, resolve, reject }));
+  }
+
+  /** The replica left the plan: nobody waits for it any more. */
+  close(): void {
+    this.closed = true;
+    this.flushTimer?.cancel();
+    this.flushTimer = null;
+    const w = this.waiters;
+    this.waiters = [];
+    for (const x of w) x.resolve();
+  }
+
+  /** This primary was deposed: every waiting push fails (its client re-reads the plan). */
+  fail(e: Error): void {
+    this.closed = true;
+    this.flushTimer?.cancel();
+    const w = this.waiters;
+    this.waiters = [];
+    for (const x of w) x.reject(e);
+  }
+
+  /** Starts over with a new seed (after a restore replaced the primary's state). */
+  reseed(baseRseq: number): void {
+    this.seeded = false;
+    this.entries = [];
+    this.ackedTo = baseRseq;
+    this.sentTo = baseRseq;
+    this.schedule(0);
+  }
+
+  private schedule(ms: number): void {
+    if (this.closed) return;
+    this.flushTimer?.cancel();
+    this.flushTimer = this.r.o.system.clock.setTimeout(() => { this.flushTimer = null; void this.flush(); }, ms);
+  }
+
+  private async flush(): Promise<void> {
+    if (this.closed || this.flushing) return;
+    this.flushing = true;
+    try {
+      if (!this.seeded) {
+        const seed = this.r.seedMessage();
+        const reply = await this.ref.request<ReplicateReply & Record<string, unknown>>('seed', seed as unknown as Record<string, unknown>, { timeoutMs: Math.max(10_000, this.r.timeoutMs) });
+        this.seeded = true;
+        // Updates at or below the seed's position are in it.
+        this.entries = this.entries.filter((e) => e.rseq > seed.base_rseq);
+        this.ack(Math.max(reply.applied_to, seed.base_rseq));
+        this.sentTo = this.ackedTo;
+        this.r.o.log.info({ shard: this.r.o.shard, to: this.node, base_rseq: seed.base_rseq }, `shard ${this.r.o.shard}: seeded its replica on ${this.node}; streaming the updates since`);
+      }
+      while (!this.closed) {
+        const batch = this.entries.filter((e) => e.rseq > this.sentTo).slice(0, MAX_ENTRIES_PER_MESSAGE);
+        if (batch.length === 0) break;
+        this.sentTo = batch[batch.length - 1]!.rseq;
+        const reply = await this.ref.request<ReplicateReply & Record<string, unknown>>('replicate', {
+          epoch: this.r.epoch, primary: this.r.o.node, entries: batch,
+        }, { timeoutMs: this.r.timeoutMs });
+        this.ack(reply.applied_to);
+        // A gap (an earlier message lost): send again from what it has.
+        if (reply.applied_to < this.sentTo) this.sentTo = reply.applied_to;
+        this.attempt = 0;
+      }
+    } catch (e) {
+      if (e instanceof FencedError) {
+        this.r.fence(`replica ${this.node} follows a newer plan: ${e.message}`);
+        return;
+      }
+      this.sentTo = this.ackedTo;
+      this.attempt++;
+      if (this.attempt === 1 || this.attempt % 20 === 0) {
+        this.r.o.log.warn({ shard: this.r.o.shard, to: this.node, err: (e as Error).message, retryable: isRetryable(e), lag: this.entries.length },
+          `shard ${this.r.o.shard}: replica on ${this.node} does not confirm updates yet; re-sending (it is dropped from the plan if it is dead)`);
+      }
+      this.schedule(Math.min(500, 25 * 2 ** Math.min(this.attempt, 5)));
+      return;
+    } finally {
+      this.flushing = false;
+    }
+    if (this.entries.some((e) => e.rseq > this.sentTo)) this.schedule(0);
+  }
+
+  private ack(to: number): void {
+    if (to <= this.ackedTo) return;
+    this.ackedTo = to;
+    let k = 0;
+    while (k < this.entries.length && this.entries[k]!.rseq <= to) k++;
+    if (k) this.entries.splice(0, k);
+    if (this.waiters.length) {
+      const still: Waiter[] = [];
+      for (const w of this.waiters) (w.rseq <= to ? w.resolve() : still.push(w));
+      this.waiters = still;
+    }
+    if (!this.gating && this.seeded && !this.reportedCaughtUp && this.entries.length === 0) {
+      this.reportedCaughtUp = true;
+      this.r.caughtUp(this.node);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- the replica
+
+export class Replica {
+  role: ReplicaRole;
+  epoch: number;
+  /** For a backup: the primary whose stream it applies. */
+  primaryNode: string;
+  /** A backup that has its state (from the job's start, or from a seed). */
+  seeded: boolean;
+  fenced = false;
+  readonly timeoutMs: number;
+  /** Primary: the last update numbered. Backup: the last update applied. */
+  private rseq = 0;
+  private readonly links = new Map<string, ReplicationLink>();
+  private readonly dedup = new DedupTable();
+  private readonly pending = new Map<string, DeferredReply[]>();
+  private readonly applied = new Map<string, number>();
+  private readonly refused = new Set<string>();
+  /** Contributions to synchronous rounds not applied yet (a seed replays them). */
+  private openRounds: ReplicationEntry[] = [];
+
+  constructor(readonly o: ReplicaOptions, plan: ShardPlan, role: ReplicaRole) {
+    this.role = role;
+    this.epoch = plan.version;
+    this.primaryNode = plan.placement.replicas[o.shard]!.primary;
+    this.seeded = role !== 'seeding';
+    this.timeoutMs = o.requestTimeoutMs ?? 1_000;
+    o.state.setEpoch(plan.version);
+    if (role === 'primary') this.followLinks(plan, true);
+  }
+
+  get state(): ShardState { return this.o.state; }
+
+  /** A newer plan: the replica's role, its primary, and (as primary) the streams to its backups follow it. */
+  follow(plan: ShardPlan, role: ReplicaRole): void {
+    if (plan.version <= this.epoch) return;
+    const was = this.role;
+    const primary = plan.placement.replicas[this.o.shard]!.primary;
+    this.epoch = plan.version;
+    this.o.state.setEpoch(plan.version);
+    if (this.fenced) return;
+    if (role === 'primary') {
+      if (was !== 'primary') {
+        this.o.log.warn({ shard: this.o.shard, node: this.o.node, epoch: plan.version, rseq: this.rseq },
+          `shard ${this.o.shard}: this replica on ${this.o.node} is the primary from plan v${plan.version} (was ${was})`);
+        // A promoted backup numbers its own stream from where it applied.
+        this.links.clear();
+      }
+      this.role = 'primary';
+      this.followLinks(plan, false);
+      return;
+    }
+    if (was === 'primary') {
+      this.fence(`plan v${plan.version} makes ${primary} the primary`);
+      return;
+    }
+    if (primary !== this.primaryNode) {
+      // Another primary's stream starts over: wait for its seed.
+      this.primaryNode = primary;
+      this.seeded = false;
+      this.rseq = 0;
+    }
+    this.role = role;
+  }
+
+  /** Links to every other replica of the plan: backups are waited for, seeding ones are seeded first. */
+  private followLinks(plan: ShardPlan, fromStart: boolean): void {
+    const r = plan.placement.replicas[this.o.shard]!;
+    const wanted = new Set([...r.backups, ...r.seeding]);
+    for (const [node, link] of this.links) if (!wanted.has(node)) { link.close(); this.links.delete(node); }
+    for (const node of r.backups) {
+      const link = this.links.get(node);
+      if (link) link.gating = true;
+      // At the job's start every replica begins from the same initial state: no seed needed.
+      else this.links.set(node, new ReplicationLink(this, node, true, this.rseq, !fromStart));
+    }
+    for (const node of r.seeding) if (!this.links.has(node)) this.links.set(node, new ReplicationLink(this, node, false, this.rseq, true));
+  }
+
+  /** Deposed: nothing more is applied or answered here. */
+  fence(why: string): void {
+    if (this.fenced) return;
+    this.fenced = true;
+    this.o.log.warn({ shard: this.o.shard, node: this.o.node, epoch: this.epoch }, `shard ${this.o.shard}: replica on ${this.o.node} fenced (${why}); it serves nothing until it is seeded again`);
+    const err = this.notPrimary('push');
+    for (const l of this.links.values()) l.fail(err);
+    this.links.clear();
+  }
+
+  caughtUp(node: string): void {
+    const tryReport = (attempt: number): void => {
+      if (this.fenced || this.role !== 'primary' || !this.links.has(node) || this.links.get(node)!.gating) return;
+      this.o.onCaughtUp(this.o.shard, node, this.epoch).catch((e: unknown) => {
+        this.o.log.warn({ shard: this.o.shard, node, err: (e as Error).message }, 'could not tell the scheduler that a seeded replica caught up; retrying');
+        this.o.system.clock.setTimeout(() => tryReport(attempt + 1), Math.min(2_000, 200 * (attempt + 1)));
+      });
+    };
+    tryReport(0);
+  }
+
+  // ---------------------------------------------------------------- serving (primary)
+
+  notPrimary(op: string): StalePlanError {
+    const why = this.fenced ? 'it was deposed (fenced)' : this.role === 'primary' ? 'it is not serving' : `it is a ${this.role} of plan v${this.epoch}, the primary is on ${this.primaryNode}`;
+    return new StalePlanError(`shard ${this.o.shard}: the replica on ${this.o.node} does not serve ${op}: ${why}; re-read the plan`, {
+      data: { shard: this.o.shard, shard_plan_version: this.epoch, request_plan_version: -1 },
+    });
+  }
+
+  private requirePrimary(op: string): void {
+    if (this.fenced || this.role !== 'primary') throw this.notPrimary(op);
+  }
+
+  pull(m: Parameters<ShardState['pull']>[0]): ReturnType<ShardState['pull']> {
+    this.requirePrimary('pull');
+    return this.o.state.pull(m);
+  }
+
+  push(from: string, seq: number, m: PushRequest): PushReply | DeferredReply {
+    this.requirePrimary('push');
+    const key = `${from}#${seq}`;
+    const joined = this.pending.get(key);
+    if (joined) {
+      const d = new DeferredReply();
+      joined.push(d);
+      return d;
+    }
+    const cached = this.dedup.get(from, seq);
+    if (cached === 'evicted') throw new HetpsError(`request ${from}#${seq} was already applied; its reply is no longer kept`);
+    if (cached !== null) return cached;
+    let push = m;
+    if (m.batches.length > 0 && m.batches.every((b) => this.applied.has(b))) {
+      // Trained again after its first worker died unacknowledged: applied here already.
+      if (m.round === null) return { version: this.o.state.version, applied: false, staleness: 0, lr_scale: 0 };
+      push = { ...m, dense: [], sparse: [], weight: 0, batches: [] };
+    }
+    let reply: PushReply;
+    try {
+      reply = this.o.state.push(push);
+    } catch (e) {
+      if (e instanceof StaleUpdateError) {
+        for (const b of push.batches) this.refused.add(b);
+        this.stream({ rseq: ++this.rseq, kind: 'refused', from, seq, push: emptied(push), lr_scale: 0, reply: null });
+      }
+      throw e;
+    }
+    this.dedup.record(from, seq, reply);
+    this.noteApplied(push.batches);
+    const entry: ReplicationEntry = { rseq: ++this.rseq, kind: 'push', from, seq, push, lr_scale: reply.lr_scale, reply };
+    if (push.round !== null) this.trackRound(entry);
+    const waits = this.stream(entry);
+    if (waits.length === 0) return reply;
+    const d = new DeferredReply();
+    const list = [d];
+    this.pending.set(key, list);
+    Promise.all(waits).then(
+      () => { this.pending.delete(key); for (const x of list) x.resolve(reply); },
+      (e: unknown) => { this.pending.delete(key); for (const x of list) x.reject(e); },
+    );
+    return d;
+  }
+
+  /** Appends to every stream; returns what the reply must wait for. */
+  private stream(entry: ReplicationEntry): Promise<void>[] {
+    const waits: Promise<void>[] = [];
+    for (const link of this.links.values()) {
+      link.append(entry);
+      if (!link.gating) continue;
+      if (this.o.replication === 'sync') waits.push(link.waitFor(entry.rseq));
+      else if (link.lag > this.o.lagLimit) waits.push(link.waitFor(entry.rseq - this.o.lagLimit));
+    }
+    return waits;
+  }
+
+  private trackRound(entry: ReplicationEntry): void {
+    const round = this.o.state.round;
+    this.openRounds = this.openRounds.filter((e) => (e.push.round ?? -1) >= round);
+    if ((entry.push.round ?? -1) >= round) this.openRounds.push(entry);
+  }
+
+  private noteApplied(batches: readonly string[]): void {
+    for (const b of batches) this.applied.set(b, (this.applied.get(b) ?? 0) + 1);
+  }
+
+  /** Restore (checkpoint, API): the primary's state is replaced, and every other replica is seeded again. */
+  restore(state: unknown): ReturnType<ShardState['restore']> {
+    this.requirePrimary('restore');
+    const out = this.o.state.restore(state);
+    this.openRounds = [];
+    for (const l of this.links.values()) l.reseed(this.rseq);
+    return out;
+  }
+
+  snapshot(): ReturnType<ShardState['snapshot']> {
+    this.requirePrimary('snapshot');
+    return this.o.state.snapshot(false);
+  }
+
+  /** What a new replica starts from: everything as of update `rseq` (see `seed`). */
+  seedMessage(): { epoch: number; primary: string; base_rseq: number; snapshot: Record<string, unknown>; dedup: DedupWindowWire[]; applied: [string, number][]; refused: string[]; open_rounds: ReplicationEntry[] } {
+    const round = this.o.state.round;
+    return {
+      epoch: this.epoch, primary: this.o.node, base_rseq: this.rseq,
+      snapshot: this.o.state.snapshot(true) as unknown as Record<string, unknown>,
+      dedup: this.dedup.export(),
+      applied: [...this.applied],
+      refused: [...this.refused],
+      open_rounds: this.openRounds.filter((e) => (e.push.round ?? -1) >= round),
+    };
+  }
+
+  // ---------------------------------------------------------------- following (backup)
+
+  /** Refuses a primary that is not the primary of this replica's plan; asks a newer one to retry. */
+  private checkSender(epoch: number, primary: string, op: string): void {
+    const data = { shard: this.o.shard, epoch, replica_epoch: this.epoch };
+    if (this.role === 'primary' || this.fenced || primary !== this.primaryNode) {
+      if (epoch > this.epoch) throw new StalePlanError(`shard ${this.o.shard}: ${op} from ${primary} under plan v${epoch}; the replica on ${this.o.node} has not seen it yet`, { data });
+      throw new FencedError(`shard ${this.o.shard}: ${op} from ${primary} refused: under plan v${this.epoch} the primary is ${this.role === 'primary' ? this.o.node : this.primaryNode}`, { data });
+    }
+  }
+
+  replicate(m: { epoch: number; primary: string; entries: ReplicationEntry[] }): ReplicateReply {
+    this.checkSender(m.epoch, m.primary, 'replicate');
+    if (!this.seeded) return { applied_to: this.rseq };
+    for (const e of m.entries) {
+      if (e.rseq <= this.rseq) continue;
+      if (e.rseq !== this.rseq + 1) break;
+      this.applyEntry(e);
+      this.rseq = e.rseq;
+    }
+    return { applied_to: this.rseq };
+  }
+
+  private applyEntry(e: ReplicationEntry): void {
+    if (e.kind === 'refused') {
+      this.o.state.noteRefused(e.push);
+      for (const b of e.push.batches) this.refused.add(b);
+      return;
+    }
+    this.o.state.applyReplicated(e.push, e.lr_scale);
+    if (e.reply !== null) this.dedup.record(e.from, e.seq, e.reply);
+    this.noteApplied(e.push.batches);
+    if (e.push.round !== null) this.trackRound(e);
+  }
+
+  seed(m: { epoch: number; primary: string; base_rseq: number; snapshot: Record<string, unknown>; dedup: DedupWindowWire[]; applied: [string, number][]; refused: string[]; open_rounds: ReplicationEntry[] }): ReplicateReply {
+    this.checkSender(m.epoch, m.primary, 'seed');
+    this.o.state.restore(m.snapshot);
+    this.dedup.import(m.dedup);
+    this.applied.clear();
+    for (const [b, n] of m.applied) this.applied.set(b, n);
+    this.refused.clear();
+    for (const b of m.refused) this.refused.add(b);
+    this.openRounds = [];
+    for (const e of m.open_rounds) {
+      this.o.state.applyReplicated(e.push, e.lr_scale);
+      this.trackRound(e);
+    }
+    this.rseq = m.base_rseq;
+    this.seeded = true;
+    this.o.log.info({ shard: this.o.shard, node: this.o.node, primary: m.primary, base_rseq: m.base_rseq, version: this.o.state.version },
+      `shard ${this.o.shard}: replica on ${this.o.node} seeded from ${m.primary} (update ${m.base_rseq}, version ${this.o.state.version})`);
+    return { applied_to: this.rseq };
+  }
+
+  integrity(): IntegrityReply {
+    let unreplicated = 0;
+    for (const l of this.links.values()) if (l.gating) unreplicated = Math.max(unreplicated, l.lag);
+    return {
+      shard: this.o.shard, node: this.o.node, role: this.fenced ? 'fenced' : this.role, epoch: this.epoch, version: this.o.state.version,
+      hash: this.o.state.stateHash(), applied: Object.fromEntries(this.applied), refused: [...this.refused], unreplicated,
+    };
+  }
+
+  /** Replicas this one streams to, and how far behind each is. */
+  linkLags(): Record<string, number> {
+    return Object.fromEntries([...this.links].map(([n, l]) => [n, l.lag]));
+  }
+}
+
+function emptied(m: PushRequest): PushRequest {
+  return { ...m, dense: [], sparse: [], later_steps: [] };
+}
+
+export type ReplicaActorDefinition = ActorDefinition<ReplicaMessages> & { readonly replica: Replica };
+
+/** The replica as an actor (kind `shard`, id `<shard>@<node>`). */
+export function createReplicaActor(replica: Replica): ReplicaActorDefinition {
+  const { state } = replica;
+  return {
+    kind: 'shard',
+    id: replicaId(replica.o.shard, replica.o.node),
+    messages: replicaMessages,
+    replica,
+    handlers: {
+      pull: (m) => replica.pull(m),
+      push: (m) => replica.push(m.from, m.seq, m),
+      snapshot: () => replica.snapshot(),
+      restore: (m) => replica.restore(m.state),
+      stats: (_m, ctx) => ({
+        ...state.stats(ctx.stats.duplicates), node: replica.o.node, role: replica.fenced ? 'fenced' : replica.role, epoch: replica.epoch,
+        replica_lag: replica.linkLags(),
+      }),
+      replicate: (m) => replica.replicate(m),
+      seed: (m) => replica.seed(m),
+      integrity: () => replica.integrity(),
+    },
+    onStop: () => state.rejectWaitingPulls(replica.fenced ? replica.notPrimary('pull') : new StalePlanError(`shard ${replica.o.shard}: the replica on ${replica.o.node} stopped; re-read the plan`)),
+  };
+}
+
+/** Every node holding a replica of each shard, for callers that need them all (integrity, stats). */
+export function allReplicas(plan: ShardPlan): { shard: string; node: string }[] {
+  return plan.shards.flatMap((shard) => replicaNodes(plan.placement.replicas[shard]!).map((node) => ({ shard, node })));
+}
