@@ -178,7 +178,14 @@ export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promi
       for (const n of procs.nodes) {
         if (n.exit === null || reported.has(n.spec.name)) continue;
         const abnormal = n.exit.signal !== null || n.exit.code !== 0;
-        if (n.spec.role === 'server') return `server ${n.spec.name} exited (${describeExit(n.exit)}); shards have no failover yet`;
+        if (n.spec.role === 'server') {
+          if (config.fault_tolerance.backup_factor === 0) {
+            return `server ${n.spec.name} exited (${describeExit(n.exit)}) and its shard has no backup (fault_tolerance.backup_factor is 0): its parameters are gone`;
+          }
+          reported.add(n.spec.name);
+          con.line(`server ${n.spec.name} exited (${describeExit(n.exit)}): its shards fail over to their backups`);
+          continue;
+        }
         if (abnormal && config.training.mode === 'bsp') {
           return `worker ${n.spec.name} exited (${describeExit(n.exit)}) and bsp rounds need every worker (no worker failover yet)`;
         }

@@ -1,0 +1,344 @@
+/**
+ * Shard replication on the in-process bus: placement and the promotion rule
+ * (plain functions), sync replication, dedup across a promotion, fencing of
+ * a deposed primary, seeding a new replica while updates keep coming, the
+ * applied-batch log, and the scheduler's failover on a dead verdict (on a
+ * simulated clock).
+ */
+import { describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import {
+  ActorSystem, InProcessBroker, SeededRandom, SimulatedClock, Transport, silentLogger, systemClock, type Clock,
+} from '../../runtime/mod.ts';
+import {
+  buildShardPlan, failover, placeReplicas, promoteSeeded, rereplicate, shardOfSparseId, withPlacement, type ShardPlan,
+} from '../../topology/mod.ts';
+import { ShardState, type PushReply, type PushRequest, type ShardStats } from '../../actors/mod.ts';
+import { ShardHost } from '../../actors/shard/shard-host.ts';
+import { replicaId } from '../../actors/shard/replica.ts';
+import type { IntegrityReply } from '../../actors/shard/shard.messages.ts';
+import { memoryPlanStore, type PlanStore } from '../../actors/store/plan-store.ts';
+import { ShardFailover, createFailoverActor } from '../../actors/scheduler/failover.ts';
+import type { HealthState, HealthView } from '../../actors/health/health.types.ts';
+import { until } from '../support/until.ts';
+
+// ---------------------------------------------------------------- the rules
+
+describe('placement and the promotion rule', () => {
+  test('a fresh job: primary on its own server, backups on the next ones of the ring, never two replicas of a shard on one node', () => {
+    const p = placeReplicas(['a', 'b', 'c'], ['a', 'b', 'c'], 2);
+    assert.deepEqual(p.replicas, {
+      a: { primary: 'a', backups: ['b', 'c'], seeding: [] },
+      b: { primary: 'b', backups: ['c', 'a'], seeding: [] },
+      c: { primary: 'c', backups: ['a', 'b'], seeding: [] },
+    });
+    assert.throws(() => placeReplicas(['a', 'b'], ['a', 'b'], 2), /backup_factor 2 needs at least 3 server nodes/);
+  });
+
+  test('a dead primary is replaced by its first live backup; the other backups are seeded again; dead backups are dropped', () => {
+    const p = placeReplicas(['a', 'b', 'c'], ['a', 'b', 'c'], 2);
+    const r = failover(p, new Set(['a']))!;
+    assert.deepEqual(r.placement.replicas.a, { primary: 'b', backups: [], seeding: ['c'] });
+    assert.deepEqual(r.placement.replicas.b, { primary: 'b', backups: ['c'], seeding: [] });
+    assert.deepEqual(r.placement.replicas.c, { primary: 'c', backups: ['b'], seeding: [] });
+    assert.deepEqual(r.changes.map((c) => [c.shard, c.promoted, c.dropped]), [['a', { from: 'a', to: 'b' }, []], ['b', null, ['a']], ['c', null, ['a']]]);
+    assert.deepEqual(r.lost, []);
+    assert.equal(failover(p, new Set()), null, 'nothing dead: no new plan');
+  });
+
+  test('a seeding replica is never promoted, and a shard whose every backup is dead is reported lost', () => {
+    const p = placeReplicas(['a', 'b'], ['a', 'b', 'c'], 1);
+    p.replicas.a!.seeding = ['c'];
+    // a: backup b is dead too, and c is only seeding: lost. b: its backup c is promoted.
+    const r = failover(p, new Set(['a', 'b']))!;
+    assert.deepEqual(r.lost, ['a']);
+    assert.equal(r.placement.replicas.b!.primary, 'c');
+  });
+
+  test('re-replication: a new replica on the least-loaded live server that holds none of the shard; promoted once caught up', () => {
+    const p = failover(placeReplicas(['a', 'b', 'c'], ['a', 'b', 'c'], 1), new Set(['a']))!.placement;
+    // a's shard is on b only now, c's backup (a) was dropped.
+    const r = rereplicate(p, new Set(['b', 'c']), 1)!;
+    assert.deepEqual(r.added, [{ shard: 'a', node: 'c' }, { shard: 'c', node: 'b' }]);
+    assert.equal(rereplicate(r.placement, new Set(['b', 'c']), 1), null, 'seeding replicas count: nothing more to add');
+    const ready = promoteSeeded(r.placement, 'a', 'c')!;
+    assert.deepEqual(ready.replicas.a, { primary: 'b', backups: ['c'], seeding: [] });
+    assert.equal(promoteSeeded(ready, 'a', 'c'), null);
+    const onlyB = rereplicate(p, new Set(['b']), 1)!;
+    assert.deepEqual(onlyB.added, [{ shard: 'c', node: 'b' }], 'shard a is on b already: no live server left for it');
+  });
+});
+
+// ---------------------------------------------------------------- replicas over the bus
+
+const SEED = 5;
+
+function plan(): ShardPlan {
+  return buildShardPlan({
+    version: 1, shards: ['s0'], servers: ['n1', 'n2', 'n3'], backupFactor: 1, partitions: 4, maxBlockBytes: 16,
+    denseParams: [{ name: 'w', size: 4 }], sparseTables: [{ name: 'emb', dim: 2 }],
+  });
+}
+
+interface Node { system: ActorSystem; host: ShardHost; store: PlanStore }
+
+class Lab {
+  readonly broker = new InProcessBroker();
+  readonly nodes = new Map<string, Node>();
+  readonly client: ActorSystem;
+  readonly store: PlanStore;
+  constructor(readonly plan: ShardPlan, readonly clock: Clock = systemClock) {
+    this.store = memoryPlanStore(plan);
+    this.client = this.system('client');
+  }
+
+  system(node: string): ActorSystem {
+    const transport = new Transport(this.broker.client(), { clientId: node, clock: this.clock });
+    return new ActorSystem({ transport, job: 'rep', node, clock: this.clock, random: new SeededRandom(1), defaultRequestTimeoutMs: 2_000 });
+  }
+
+  /** Starts a server node following `store` (default: the lab's; a node cut off from the plan gets one of its own). */
+  async start(node: string, store: PlanStore = this.store): Promise<Node> {
+    const system = this.system(node);
+    const host = new ShardHost({
+      node, system, planStore: store, log: silentLogger(), replication: 'sync', lagLimit: 8, requestTimeoutMs: 300,
+      newState: (shard, p) => new ShardState({
+        shard, plan: p, initialDense: new Map([['w', Float32Array.from([1, 2, 3, 4])]]),
+        denseOptimizer: { type: 'sgd', learningRate: 0.1 }, sparseOptimizer: { type: 'sgd', learningRate: 0.1 },
+        sparseInitScale: 0.1, seed: SEED, clock: this.clock,
+      }),
+    });
+    const current = await store.get();
+    await host.start(current!);
+    const n = { system, host, store };
+    this.nodes.set(node, n);
+    return n;
+  }
+
+  /** The node's process is gone: its replicas answer nothing more. */
+  async kill(node: string): Promise<void> {
+    const n = this.nodes.get(node)!;
+    await n.host.stop();
+    await n.system.stop();
+  }
+
+  async next(make: (p: ShardPlan) => ShardPlan): Promise<ShardPlan> {
+    const p = make((await this.store.get())!);
+    await this.store.put(p);
+    return p;
+  }
+
+  ask<R>(node: string, type: string, fields: Record<string, unknown> = {}, seq?: number): Promise<R> {
+    return this.client.ref('shard', replicaId('s0', node)).request<R & Record<string, unknown>>(type, fields, seq === undefined ? {} : { seq });
+  }
+
+  async close(): Promise<void> {
+    for (const [, n] of this.nodes) { await n.host.stop().catch(() => undefined); await n.system.stop().catch(() => undefined); }
+    await this.client.stop();
+  }
+}
+
+function push(p: ShardPlan, o: { grad?: number; batches?: string[]; round?: number | null; expected?: number | null } = {}): PushRequest {
+  const ids = Int32Array.from([1, 2, 3].filter((id) => shardOfSparseId(p, id) === 's0'));
+  return {
+    plan_version: p.version, round: o.round ?? null, expected: o.expected ?? null, weight: 1, base_version: 0, later_steps: [],
+    dense: [{ block: 0, grad: Float32Array.from([o.grad ?? 1, 1, 1, 1]) }],
+    sparse: ids.length ? [{ table: 'emb', ids, grads: new Float32Array(ids.length * 2).fill(o.grad ?? 1) }] : [],
+    batches: o.batches ?? [],
+  };
+}
+
+describe('replicated shards', () => {
+  test('sync replication: when the primary answers, the backup has applied the update; their states hash the same', async () => {
+    const lab = new Lab(plan());
+    try {
+      await lab.start('n1'); await lab.start('n2');
+      for (let k = 0; k < 5; k++) {
+        const r = await lab.ask<PushReply>('n1', 'push', push(lab.plan, { grad: k + 1, batches: [`b${k}`] }) as unknown as Record<string, unknown>);
+        const backup = await lab.ask<ShardStats>('n2', 'stats');
+        assert.equal(backup.version, r.version, `after push ${k} the backup is at the primary's version`);
+      }
+      const [a, b] = await Promise.all(['n1', 'n2'].map((n) => lab.ask<IntegrityReply>(n, 'integrity')));
+      assert.equal(a!.hash, b!.hash);
+      assert.deepEqual(b!.applied, { b0: 1, b1: 1, b2: 1, b3: 1, b4: 1 });
+      assert.equal(a!.role, 'primary');
+      assert.equal(b!.role, 'backup');
+      await assert.rejects(lab.ask('n2', 'pull', { plan_version: 1, dense: Int32Array.from([0]), sparse: [], min_round: null }), (e: Error) => e.name === 'StalePlanError' && /backup/.test(e.message));
+    } finally {
+      await lab.close();
+    }
+  });
+
+  test('a push retried at the promoted backup (same from, seq) gets the first reply and is not applied again', async () => {
+    const lab = new Lab(plan());
+    try {
+      await lab.start('n1'); await lab.start('n2');
+      const first = await lab.ask<PushReply>('n1', 'push', push(lab.plan, { batches: ['x'] }) as unknown as Record<string, unknown>, 77);
+      await lab.kill('n1');
+      const v2 = await lab.next((p) => withPlacement(p, failover(p.placement, new Set(['n1']))!.placement));
+      await until(async () => (await lab.ask<ShardStats & { role: string }>('n2', 'stats')).role === 'primary', 'n2 promoted', 5_000);
+      const retried = await lab.ask<PushReply>('n2', 'push', push(v2, { batches: ['x'] }) as unknown as Record<string, unknown>, 77);
+      assert.deepEqual(retried, first, 'answered from the dedup table that travelled with the updates');
+      const st = await lab.ask<ShardStats & { epoch: number }>('n2', 'stats');
+      assert.equal(st.version, 1, 'applied once');
+      assert.equal(st.epoch, 2);
+      // A new push under the new epoch is applied; one under the old epoch is refused.
+      await lab.ask('n2', 'push', push(v2, { batches: ['y'] }) as unknown as Record<string, unknown>);
+      await assert.rejects(lab.ask('n2', 'push', push(lab.plan, { batches: ['z'] }) as unknown as Record<string, unknown>), (e: Error) => e.name === 'StalePlanError');
+      assert.equal((await lab.ask<ShardStats>('n2', 'stats')).version, 2);
+    } finally {
+      await lab.close();
+    }
+  });
+
+  test('a deposed primary that did not see the new plan is fenced by its old backup: it applies nothing more and refuses everything', async () => {
+    const lab = new Lab(plan());
+    try {
+      // n1 follows a plan store of its own that never changes: it is cut off from the scheduler (or paused).
+      const isolated = memoryPlanStore(lab.plan);
+      await lab.start('n1', isolated); await lab.start('n2');
+      await lab.ask('n1', 'push', push(lab.plan, { batches: ['a'] }) as unknown as Record<string, unknown>);
+      await lab.next((p) => withPlacement(p, failover(p.placement, new Set(['n1']))!.placement));
+      await until(async () => (await lab.ask<ShardStats & { role: string }>('n2', 'stats')).role === 'primary', 'n2 promoted', 5_000);
+      const before = await lab.ask<IntegrityReply>('n2', 'integrity');
+      // A client still on plan v1 reaches the old primary: the update is not acknowledged anywhere.
+      await assert.rejects(lab.ask('n1', 'push', push(lab.plan, { batches: ['late'] }) as unknown as Record<string, unknown>), (e: Error) => e.name === 'StalePlanError');
+      const after = await lab.ask<IntegrityReply>('n2', 'integrity');
+      assert.equal(after.hash, before.hash, 'the new primary applied nothing from the deposed one');
+      assert.equal(after.applied.late, undefined);
+      const fenced = await lab.ask<ShardStats & { role: string }>('n1', 'stats');
+      assert.equal(fenced.role, 'fenced');
+      await assert.rejects(lab.ask('n1', 'pull', { plan_version: 1, dense: Int32Array.from([0]), sparse: [], min_round: null }), /fenced/);
+    } finally {
+      await lab.close();
+    }
+  });
+
+  test('a new replica is seeded while pushes go on, then promoted to backup; it ends bit-identical to the primary', async () => {
+    const lab = new Lab(plan());
+    const health = fakeHealth();
+    const sched = lab.system('scheduler');
+    const f = new ShardFailover({ planStore: lab.store, health, servers: ['n1', 'n2', 'n3'], backupFactor: 1, transport: sched.transport, job: 'rep', clock: systemClock, log: silentLogger() });
+    await sched.spawn(createFailoverActor(f));
+    try {
+      await lab.start('n1'); await lab.start('n2'); await lab.start('n3');
+      let stop = false;
+      let pushed = 0;
+      const pusher = (async () => {
+        for (let k = 0; !stop; k++) {
+          const p = (await lab.store.get())!;
+          const primary = p.placement.replicas.s0!.primary;
+          try {
+            await lab.ask(primary, 'push', push(p, { grad: (k % 7) + 1, batches: [`p${k}`] }) as unknown as Record<string, unknown>);
+            pushed++;
+          } catch { await new Promise((r) => setTimeout(r, 20)); }
+        }
+      })();
+      await until(() => pushed >= 10, '10 pushes', 5_000);
+      await lab.kill('n1');
+      health.set('n1', 'dead');
+      await until(async () => {
+        const p = (await lab.store.get())!;
+        return p.placement.replicas.s0!.backups.includes('n3');
+      }, 'n3 seeded and promoted to backup', 10_000);
+      const progressed = pushed;
+      await until(() => pushed >= progressed + 10, '10 more pushes with n3 as backup', 5_000);
+      stop = true;
+      await pusher;
+      const [a, b] = await Promise.all(['n2', 'n3'].map((n) => lab.ask<IntegrityReply>(n, 'integrity')));
+      assert.equal(a!.role, 'primary');
+      assert.equal(b!.role, 'backup');
+      assert.equal(b!.hash, a!.hash);
+      assert.deepEqual(b!.applied, a!.applied);
+      assert.ok(Object.values(a!.applied).every((n) => n === 1), 'every batch applied once');
+      assert.equal(f.failovers.length, 1);
+      assert.deepEqual(f.replicas.map((r) => [r.node, r.kind]), [['n3', 'seeding'], ['n3', 'backup']]);
+    } finally {
+      f.dispose();
+      await sched.stop();
+      await lab.close();
+    }
+  });
+
+  test('a batch already applied (trained again after its worker died unacknowledged) is answered without applying it again', async () => {
+    const lab = new Lab(plan());
+    try {
+      await lab.start('n1'); await lab.start('n2');
+      await lab.ask('n1', 'push', push(lab.plan, { batches: ['same'] }) as unknown as Record<string, unknown>);
+      const again = await lab.ask<PushReply>('n1', 'push', push(lab.plan, { grad: 9, batches: ['same'] }) as unknown as Record<string, unknown>);
+      assert.equal(again.applied, false);
+      const [a, b] = await Promise.all(['n1', 'n2'].map((n) => lab.ask<IntegrityReply>(n, 'integrity')));
+      assert.equal(a!.version, 1);
+      assert.deepEqual(a!.applied, { same: 1 });
+      assert.equal(a!.hash, b!.hash);
+    } finally {
+      await lab.close();
+    }
+  });
+
+  test('a dead backup holds the primary\'s replies until the plan drops it; then they go out', async () => {
+    const lab = new Lab(plan());
+    try {
+      await lab.start('n1'); await lab.start('n2');
+      await lab.kill('n2');
+      let answered = false;
+      const pending = lab.ask<PushReply>('n1', 'push', push(lab.plan) as unknown as Record<string, unknown>).then((r) => { answered = true; return r; });
+      await new Promise((r) => setTimeout(r, 500));
+      assert.equal(answered, false, 'not acknowledged while a backup of the plan has not applied it');
+      await lab.next((p) => withPlacement(p, failover(p.placement, new Set(['n2']))!.placement));
+      const r = await pending;
+      assert.equal(r.version, 1);
+    } finally {
+      await lab.close();
+    }
+  });
+});
+
+// ---------------------------------------------------------------- the scheduler's part
+
+function fakeHealth(): HealthView & { set(node: string, s: HealthState): void } {
+  const states = new Map<string, HealthState>();
+  const ls = new Set<(n: string, s: HealthState) => void>();
+  return {
+    stateOf: (n) => states.get(n) ?? null,
+    onChange: (l) => { ls.add(l); return () => { ls.delete(l); }; },
+    set(n, s) { states.set(n, s); for (const l of ls) l(n, s); },
+  };
+}
+
+describe('failover on the health verdicts (simulated clock)', () => {
+  test('a dead verdict writes the next plan epoch by compare-and-set; a concurrent writer makes it decide again on the newer plan', async () => {
+    const clock = new SimulatedClock(1_000);
+    const p1 = buildShardPlan({
+      version: 1, shards: ['a', 'b', 'c'], servers: ['a', 'b', 'c'], backupFactor: 1, partitions: 6, maxBlockBytes: 16,
+      denseParams: [{ name: 'w', size: 6 }], sparseTables: [],
+    });
+    const store = memoryPlanStore(p1);
+    const health = fakeHealth();
+    const broker = new InProcessBroker();
+    const sys = new ActorSystem({ transport: new Transport(broker.client(), { clientId: 'x', clock }), job: 'fo', node: 'x', clock, random: new SeededRandom(1) });
+    const f = new ShardFailover({ planStore: store, health, servers: ['a', 'b', 'c'], backupFactor: 1, transport: sys.transport, job: 'fo', clock, log: silentLogger() });
+    try {
+      // Another writer moves the plan on first (v2: c's backup moved nowhere, only the version).
+      await store.put(withPlacement(p1, p1.placement));
+      for (const n of ['a', 'b', 'c']) health.set(n, 'alive');
+      health.set('a', 'dead');
+      await f.settled();
+      const p = (await store.get())!;
+      assert.ok(p.version >= 3, `written on top of v2 (got v${p.version})`);
+      assert.equal(p.placement.replicas.a!.primary, 'b', 'a\'s backup b promoted');
+      assert.deepEqual(f.failovers.map((x) => [x.shard, x.from, x.to, x.epoch, x.decided_ms]), [['a', 'a', 'b', 3, 0]]);
+      // Re-replication: a's shard and c's shard (whose backup was a) get a replica on a live server.
+      assert.deepEqual(p.placement.replicas.a!.seeding, ['c']);
+      assert.deepEqual(p.placement.replicas.c!.seeding, ['b']);
+      assert.equal(p.version, 4, 'promotion (v3), then re-replication (v4)');
+      // The node comes back: nothing to promote, nothing more to seed (both shards already have a replica seeding).
+      health.set('a', 'alive');
+      await f.settled();
+      assert.equal((await store.get())!.version, 4);
+    } finally {
+      f.dispose();
+      await sys.stop();
+    }
+  });
+});
