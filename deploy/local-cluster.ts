@@ -1,5 +1,5 @@
 /**
- * Local NATS cluster launcher: N `nats-server` processes on 127.0.0.1 with
+ * Local NATS cluster launcher: N `nats-server` processes on this machine with
  * routes (full mesh), JetStream and monitoring, each with its own directory
  * (`DIR/<name>/nats.conf`, `nats.log`, `nats.pid`, `js/`), described by
  * `DIR/cluster.json` so a later process can report on it or stop it.
@@ -16,6 +16,29 @@
  *   start is retried with fresh ports.
  * After the first start every node's config is rewritten with its actual
  * ports, so `restart(name)` brings a node back on the same URLs.
+ *
+ * Client ports listen on 127.0.0.1 unless `listenHost` says otherwise (e.g.
+ * '0.0.0.0', so node processes in a network namespace of deploy/netlab.ts
+ * reach the cluster through their link's host address: `urlsFor(hostIp)`).
+ * Route and monitoring ports always stay on 127.0.0.1.
+ *
+ * Durability (no `sync_interval`). JetStream acknowledges a write once it
+ * is in the page cache of a quorum of the stream's replicas, not once it is
+ * on disk. nats-server 2.10 added `jetstream { sync_interval: <duration> |
+ * always }` to choose how often the file store fsyncs; 2.9 (Debian ships
+ * 2.9.10) refuses the field (`unknown field "sync_interval"`, from both
+ * `nats-server -t` and a real start), so none is written here. A 2.9 file
+ * store fsyncs on a fixed 2-minute background timer and otherwise leaves
+ * write-back to the kernel (strace on 2.9.10: a message acknowledged at t
+ * reached fsync 115 s later, on the tick 120 s after its stream was made).
+ * hetps relies on replication instead: the batch queue and the KV buckets
+ * are R3 on the 3 local servers (actors/store/replicas.ts), so an
+ * acknowledged write is in the page cache of at least 2 servers and one
+ * server dying (SIGKILL, crash) loses nothing; see
+ * test/integration/jetstream-durability.test.ts. All three losing power at
+ * once (here: the one machine they share) can lose up to the last two
+ * minutes of acknowledged writes. On nats-server 2.10 or later, add
+ * `sync_interval` to renderConf to narrow that window.
  *
  * Imports only node builtins and runtime/errors.ts: it runs before anything
  * else of ours exists (CLI `hetps nats up`, test harness).
@@ -48,6 +71,8 @@ export interface LocalClusterNode {
 export interface LocalClusterFile {
   cluster_name: string;
   jetstream: boolean;
+  /** Address the client ports listen on; absent in files of older versions (127.0.0.1). */
+  listen_host?: string;
   nodes: LocalClusterNode[];
 }
 
@@ -73,6 +98,12 @@ export interface StartLocalClusterOptions {
   dir?: string;
   /** Base client port (node i gets base + i); null or omitted: random. */
   clientPort?: number | null;
+  /**
+   * Address the client ports listen on (default '127.0.0.1'). '0.0.0.0'
+   * also serves other interfaces, e.g. the veth links of deploy/netlab.ts;
+   * `urlsFor(host)` gives the URLs as seen from there.
+   */
+  listenHost?: string;
   clusterPort?: number | null;
   httpPort?: number | null;
   /** Server max_payload in bytes; null or omitted: the NATS default (1 MiB). */
@@ -188,6 +219,7 @@ interface NodePlan {
 
 interface ConfShared {
   clusterName: string;
+  listenHost: string;
   maxPayload: number | null;
   jetstream: boolean;
 }
@@ -197,7 +229,7 @@ function renderConf(p: NodePlan, shared: ConfShared, note: string): string {
   const lines = [
     `# Written by hetps (deploy/local-cluster.ts). ${note}`,
     `server_name: ${q(p.name)}`,
-    `listen: ${q(`127.0.0.1:${p.clientPort}`)}`,
+    `listen: ${q(hostPort(shared.listenHost, p.clientPort))}`,
     `http: ${q(`127.0.0.1:${p.httpPort}`)}`,
   ];
   if (shared.maxPayload !== null) lines.push(`max_payload: ${shared.maxPayload}`);
@@ -216,6 +248,7 @@ function renderConf(p: NodePlan, shared: ConfShared, note: string): string {
     );
   }
   if (shared.jetstream) {
+    // No sync_interval: nats-server 2.9 refuses it (see the top of this file).
     lines.push(
       'jetstream {',
       `  store_dir: ${q(join(p.dir, 'js'))}`,
@@ -259,11 +292,11 @@ function logTail(path: string, lines = 15): string {
   }
 }
 
-function portIsFree(port: number): Promise<boolean> {
+function portIsFree(port: number, host = '127.0.0.1'): Promise<boolean> {
   return new Promise((resolvePromise) => {
     const srv = createServer();
     srv.once('error', () => resolvePromise(false));
-    srv.listen({ port, host: '127.0.0.1', exclusive: true }, () => srv.close(() => resolvePromise(true)));
+    srv.listen({ port, host, exclusive: true }, () => srv.close(() => resolvePromise(true)));
   });
 }
 
@@ -281,6 +314,26 @@ async function reservePorts(n: number): Promise<number[]> {
 
 function portOf(url: string): number {
   return Number(new URL(url).port);
+}
+
+/** `host:port`, with an IPv6 host in brackets. */
+function hostPort(host: string, port: number): string {
+  return host.includes(':') ? `[${host}]:${port}` : `${host}:${port}`;
+}
+
+/** A wildcard listen address serves 127.0.0.1 too; a specific one only itself. */
+function connectHost(listenHost: string): string {
+  if (listenHost === '0.0.0.0') return '127.0.0.1';
+  if (listenHost === '::') return '::1';
+  return listenHost;
+}
+
+function isLoopback(host: string): boolean {
+  return host === 'localhost' || host === '::1' || /^127\./.test(host);
+}
+
+function clientUrl(host: string, port: number): string {
+  return `nats://${hostPort(host, port)}`;
 }
 
 function removeStalePortsFiles(nodeDir: string): void {
@@ -328,6 +381,8 @@ export class LocalCluster implements AsyncDisposable {
   readonly dir: string;
   readonly clusterName: string;
   readonly jetstream: boolean;
+  /** Address the client ports listen on ('127.0.0.1' unless started with `listenHost`). */
+  readonly listenHost: string;
   readonly nodes: LocalClusterNode[];
   readonly readyTimeoutMs: number;
   /** Our own ChildProcess per node name, when this process started it. */
@@ -340,11 +395,12 @@ export class LocalCluster implements AsyncDisposable {
   /** @internal use startLocalCluster / loadLocalCluster */
   constructor(init: {
     dir: string; clusterName: string; jetstream: boolean; nodes: LocalClusterNode[]; detached: boolean; ownsDir: boolean;
-    logger?: (line: string) => void; readyTimeoutMs?: number;
+    logger?: (line: string) => void; readyTimeoutMs?: number; listenHost?: string;
   }) {
     this.dir = init.dir;
     this.clusterName = init.clusterName;
     this.jetstream = init.jetstream;
+    this.listenHost = init.listenHost ?? '127.0.0.1';
     this.nodes = init.nodes;
     this.detached = init.detached;
     this.ownsDir = init.ownsDir;
@@ -352,9 +408,29 @@ export class LocalCluster implements AsyncDisposable {
     this.readyTimeoutMs = init.readyTimeoutMs ?? 20_000;
   }
 
-  /** Client URLs, `nats://127.0.0.1:<port>`, in node order. */
+  /** Client URLs as this machine reaches them (`nats://127.0.0.1:<port>` unless `listenHost` is one other address), in node order. */
   get urls(): string[] {
     return this.nodes.map((n) => n.client_url);
+  }
+
+  /**
+   * Client URLs as seen from elsewhere: `nats://<host>:<port>` in node order,
+   * e.g. `urlsFor(node.hostIp)` for a process in a deploy/netlab.ts
+   * namespace. Needs a cluster started with a `listenHost` that serves
+   * `host` ('0.0.0.0' serves every address of this machine).
+   */
+  urlsFor(host: string): string[] {
+    const h = host.trim();
+    if (!h) throw new ConfigError('urlsFor needs a host (an IP address or name), got an empty string');
+    const wildcard = this.listenHost === '0.0.0.0' || this.listenHost === '::';
+    if (!wildcard && h !== this.listenHost && !(isLoopback(h) && isLoopback(this.listenHost))) {
+      throw new ConfigError(
+        `the cluster at ${this.dir} listens for clients on ${this.listenHost} only, so ${h} would not reach it; ` +
+        `start it with listenHost: '0.0.0.0' (or '${h}')`,
+        { data: { listenHost: this.listenHost, host: h } },
+      );
+    }
+    return this.nodes.map((n) => clientUrl(h, portOf(n.client_url)));
   }
 
   node(name: string): LocalClusterNode {
@@ -533,7 +609,7 @@ export class LocalCluster implements AsyncDisposable {
 
   /** @internal */
   async writeClusterFile(): Promise<void> {
-    const file: LocalClusterFile = { cluster_name: this.clusterName, jetstream: this.jetstream, nodes: this.nodes };
+    const file: LocalClusterFile = { cluster_name: this.clusterName, jetstream: this.jetstream, listen_host: this.listenHost, nodes: this.nodes };
     await writeFile(join(this.dir, CLUSTER_FILE), JSON.stringify(file, null, 2) + '\n');
   }
 
@@ -594,7 +670,11 @@ export async function startLocalCluster(opts: StartLocalClusterOptions): Promise
       'larger messages are chunked by the hetps runtime anyway.',
     );
   }
-  const shared: ConfShared = { clusterName: opts.clusterName ?? 'hetps', maxPayload, jetstream: opts.jetstream ?? true };
+  const listenHost = (opts.listenHost ?? '127.0.0.1').trim();
+  if (!listenHost || /[\s"]/.test(listenHost)) {
+    throw new ConfigError(`listenHost must be an IP address such as 127.0.0.1 or 0.0.0.0, got ${JSON.stringify(opts.listenHost)}`);
+  }
+  const shared: ConfShared = { clusterName: opts.clusterName ?? 'hetps', listenHost, maxPayload, jetstream: opts.jetstream ?? true };
   const logger = opts.logger ?? (() => undefined);
   const bin = findNatsServer();
 
@@ -620,9 +700,10 @@ export async function startLocalCluster(opts: StartLocalClusterOptions): Promise
     seen.set(f.port, `${f.kind} port of ${f.node}`);
   }
   for (const f of fixed) {
-    if (!(await portIsFree(f.port))) {
+    const host = f.kind === 'client' ? listenHost : '127.0.0.1';
+    if (!(await portIsFree(f.port, host))) {
       throw new PortInUseError(
-        `port ${f.port} (${f.kind} port of ${f.node}) is already in use on 127.0.0.1. ` +
+        `port ${f.port} (${f.kind} port of ${f.node}) is already in use on ${host}. ` +
         `Pick another base with ${f.flag} (or --port 0 for random ports), or stop the process using it ` +
         `(\`ss -ltnp 'sport = :${f.port}'\` shows it; an earlier cluster stops with \`hetps nats down --dir DIR\`).`,
         { data: { port: f.port, node: f.node, kind: f.kind } },
@@ -634,7 +715,7 @@ export async function startLocalCluster(opts: StartLocalClusterOptions): Promise
   for (let attempt = 1; ; attempt++) {
     const cluster = new LocalCluster({
       dir, clusterName: shared.clusterName, jetstream: shared.jetstream, nodes: [], detached: opts.detached ?? false, ownsDir, logger,
-      readyTimeoutMs: opts.readyTimeoutMs ?? 20_000,
+      readyTimeoutMs: opts.readyTimeoutMs ?? 20_000, listenHost,
     });
     try {
       await launch(cluster, bin, names, { clientBase, clusterBase, httpBase }, shared, logger);
@@ -685,7 +766,7 @@ async function launch(
   for (const p of plans) {
     const pid = cluster.spawnNode(bin, p.name, p.conf, p.log);
     cluster.nodes.push({
-      name: p.name, pid, client_url: p.clientPort > 0 ? `nats://127.0.0.1:${p.clientPort}` : '', cluster_port: p.clusterPort,
+      name: p.name, pid, client_url: p.clientPort > 0 ? clientUrl(connectHost(shared.listenHost), p.clientPort) : '', cluster_port: p.clusterPort,
       http_port: p.httpPort > 0 ? p.httpPort : 0, conf: p.conf, log: p.log,
     });
   }
@@ -695,7 +776,7 @@ async function launch(
   const deadline = Date.now() + cluster.readyTimeoutMs;
   for (const n of cluster.nodes) {
     const pf = await cluster.waitPortsFile(n, deadline);
-    n.client_url = `nats://127.0.0.1:${portOf(pf.nats![0]!)}`;
+    n.client_url = clientUrl(connectHost(shared.listenHost), portOf(pf.nats![0]!));
     n.http_port = portOf(pf.monitoring![0]!);
     logger(`${n.name}: pid ${n.pid}, client ${n.client_url}, monitoring http://127.0.0.1:${n.http_port}`);
   }
@@ -753,7 +834,7 @@ export async function loadLocalCluster(dir: string): Promise<LocalCluster> {
   }
   return new LocalCluster({
     dir: abs, clusterName: parsed.cluster_name ?? 'hetps', jetstream: parsed.jetstream ?? true, nodes: parsed.nodes,
-    detached: true, ownsDir: false,
+    detached: true, ownsDir: false, listenHost: parsed.listen_host ?? '127.0.0.1',
   });
 }
 
