@@ -31,6 +31,12 @@ export interface ReplicaPlacement {
   servers: string[];
   /** By shard name. */
   replicas: Record<string, ShardReplicas>;
+  /**
+   * The plan version the job's replicas all started under, from the job's
+   * initial values: a replica created under it needs no seed; one created
+   * later (a node that joined or came back mid-job) waits for its primary's.
+   */
+  initial_version?: number;
 }
 
 /**
@@ -103,7 +109,7 @@ export function replicasOn(p: ReplicaPlacement, node: string): { shard: string; 
 function clonePlacement(p: ReplicaPlacement): ReplicaPlacement {
   const replicas: Record<string, ShardReplicas> = {};
   for (const [s, r] of Object.entries(p.replicas)) replicas[s] = { primary: r.primary, backups: [...r.backups], seeding: [...r.seeding] };
-  return { servers: [...p.servers], replicas };
+  return { servers: [...p.servers], replicas, ...(p.initial_version !== undefined ? { initial_version: p.initial_version } : {}) };
 }
 
 export interface FailoverChange {

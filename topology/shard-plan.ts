@@ -78,7 +78,7 @@ export function buildShardPlan(o: BuildShardPlanOptions): ShardPlan {
     }
   }
   const partitionOwner = Array.from({ length: partitions }, (_, i) => o.shards[i % o.shards.length]!);
-  const placement = placeReplicas(o.shards, o.servers ?? o.shards, o.backupFactor ?? 0);
+  const placement = { ...placeReplicas(o.shards, o.servers ?? o.shards, o.backupFactor ?? 0), initial_version: o.version };
   return { version: o.version, shards: [...o.shards], denseParams: o.denseParams.map((p) => ({ ...p })), dense, sparseTables: o.sparseTables.map((t) => ({ ...t })), partitions, partitionOwner, placement };
 }
 

@@ -74,8 +74,8 @@ export class ShardHost {
       const h = this.hosted.get(shard);
       if (h) { h.def.replica.follow(plan, role); continue; }
       // A replica that joins after the job's first plan starts empty and waits for its primary's seed.
-      // (The job's first plan is version 1; a node that starts under a later plan joined, or came back, mid-job.)
-      const fresh = plan === first && plan.version === 1;
+      // (A node that starts under a later plan than the job's first joined, or came back, mid-job.)
+      const fresh = plan === first && plan.version === (plan.placement.initial_version ?? 1);
       const effective: ReplicaRole = fresh || role === 'seeding' ? role : 'seeding';
       const replica = new Replica({
         shard, node: this.o.node, state: this.o.newState(shard, plan), system: this.o.system, log: this.o.log,

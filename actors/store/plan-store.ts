@@ -66,6 +66,7 @@ const planSchema = z.object({
       backups: z.array(z.string().min(1)),
       seeding: z.array(z.string().min(1)).default([]),
     })),
+    initial_version: z.number().int().nonnegative().optional(),
   }),
 });
 

@@ -226,6 +226,8 @@ describe('replicated shards', () => {
       let pushed = 0;
       const pusher = (async () => {
         for (let k = 0; !stop; k++) {
+          // The in-process bus answers in microtasks: give the replicas' stream timers a turn, as network I/O would.
+          await new Promise((r) => setTimeout(r, 1));
           const p = (await lab.store.get())!;
           const primary = p.placement.replicas.s0!.primary;
           try {
