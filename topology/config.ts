@@ -323,8 +323,15 @@ const dataSchema = section({
 });
 
 const faultToleranceSchema = section({
-  /** Seconds a silent worker's batches wait before they are handed out again (the batch queue's ack_wait), and how long an hps group waits for a lost member. */
+  /** Seconds an hps group waits for a member that went silent but is not dead by the health actor's verdict (a partition, a stall) before it goes on without it. */
   worker_recovery_timeout: posNum().default(30),
+  /**
+   * Milliseconds a taken batch may go unacknowledged before the queue hands
+   * it out again (JetStream ack_wait). A worker renews it with in-progress
+   * acks every third of it while it trains, so only a dead worker's batch
+   * comes back, this fast.
+   */
+  ack_wait_ms: posInt().min(1000).default(10_000),
   /** Seconds. */
   server_recovery_timeout: posNum().default(60),
   /** Backups per shard; default: 1 when there are two or more servers, else 0 (resolve). */
@@ -545,6 +552,7 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   { path: 'communication.backend', when: (c) => c.communication.backend === 'nccl' || c.communication.backend === 'gloo', instead: 'every tensor goes over NATS' },
   { path: 'communication.compression', when: (c) => c.communication.compression !== 'none', instead: 'gradients are sent uncompressed' },
   { path: 'communication.compression_threshold', when: () => true, instead: 'gradients are sent uncompressed' },
+  { path: 'fault_tolerance.worker_recovery_timeout', when: (c) => c.training.mode !== 'hps', instead: 'only hps groups wait for a silent member; a dead worker\'s batch comes back after fault_tolerance.ack_wait_ms' },
   { path: 'fault_tolerance.server_recovery_timeout', when: () => true, instead: 'clients wait for a shard with no live replica without a limit' },
   { path: 'fault_tolerance.preheat_backup', when: (c) => c.fault_tolerance.preheat_backup, instead: 'no standby workers yet' },
   { path: 'load_balancing.enabled', when: (c) => c.load_balancing.enabled, instead: 'shards stay where the initial plan put them' },

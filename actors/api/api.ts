@@ -207,7 +207,7 @@ export class HeterogeneousParameterServer {
       const queue = this.queue;
       this.member = new GroupMember({
         system: this.system, group, member: node, runId: this.info.run_id, plan: this.plan, stepper: this.stepper, log: this.log,
-        shouldStop: () => this.closed, recoveryTimeoutMs: this.info.ack_wait_ms, health: this.health = await HealthWatcher.start(this.system),
+        shouldStop: () => this.closed, recoveryTimeoutMs: this.info.recovery_timeout_ms ?? this.info.ack_wait_ms, health: this.health = await HealthWatcher.start(this.system),
       });
       await this.member.start();
       this.windows = new GroupWindows({

@@ -496,7 +496,9 @@ export class GroupMember {
       this.o.log.warn({ group: g.name, dropped: e.members, reason: e.reason },
         e.reason === 'forming-timeout'
           ? `group ${g.name}: ${e.members.join(', ')} did not join in time; the group goes on without them`
-          : `group ${g.name}: ${e.members.join(', ')} did not come back within the recovery timeout; the group goes on without them (their batches return to the queue)`);
+          : e.reason === 'dead'
+            ? `group ${g.name}: ${e.members.join(', ')} left the group (dead by the health actor's verdict); the group goes on without them (their batches return to the queue)`
+            : `group ${g.name}: ${e.members.join(', ')} did not come back within the recovery timeout; the group goes on without them (their batches return to the queue)`);
       this.inbox.poke();
     });
     this.machine.on('forming.stalled', (e) => { this.o.log.warn({ group: g.name, expected: e.expected }, `group ${g.name}: no member joined yet`); });
@@ -900,8 +902,8 @@ export class GroupMember {
     if (m === this.o.member || this.reportedLost.has(m) || !this.active().includes(m)) return;
     const health = this.o.health ?? null;
     if (health !== null) {
-      if (health.stateOf(m) !== 'dead') return;
-      this.reportLost(m, 'the health actor says it is dead');
+      if (health.stateOf(m) !== 'dead' || this.reportedLost.has(m)) return;
+      this.onHealth(m, 'dead');
       return;
     }
     const lostAfter = this.o.lostAfterMs ?? 10_000;
@@ -919,8 +921,11 @@ export class GroupMember {
   /** Health verdicts: a dead member is reported lost at once, wherever the group is; one alive again rejoins. */
   private onHealth(node: string, state: HealthState): void {
     if (this.stopped || node === this.o.member || !this.machine.getSnapshot().context.members.includes(node)) return;
-    if (state === 'dead' && !this.reportedLost.has(node) && this.active().includes(node)) {
-      this.reportLost(node, 'the health actor says it is dead');
+    if (state === 'dead') {
+      // The verdict is the decision: the member leaves now, and the round goes on without it.
+      this.reportedLost.add(node);
+      this.o.log.warn({ group: this.o.group.name, member: node }, `group ${this.o.group.name}: ${node} is dead by the health actor's verdict; the group goes on without it`);
+      this.machine.send(groupEvents.memberDead(node));
       this.inbox.poke();
     } else if (state === 'alive' && this.reportedLost.delete(node)) {
       this.o.log.info({ group: this.o.group.name, member: node }, `group ${this.o.group.name}: ${node} is alive again`);

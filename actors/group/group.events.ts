@@ -10,6 +10,8 @@ import { validateSyncPolicy, type SyncPolicy } from './sync-policy.ts';
 export interface MemberJoinedEvent { type: 'member.joined'; member: string }
 /** Health lost a member's heartbeat. */
 export interface MemberLostEvent { type: 'member.lost'; member: string }
+/** The health actor's verdict: `member` is dead (its process is gone). It leaves the group at once, without the recovery wait. */
+export interface MemberDeadEvent { type: 'member.dead'; member: string }
 /** A lost member's heartbeats are back. */
 export interface MemberRejoinedEvent { type: 'member.rejoined'; member: string }
 /** Health saw a partition: these members are on the other side. */
@@ -34,6 +36,7 @@ export interface GroupStopEvent { type: 'group.stop'; reason: string }
 export type GroupEvent =
   | MemberJoinedEvent
   | MemberLostEvent
+  | MemberDeadEvent
   | MemberRejoinedEvent
   | GroupPartitionedEvent
   | StepCompletedEvent
@@ -51,6 +54,7 @@ export type GroupEventType = GroupEvent['type'];
 export const groupEvents = {
   memberJoined: (member: string): MemberJoinedEvent => ({ type: 'member.joined', member }),
   memberLost: (member: string): MemberLostEvent => ({ type: 'member.lost', member }),
+  memberDead: (member: string): MemberDeadEvent => ({ type: 'member.dead', member }),
   memberRejoined: (member: string): MemberRejoinedEvent => ({ type: 'member.rejoined', member }),
   partitioned: (members: readonly string[]): GroupPartitionedEvent => ({ type: 'group.partitioned', members: [...members] }),
   stepCompleted: (member: string, step: number): StepCompletedEvent => ({ type: 'step.completed', member, step }),
@@ -75,7 +79,7 @@ export interface SyncDueEmitted { type: 'sync.due'; group: string; round: number
 /** Bring `members` to one parameter version (at least `version`); answer with `resync.completed`. */
 export interface ResyncDueEmitted { type: 'resync.due'; group: string; version: number; members: string[] }
 /** These members left the membership: they never joined in time, or never came back. */
-export interface MembersDroppedEmitted { type: 'members.dropped'; group: string; members: string[]; reason: 'forming-timeout' | 'recovery-timeout' }
+export interface MembersDroppedEmitted { type: 'members.dropped'; group: string; members: string[]; reason: 'forming-timeout' | 'recovery-timeout' | 'dead' }
 /** The forming timeout passed with nobody joined; the group keeps waiting (and re-arms the timeout). */
 export interface FormingStalledEmitted { type: 'forming.stalled'; group: string; expected: string[] }
 

@@ -176,11 +176,12 @@ const groupSetup = setup({
     syncDue: ({ context }) => shouldSync(context) || roundReady(context),
     isExpectedNotJoined: ({ context, event }) =>
       (event.type === 'member.joined' || event.type === 'member.rejoined') && context.members.includes(event.member) && !context.joined.includes(event.member),
-    isJoined: ({ context, event }) => event.type === 'member.lost' && context.joined.includes(event.member),
+    isJoined: ({ context, event }) => (event.type === 'member.lost' || event.type === 'member.dead') && context.joined.includes(event.member),
     partitionHitsJoined: ({ context, event }) => event.type === 'group.partitioned' && event.members.some((m) => context.joined.includes(m)),
     isMember: ({ context, event }) =>
       (event.type === 'step.completed' || event.type === 'member.ready' || event.type === 'sync.requested') && context.members.includes(event.member),
     isActiveMember: ({ context, event }) => event.type === 'member.lost' && activeMembers(context).includes(event.member),
+    isDeadMember: ({ context, event }) => event.type === 'member.dead' && context.members.includes(event.member) && context.members.some((m) => m !== event.member && !context.lost.includes(m)),
     partitionHitsActive: ({ context, event }) => event.type === 'group.partitioned' && activeAmong(context, event.members).length > 0,
     completesRound: ({ context, event }) => event.type === 'sync.completed' && event.round === context.startedRound,
     isLost: ({ context, event }) => event.type === 'member.rejoined' && context.lost.includes(event.member),
@@ -194,7 +195,7 @@ const groupSetup = setup({
     }),
     unmarkJoined: assign({
       joined: ({ context, event }) =>
-        event.type === 'member.lost' ? without(context.joined, [event.member])
+        event.type === 'member.lost' || event.type === 'member.dead' ? without(context.joined, [event.member])
         : event.type === 'group.partitioned' ? without(context.joined, event.members)
         : context.joined,
     }),
@@ -242,6 +243,7 @@ const groupSetup = setup({
     markLost: assign({
       lost: ({ context, event }) =>
         event.type === 'member.lost' ? sorted([...context.lost, event.member])
+        : event.type === 'member.dead' ? (context.lost.includes(event.member) ? context.lost : sorted([...context.lost, event.member]))
         : event.type === 'group.partitioned' ? sorted([...context.lost, ...activeAmong(context, event.members)])
         : context.lost,
     }),
@@ -250,6 +252,8 @@ const groupSetup = setup({
     }),
     /** Recovery timeout: the lost members leave the membership. */
     emitLostDropped: emit(({ context }) => ({ type: 'members.dropped' as const, group: context.group, members: [...context.lost], reason: 'recovery-timeout' as const })),
+    /** A dead verdict: the dead member (and any lost with it) leave at once. */
+    emitDeadDropped: emit(({ context }) => ({ type: 'members.dropped' as const, group: context.group, members: [...context.lost], reason: 'dead' as const })),
     dropLost: assign(({ context }) => ({
       members: without(context.members, context.lost),
       joined: without(context.joined, context.lost),
@@ -309,6 +313,7 @@ function buildGroupMachine(context: GroupContext) {
           'member.joined': { guard: 'isExpectedNotJoined', actions: 'markJoined' },
           'member.rejoined': { guard: 'isExpectedNotJoined', actions: 'markJoined' },
           'member.lost': { guard: 'isJoined', actions: 'unmarkJoined' },
+          'member.dead': { guard: 'isJoined', actions: 'unmarkJoined' },
           'group.partitioned': { guard: 'partitionHitsJoined', actions: 'unmarkJoined' },
           'group.regroup': regroupTransition,
         },
@@ -316,6 +321,7 @@ function buildGroupMachine(context: GroupContext) {
       running: {
         initial: 'sync',
         on: {
+          'member.dead': { guard: 'isDeadMember', target: 'resyncing', actions: ['markLost', 'emitDeadDropped', 'dropLost'] },
           'member.lost': { guard: 'isActiveMember', target: 'degraded', actions: 'markLost' },
           'group.partitioned': { guard: 'partitionHitsActive', target: 'degraded', actions: 'markLost' },
           'group.regroup': regroupTransition,
@@ -353,6 +359,7 @@ function buildGroupMachine(context: GroupContext) {
             { guard: 'isLost', actions: 'markRejoined' },
           ],
           'member.lost': { guard: 'isActiveMember', actions: 'markLost' },
+          'member.dead': { guard: 'isDeadMember', target: 'resyncing', actions: ['markLost', 'emitDeadDropped', 'dropLost'] },
           'group.partitioned': { guard: 'partitionHitsActive', actions: 'markLost' },
           'group.regroup': regroupTransition,
         },
@@ -365,6 +372,7 @@ function buildGroupMachine(context: GroupContext) {
             { target: 'running.async', actions: 'completeResync' },
           ],
           'member.lost': { guard: 'isActiveMember', target: 'degraded', actions: 'markLost' },
+          'member.dead': { guard: 'isDeadMember', target: 'resyncing', reenter: true, actions: ['markLost', 'emitDeadDropped', 'dropLost'] },
           'group.partitioned': { guard: 'partitionHitsActive', target: 'degraded', actions: 'markLost' },
           'group.regroup': regroupTransition,
         },

@@ -139,7 +139,8 @@ export async function prepareJob(o: {
     rounds: Math.ceil(descriptors.length / workers.length),
     epochs: config.data.epochs,
     batch_size: config.data.batch_size,
-    ack_wait_ms: o.ackWaitMs ?? ackWaitFromConfig(config.fault_tolerance.worker_recovery_timeout),
+    ack_wait_ms: o.ackWaitMs ?? ackWaitFromConfig(config.fault_tolerance),
+    recovery_timeout_ms: Math.round(config.fault_tolerance.worker_recovery_timeout * 1000),
     groups: o.groups ? o.groups.map(({ name, nodes, sync_mode, sync_steps, accumulation_steps, adaptive_threshold }) =>
       ({ name, nodes: [...nodes], sync_mode, sync_steps, accumulation_steps, adaptive_threshold })) : jobGroupsFromConfig(config),
     groups_version: 0,

@@ -408,6 +408,19 @@ export class Replica {
     return d;
   }
 
+  /** Lowers a synchronous round's expected count here and on every other replica. */
+  roundExpected(m: { plan_version: number; round: number; expected: number }): { round: number; expected: number | null } {
+    this.requirePrimary('round_expected');
+    const out = this.o.state.lowerRoundExpected(m.plan_version, m.round, m.expected);
+    const entry: ReplicationEntry = {
+      rseq: ++this.rseq, kind: 'round_expected', from: this.o.node, seq: 0,
+      push: { plan_version: m.plan_version, round: m.round, expected: m.expected, weight: 0, base_version: 0, dense: [], sparse: [], later_steps: [], batches: [] },
+      lr_scale: 0, reply: null,
+    };
+    this.stream(entry);
+    return out;
+  }
+
   /** Appends to every stream; returns what the reply must wait for. */
   private stream(entry: ReplicationEntry): Promise<void>[] {
     const waits: Promise<void>[] = [];
@@ -481,6 +494,10 @@ export class Replica {
   }
 
   private applyEntry(e: ReplicationEntry): void {
+    if (e.kind === 'round_expected') {
+      this.o.state.lowerRoundExpected(this.o.state.planVersion, e.push.round!, e.push.expected!);
+      return;
+    }
     if (e.kind === 'refused') {
       this.o.state.noteRefused(e.push);
       for (const b of e.push.batches) this.refused.add(b);
@@ -553,6 +570,7 @@ export function createReplicaActor(replica: Replica): ReplicaActorDefinition {
       replicate: (m) => replica.replicate(m),
       seed: (m) => replica.seed(m),
       integrity: () => replica.integrity(),
+      round_expected: (m) => replica.roundExpected(m),
     },
     onStop: () => state.rejectWaitingPulls(replica.fenced ? replica.notPrimary('pull') : new StalePlanError(`shard ${replica.o.shard}: the replica on ${replica.o.node} stopped; re-read the plan`)),
   };

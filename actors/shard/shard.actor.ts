@@ -74,6 +74,7 @@ export function createShardActor(opts: ShardStateOptions | ShardState): ShardAct
       snapshot: () => state.snapshot(false),
       restore: (m) => state.restore(m.state),
       stats: (_m, ctx) => state.stats(ctx.stats.duplicates),
+      round_expected: (m) => state.lowerRoundExpected(m.plan_version, m.round, m.expected),
     },
     // Pulls still waiting for a round would otherwise only time out; ActorStoppedError is retryable.
     onStop: () => state.rejectWaitingPulls(new ActorStoppedError(`shard ${state.shard} stopped while the pull waited for a synchronous round`)),
@@ -116,7 +117,7 @@ interface SparseContributions {
 
 interface RoundBuffer {
   readonly round: number;
-  readonly expected: number;
+  expected: number;
   contributions: number;
   totalWeight: number;
   /** Block ids with a non-zero contribution this round. */
@@ -341,6 +342,27 @@ export class ShardState {
     }
   }
 
+  /**
+   * Synchronous round `round` waits for `expected` contributions from now on
+   * when that is fewer than it did (a worker declared dead); a round already
+   * applied, or too far ahead, is left alone. Applies the rounds that are
+   * complete now.
+   */
+  lowerRoundExpected(version: number, round: number, expected: number): { round: number; expected: number | null } {
+    this.checkPlanVersion(version, 'round_expected');
+    if (round < this.roundValue || round > this.roundValue + 1) return { round: this.roundValue, expected: null };
+    const parity = parityOf(round);
+    let buf = this.rounds[parity];
+    if (buf === null || buf.round !== round) {
+      buf = { round, expected, contributions: 0, totalWeight: 0, touched: [], sparse: new Map() };
+      this.rounds[parity] = buf;
+    } else if (expected < buf.expected) {
+      buf.expected = expected;
+    }
+    if (round === this.roundValue) this.completeRounds();
+    return { round: this.roundValue, expected: buf.expected };
+  }
+
   /** Counts a push its primary refused as too stale (a backup keeps the same counters). */
   noteRefused(m: PushRequest): void {
     const staleness = Math.max(0, this.versionValue - m.base_version);
@@ -401,10 +423,8 @@ export class ShardState {
     if (round > this.roundValue + 1) {
       throw new SyncRoundError(`shard ${this.shard}: round ${round} is too far ahead: round ${this.roundValue} is open, contributions are taken for it and the next one only`, { data });
     }
-    const buf = this.rounds[parityOf(round)];
-    if (buf !== null && buf.round === round && buf.expected !== expected) {
-      throw new SyncRoundError(`shard ${this.shard}: round ${round} expects ${buf.expected} contributions, this one says ${expected}`, { data });
-    }
+    // Contributions may disagree on `expected` while a worker is being declared dead: the
+    // lowest count a contributor names holds for the round (see contribute).
   }
 
   /** Checks one update's tensors (`at`: where they sit in the push, for messages). */
@@ -461,7 +481,13 @@ export class ShardState {
     }
   }
 
-  /** Adds a validated contribution to its round; applies every round that is complete. True when this push applied a round. */
+  /**
+   * Adds a validated contribution to its round; applies every round that is
+   * complete. True when this push applied a round. A round's `expected` is
+   * the lowest any of its contributions names: bsp workers lower it for the
+   * rounds after a worker's dead verdict, and a contribution naming more is
+   * counted towards the lower number.
+   */
   private contribute(m: PushRequest): boolean {
     const round = m.round!;
     const parity = parityOf(round);
@@ -469,6 +495,9 @@ export class ShardState {
     if (buf === null || buf.round !== round) {
       buf = { round, expected: m.expected!, contributions: 0, totalWeight: 0, touched: [], sparse: new Map() };
       this.rounds[parity] = buf;
+    } else if (m.expected! < buf.expected) {
+      // A contributor knows of a worker declared dead: the round completes without it.
+      buf.expected = m.expected!;
     }
     const w = m.weight;
     if (w > 0) {

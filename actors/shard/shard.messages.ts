@@ -79,6 +79,17 @@ export const shardMessages = {
   restore: z.object({ state: z.record(z.string(), z.unknown()) }),
   /** Counters for monitoring and tests. */
   stats: z.object({}),
+  /**
+   * Lowers the contributions synchronous round `round` waits for to
+   * `expected` (bsp: a worker was declared dead while the others wait for the
+   * round). Ignored for a round already applied, or when the round already
+   * expects fewer.
+   */
+  round_expected: z.object({
+    plan_version: z.number().int().nonnegative(),
+    round: z.number().int().nonnegative(),
+    expected: z.number().int().positive(),
+  }),
 };
 export type ShardMessages = typeof shardMessages;
 
@@ -93,10 +104,11 @@ const pushReplySchema = z.object({
  * and `(from, seq)` → `reply` recorded in the backup's dedup table, so a
  * retry reaching this replica once promoted is answered, not applied again.
  * `refused`: a push the primary refused as too stale (counted, batches logged).
+ * `round_expected`: `push.round` now waits for `push.expected` contributions.
  */
 export const replicationEntrySchema = z.object({
   rseq: z.number().int().positive(),
-  kind: z.enum(['push', 'refused']),
+  kind: z.enum(['push', 'refused', 'round_expected']),
   from: z.string().min(1),
   seq: z.number().int().nonnegative(),
   push: pushSchema,

@@ -82,9 +82,9 @@ export interface BatchQueueOptions {
   ackWaitMs: number;
 }
 
-/** ack_wait of a job: fault_tolerance.worker_recovery_timeout (seconds). */
-export function ackWaitFromConfig(workerRecoveryTimeoutS: number): number {
-  return Math.max(1_000, Math.round(workerRecoveryTimeoutS * 1000));
+/** ack_wait of a job: fault_tolerance.ack_wait_ms (at least 1 s). */
+export function ackWaitFromConfig(faultTolerance: { ack_wait_ms: number }): number {
+  return Math.max(1_000, Math.round(faultTolerance.ack_wait_ms));
 }
 
 // ---------------------------------------------------------------- memory

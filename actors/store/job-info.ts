@@ -32,6 +32,8 @@ export const jobInfoSchema = z.object({
   epochs: z.number().int().positive(),
   batch_size: z.number().int().positive(),
   ack_wait_ms: z.number().int().positive(),
+  /** How long an hps group waits for a silent (not dead) member (fault_tolerance.worker_recovery_timeout); absent: ack_wait_ms (an older driver). */
+  recovery_timeout_ms: z.number().int().positive().optional(),
   /**
    * The worker groups of the run (hps syncs inside each); null: the config's
    * `cluster.worker_groups` (an older driver, or a job without regrouping).

@@ -18,7 +18,7 @@ import type { WorkerGroupConfig } from '../../topology/mod.ts';
 import type { QueuedBatch } from '../store/batch-queue.ts';
 import { GroupMember, type WindowOutcome, type WindowPhases } from '../group/group-sync.ts';
 import { batchFromDescriptor } from './step.ts';
-import type { WorkerLoopEnv } from './worker-loop.ts';
+import { trainQueued, type WorkerLoopEnv } from './worker-loop.ts';
 
 /** How long a window waits for its next batch before it closes with what it has. */
 const HPS_TAKE_WAIT_MS = 1_000;
@@ -89,10 +89,10 @@ export class HpsLoop {
     return new GroupMember({
       system, group: g, member: o.node, runId: version === 0 ? o.job.run_id : `${o.job.run_id}/g${version}`, plan: o.plan, stepper, log,
       shouldStop: () => control.stopRequested, requestTimeoutMs, groupsVersionSeen: () => control.seen,
-      // A silent member is waited for as long as its batches are (fault_tolerance.worker_recovery_timeout).
-      recoveryTimeoutMs: o.job.ack_wait_ms,
-      // Silent for half of it (at most 10 s): reported lost, so the recovery timeout starts.
-      lostAfterMs: Math.min(10_000, Math.max(500, Math.floor(o.job.ack_wait_ms / 2))),
+      // A silent member that is not dead is waited for this long (fault_tolerance.worker_recovery_timeout); a dead one leaves at once.
+      recoveryTimeoutMs: o.job.recovery_timeout_ms ?? o.job.ack_wait_ms,
+      // Without health verdicts: silent for half of it (at most 10 s) is reported lost, so the recovery timeout starts.
+      lostAfterMs: Math.min(10_000, Math.max(500, Math.floor((o.job.recovery_timeout_ms ?? o.job.ack_wait_ms) / 2))),
       onState: (st) => { stats.group_state = st; },
       health: o.health ?? null,
     });
@@ -102,7 +102,11 @@ export class HpsLoop {
   private async window(member: GroupMember): Promise<WindowOutcome> {
     const { o, stats, control, ledger } = this.env;
     const held: QueuedBatch[] = [];
-    const keepAlive = ledger.keepAlive(() => [...held, this.carriedItem]);
+    // Batches handed out again (their worker died unacknowledged): part of their update may be on
+    // the shards already, so each is trained alone after the window, and every shard that applied
+    // it answers without applying it again (the shards' applied-batch log).
+    const solo: QueuedBatch[] = [];
+    const keepAlive = ledger.keepAlive(() => [...held, ...solo, this.carriedItem]);
     let outcome: WindowOutcome;
     try {
       outcome = await member.runWindow({
@@ -111,10 +115,13 @@ export class HpsLoop {
           const ahead = this.carried;
           this.carried = null;
           this.carriedItem = null;
-          const item = ahead !== null ? await ahead : await o.queue.next(HPS_TAKE_WAIT_MS);
+          let item = ahead !== null ? await ahead : await o.queue.next(HPS_TAKE_WAIT_MS);
+          while (item !== null && item.redelivered) {
+            solo.push(item);
+            item = control.stopRequested ? null : await o.queue.next(HPS_TAKE_WAIT_MS);
+          }
           if (item === null) return null;
           held.push(item);
-          if (item.redelivered) stats.redelivered_taken++;
           return batchFromDescriptor(o.source, item.desc);
         },
         // Nothing waiting and nothing in flight anywhere (a dead worker's batch comes back after ack_wait).
@@ -127,7 +134,7 @@ export class HpsLoop {
       });
     } catch (e) {
       keepAlive.cancel();
-      for (const h of held) h.nak();
+      for (const h of [...held, ...solo]) h.nak();
       throw e;
     }
     keepAlive.cancel();
@@ -143,6 +150,19 @@ export class HpsLoop {
         droppedStale: outcome.droppedStale, round: null, window: outcome.window,
       });
     }));
+    const soloAlive = ledger.keepAlive(() => solo);
+    try {
+      for (let i = 0; i < solo.length; i++) {
+        try {
+          await trainQueued(this.env, solo[i]!, null);
+        } catch (e) {
+          for (const rest of solo.slice(i + 1)) rest.nak();
+          throw e;
+        }
+      }
+    } finally {
+      soloAlive.cancel();
+    }
     return outcome;
   }
 

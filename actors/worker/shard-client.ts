@@ -120,6 +120,19 @@ export class ShardClient {
     }
   }
 
+  /** bsp: round `round` of `shard` waits for `expected` contributions from now on (a worker was declared dead). */
+  async lowerRound(shard: string, round: number, expected: number): Promise<void> {
+    for (let attempt = 0; attempt < 5; attempt++) {
+      try {
+        await this.ref(shard).request('round_expected', { plan_version: this.plans.current.version, round, expected }, { timeoutMs: this.attemptMs });
+        return;
+      } catch (e) {
+        if (!isStalePlan(e) && !isRetryable(e)) throw e;
+        await this.reroute(shard);
+      }
+    }
+  }
+
   stats(shard: string, timeoutMs = this.opts.requestTimeoutMs): Promise<ShardStats> {
     return this.ref(shard).request<ShardStats & Record<string, unknown>>('stats', {}, { timeoutMs });
   }

@@ -116,7 +116,7 @@ export class TrainingLedger {
 
   /** Restarts the ack_wait of the batches held, every third of it: a long wait must not let a held batch be redelivered. */
   keepAlive(held: () => Iterable<QueuedBatch | null>): Timer {
-    return this.o.clock.setInterval(() => { for (const h of held()) h?.working(); }, Math.max(500, Math.floor(this.o.ackWaitMs / 3)));
+    return this.o.clock.setInterval(() => { for (const h of held()) h?.working(); }, Math.max(250, Math.floor(this.o.ackWaitMs / 3)));
   }
 }
 

@@ -19,6 +19,7 @@ const NOT_ACTIVE = [
   'communication.backend',
   'communication.compression',
   'communication.compression_threshold',
+  'fault_tolerance.worker_recovery_timeout',
   'fault_tolerance.server_recovery_timeout',
   'fault_tolerance.preheat_backup',
   'load_balancing.enabled',
@@ -71,13 +72,14 @@ describe('inactiveSettings', () => {
 
   test('hps enforces max_staleness and staleness_tolerance: not listed there', () => {
     const listed = inactiveSettings(parseConfig(EVERYTHING('hps'), FILE)).map(pathOf);
-    assert.deepEqual(listed, NOT_ACTIVE.filter((p) => p !== 'training.max_staleness' && p !== 'training.staleness_tolerance'));
+    assert.deepEqual(listed, NOT_ACTIVE.filter((p) => p !== 'training.max_staleness' && p !== 'training.staleness_tolerance' && p !== 'fault_tolerance.worker_recovery_timeout'));
   });
 
-  test('worker_recovery_timeout is active in every mode: it is the batch queue\'s ack_wait and the hps groups\' recovery timeout', () => {
+  test('worker_recovery_timeout is active in hps only (the groups\' wait for a silent member); ack_wait_ms in every mode', () => {
     for (const mode of TRAINING_MODES) {
       const listed = inactiveSettings(parseConfig(EVERYTHING(mode), FILE)).map(pathOf);
-      assert.ok(!listed.includes('fault_tolerance.worker_recovery_timeout'), `listed in ${mode}: ${listed.join(', ')}`);
+      assert.equal(listed.includes('fault_tolerance.worker_recovery_timeout'), mode !== 'hps', `${mode}: ${listed.join(', ')}`);
+      assert.ok(!listed.includes('fault_tolerance.ack_wait_ms'), `listed in ${mode}: ${listed.join(', ')}`);
     }
   });
 

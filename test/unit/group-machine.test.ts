@@ -65,6 +65,7 @@ const SAMPLE_EVENTS: GroupEvent[] = [
   ev.memberJoined('a'), ev.memberJoined('b'), ev.memberJoined('x'),
   ev.memberRejoined('a'), ev.memberRejoined('b'),
   ev.memberLost('a'), ev.memberLost('b'),
+  ev.memberDead('a'), ev.memberDead('b'),
   ev.partitioned(['b']), ev.partitioned(['a', 'b']),
   ev.stepCompleted('a', 1), ev.stepCompleted('b', 1),
   ev.memberReady('a', 1), ev.syncRequested('b', 1),
@@ -180,7 +181,7 @@ const IGNORED: Record<GroupState, GroupEventType[]> = {
   'running.async': ['member.joined', 'member.rejoined', 'sync.completed', 'resync.completed', 'regroup.completed'],
   'degraded': ['member.joined', 'sync.completed', 'resync.completed', 'regroup.completed'],
   'resyncing': ['member.joined', 'member.rejoined', 'sync.completed', 'regroup.completed'],
-  'regrouping': ['member.joined', 'member.rejoined', 'member.lost', 'group.partitioned', 'sync.completed', 'resync.completed', 'group.regroup'],
+  'regrouping': ['member.joined', 'member.rejoined', 'member.lost', 'member.dead', 'group.partitioned', 'sync.completed', 'resync.completed', 'group.regroup'],
   'stopped': [],
 };
 
@@ -426,6 +427,22 @@ test('degraded: after the recovery timeout the group resyncs without the lost me
   assert.deepEqual(ofType(g.emitted, 'members.dropped'), [{ type: 'members.dropped', group: 'g', members: ['b', 'c'], reason: 'recovery-timeout' }]);
   g.send(ev.resyncCompleted(2));
   assert.equal(g.state(), 'running.async', 'back to the mode of the group');
+});
+
+test('a dead verdict drops the member at once, without the recovery timeout, and the group resyncs and goes on', () => {
+  const g = running({ members: ['a', 'b', 'c'] });
+  g.send(ev.memberDead('c'));
+  assert.equal(g.state(), 'resyncing');
+  assert.deepEqual(g.ctx().members, ['a', 'b']);
+  assert.deepEqual(ofType(g.emitted, 'members.dropped').map((e) => [e.members, e.reason]), [[['c'], 'dead']]);
+  g.send(ev.resyncCompleted(0));
+  assert.equal(g.state(), 'running.sync.stepping');
+  // The last member standing is never dropped by a verdict about itself.
+  g.send(ev.memberDead('b'));
+  assert.deepEqual(g.ctx().members, ['a']);
+  g.send(ev.resyncCompleted(0));
+  g.send(ev.memberDead('a'));
+  assert.deepEqual(g.ctx().members, ['a']);
 });
 
 test('degraded: with every member lost the recovery timeout re-arms instead of dropping the group', () => {

@@ -286,17 +286,37 @@ test('contributions with weight 0 count towards the round; a round of total weig
   await s.stop();
 });
 
-test('contributions to an applied round, too far ahead, or with another expected count are refused', async () => {
+test('contributions to an applied round or too far ahead are refused; a lower expected count (a worker declared dead) completes the round without it', async () => {
   const s = await startShards();
   await push(s, 's0', { round: 0, expected: 1, weight: 1 });
   await assert.rejects(push(s, 's0', { round: 0, expected: 1, weight: 1 }),
     (e: unknown) => e instanceof SyncRoundError && /round 0 was already applied/.test(e.message));
   await assert.rejects(push(s, 's0', { round: 3, expected: 1, weight: 1 }),
     (e: unknown) => e instanceof SyncRoundError && /round 3 is too far ahead/.test(e.message));
-  await push(s, 's0', { round: 1, expected: 2, weight: 1 });
-  await assert.rejects(push(s, 's0', { round: 1, expected: 3, weight: 1 }),
-    (e: unknown) => e instanceof SyncRoundError && /expects 2 contributions, this one says 3/.test(e.message));
+  await push(s, 's0', { round: 1, expected: 3, weight: 1 });
   await assert.rejects(push(s, 's0', { round: 1, expected: null, weight: 1 }), ValidationError);
+  assert.equal((await stats(s, 's0')).round, 1, 'round 1 waits for 3 contributions');
+  const lowered = await push(s, 's0', { round: 1, expected: 2, weight: 1 });
+  assert.equal(lowered.applied, true, 'a contributor that knows of a dead worker says 2: the round completes with these 2');
+  assert.equal((await stats(s, 's0')).round, 2);
+  await s.stop();
+});
+
+test('round_expected lowers what a waiting round expects (a worker declared dead): the round applies with the contributions it has', async () => {
+  const s = await startShards();
+  await push(s, 's0', { round: 0, expected: 3, weight: 1, dense: [{ block: 0, grad: f32([1, 0, 0, 0]) }] });
+  await push(s, 's0', { round: 0, expected: 3, weight: 1, dense: [{ block: 0, grad: f32([1, 0, 0, 0]) }] });
+  const waiting = pull(s, 's0', { dense: [0], min_round: 1 });
+  const lowered = await s.client.ref('shard', 's0@s0').request<{ round: number; expected: number | null } & Record<string, unknown>>('round_expected', { plan_version: s.plan.version, round: 0, expected: 2 });
+  assert.deepEqual(lowered, { round: 1, expected: 2 });
+  const r = await waiting;
+  assert.equal(r.round, 1, 'the waiting pull is answered once the round applied');
+  assert.deepEqual(r.dense[0], f32([sgd(1, 1), 2, 3, 4]));
+  // Ignored for an applied round; the next round keeps the lower count for contributions that name more.
+  assert.deepEqual(await s.client.ref('shard', 's0@s0').request('round_expected', { plan_version: s.plan.version, round: 0, expected: 1 }), { round: 1, expected: null });
+  await s.client.ref('shard', 's0@s0').request('round_expected', { plan_version: s.plan.version, round: 1, expected: 1 });
+  const one = await push(s, 's0', { round: 1, expected: 3, weight: 1 });
+  assert.equal(one.applied, true);
   await s.stop();
 });
 
