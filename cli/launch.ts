@@ -9,7 +9,7 @@
 import type { Command } from 'commander';
 import { readFile } from 'node:fs/promises';
 import {
-  ActorSystem, ConfigError, SeededRandom, connectTransport, controlSubject, createLogger, decode, hashString, systemClock, token,
+  ActorSystem, ConfigError, SeededRandom, connectTransport, controlSubject, createLogger, heartbeatWildcard, decode, hashString, systemClock, token,
   type Logger, type Transport,
 } from '../runtime/mod.ts';
 import { loadConfig, natsConnection, type HetpsConfig } from '../topology/mod.ts';
@@ -51,7 +51,10 @@ export function natsServersFrom(flag: string | undefined, config: HetpsConfig): 
   return servers;
 }
 
-/** Resolves when the driver broadcasts the end of the job (for `runId`, when given), on SIGTERM/SIGINT, or when the parent process is gone. */
+/** How long a node waits without any scheduler heartbeat (after it heard one) before it ends itself. */
+const NO_SCHEDULER_EXIT_MS = 60_000;
+
+/** Resolves when the driver broadcasts the end of the job (for `runId`, when given), on SIGTERM/SIGINT, or when no scheduler has been heard for a minute. */
 function shutdownSignal(transport: Transport, job: string, runId: string | null, log: Logger): { promise: Promise<string>; dispose: () => void } {
   let resolve!: (why: string) => void;
   const promise = new Promise<string>((r) => { resolve = r; });
@@ -68,26 +71,30 @@ function shutdownSignal(transport: Transport, job: string, runId: string | null,
   };
   process.once('SIGTERM', onSignal);
   process.once('SIGINT', onSignal);
-  const parent = Number(process.env.HETPS_PARENT_PID);
-  // Children of `hetps up` must not outlive it (a SIGKILLed driver cannot clean up).
-  const watchdog = Number.isInteger(parent) && parent > 1
-    ? setInterval(() => {
-      try { process.kill(parent, 0); } catch {
-        log.warn(`parent process ${parent} is gone; exiting`);
-        resolve('parent gone');
-        // Whatever clean-up is still running (NATS may be gone with the parent), do not outlive it by much.
-        setTimeout(() => process.exit(1), 5_000).unref();
-      }
-    }, 1_000)
-    : null;
-  watchdog?.unref();
+  // A node must not outlive its job: once it has heard a scheduler (the driver, or a standby that took
+  // over), a scheduler silent for NO_SCHEDULER_EXIT_MS means the driver died and nobody took over.
+  let lastScheduler: number | null = null;
+  const beats = transport.subscribe(heartbeatWildcard(job), (m) => {
+    try {
+      const b = decode(m.data) as { role?: unknown } | null;
+      if (b && b.role === 'scheduler') lastScheduler = Date.now();
+    } catch { /* not a heartbeat of ours */ }
+  });
+  const watchdog = setInterval(() => {
+    if (lastScheduler === null || Date.now() - lastScheduler < NO_SCHEDULER_EXIT_MS) return;
+    log.warn(`no scheduler heartbeat for ${NO_SCHEDULER_EXIT_MS / 1000} s (the driver is gone and no standby took over); exiting`);
+    resolve('no scheduler');
+    setTimeout(() => process.exit(1), 5_000).unref();
+  }, 1_000);
+  watchdog.unref();
   return {
     promise,
     dispose: () => {
       sub.unsubscribe();
       process.removeListener('SIGTERM', onSignal);
       process.removeListener('SIGINT', onSignal);
-      if (watchdog) clearInterval(watchdog);
+      beats.unsubscribe();
+      clearInterval(watchdog);
     },
   };
 }

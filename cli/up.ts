@@ -1,7 +1,9 @@
 /**
  * `hetps up --config FILE`: the whole job on this machine (deploy/run-job.ts
- * runs it). This file parses and checks the flags, loads the config, prints
- * the run's lines and progress, and prints the result.
+ * runs it); `hetps up --standby`: a standby driver of a job running on
+ * NATS, that takes the job over if its driver dies. This file parses and
+ * checks the flags, loads the config, prints the run's lines and progress,
+ * and prints the result.
  */
 import type { Command } from 'commander';
 import { z } from 'zod';
@@ -11,8 +13,8 @@ import { performance } from 'node:perf_hooks';
 import { ConfigError, HetpsError } from '../runtime/mod.ts';
 import { loadConfig } from '../topology/mod.ts';
 import type { JobPrinter } from '../deploy/job-backend.ts';
-import { runJob, type ControlCommand, type UpSummary } from '../deploy/run-job.ts';
-import { withJobName } from './launch.ts';
+import { runJob, runStandby, type ControlCommand, type UpSummary } from '../deploy/run-job.ts';
+import { natsServersFrom, withJobName } from './launch.ts';
 
 export { notActiveReport, type UpSummary } from '../deploy/run-job.ts';
 
@@ -36,6 +38,10 @@ export interface UpFlags {
    * For tests and demos, embedded runs included; the replies go to the summary's `control_replies`.
    */
   ctlScript?: string;
+  /** A standby driver: waits on the job's scheduler lease and takes the job over when its driver dies (deploy/run-job.ts `runStandby`). */
+  standby: boolean;
+  /** NATS URLs, comma-separated, instead of nats.servers (a standby needs one or the other). */
+  nats?: string;
 }
 
 const ctlScriptSchema = z.array(z.object({
@@ -80,13 +86,20 @@ async function readCtlScript(file: string): Promise<ControlCommand[]> {
   return r.data;
 }
 
-export async function runUp(flags: UpFlags): Promise<UpSummary> {
+/** The summary, or null when a standby had nothing to take over. */
+export async function runUp(flags: UpFlags): Promise<UpSummary | null> {
   const configPath = resolve(flags.config);
-  const config = withJobName(await loadConfig(configPath), flags.job);
+  let config = withJobName(await loadConfig(configPath), flags.job);
+  if (flags.nats !== undefined) config = { ...config, nats: { ...config.nats, servers: natsServersFrom(flags.nats, config) } };
   const evalEveryS = flags.evalEvery === undefined ? 0 : Number(flags.evalEvery);
   if (!(evalEveryS >= 0)) throw new ConfigError(`--eval-every must be a number of seconds ≥ 0, got ${flags.evalEvery}`, { data: { field: '--eval-every' } });
   const evalSamples = flags.evalSamples === undefined ? DEFAULT_EVAL_SAMPLES : Number(flags.evalSamples);
   if (!Number.isInteger(evalSamples) || evalSamples <= 0) throw new ConfigError(`--eval-samples must be a positive integer, got ${flags.evalSamples}`, { data: { field: '--eval-samples' } });
+  if (flags.standby) {
+    if (flags.embedded) throw new ConfigError('--standby and --embedded do not go together: an embedded job lives in one process, with nothing to take over', { data: { field: '--standby' } });
+    if (flags.ctlScript !== undefined) throw new ConfigError('--ctl-script is for the driver that starts the job, not a standby', { data: { field: '--ctl-script' } });
+    return runStandby({ config, configPath, configArg: flags.config, summaryPath: flags.summary ?? null, evalEveryS, evalSamples }, new Console());
+  }
   const ctlScript = flags.ctlScript === undefined ? null : await readCtlScript(flags.ctlScript);
   return runJob({
     config, configPath, configArg: flags.config, summaryPath: flags.summary ?? null, embedded: flags.embedded, launch: flags.launch,
@@ -110,14 +123,17 @@ export function register(program: Command): void {
     .option('--eval-every <seconds>', 'evaluate a test subset every this many seconds while training runs (the summary\'s curve); 0: off', '0')
     .option('--eval-samples <n>', 'test samples of each of those evaluations', String(DEFAULT_EVAL_SAMPLES))
     .option('--ctl-script <file>', 'JSON [{ after_batches, command, body }]: control commands the driver sends as a JSON NATS client during training (tests, demos); replies in the summary')
+    .option('--standby', 'a standby driver: start no cluster and no nodes, wait on the job\'s scheduler lease and take the job over if its driver dies (needs --nats or nats.servers)', false)
+    .option('--nats <urls>', 'NATS URLs, comma-separated, instead of nats.servers')
     .action(async (flags: UpFlags) => {
-      let s: UpSummary;
+      let s: UpSummary | null;
       try {
         s = await runUp(flags);
       } catch (e) {
         if (e instanceof HetpsError) throw e;
         throw new HetpsError(`hetps up failed: ${(e as Error).message}`, { cause: e });
       }
+      if (s === null) process.exit(0);
       if (flags.json) process.stdout.write(`${JSON.stringify(s)}\n`);
       else {
         const metric = s.test_auc !== null ? `test AUC ${s.test_auc.toFixed(4)}` : `test accuracy ${((s.test_accuracy ?? NaN) * 100).toFixed(2)}%`;

@@ -10,6 +10,7 @@ import type { ModelAndData } from '../actors/node/nodes.ts';
 import type { JobInfoStore } from '../actors/store/job-info.ts';
 import type { PlanStore } from '../actors/store/plan-store.ts';
 import type { ProfileStore } from '../actors/store/profile-store.ts';
+import type { LeaseHolder } from '../actors/scheduler/lease.ts';
 import type { CpuProcess } from './process-cpu.ts';
 
 /** Where a job run prints: the command line implements it (a progress line that other lines print above). */
@@ -47,6 +48,8 @@ export interface JobBackend {
   jobStore: JobInfoStore;
   /** The workers' profiles (each puts its own when it joins). */
   profileStore: ProfileStore;
+  /** The job's scheduler lease, held by this driver; absent or null embedded (one process, nothing to take over). */
+  lease?: LeaseHolder | null;
   /** Starts the nodes (processes or in-process actors); may be called before the job exists. */
   startNodes(): Promise<void>;
   /** Calls `listener` when a node process it started exits (the health actor makes it dead at once); embedded: never. */

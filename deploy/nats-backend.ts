@@ -1,16 +1,20 @@
 /**
  * The NATS backend: the job on a NATS cluster (the local one `runJob`
  * started, or `nats.servers`), one `hetps launch` process per node of the
- * YAML. The driver connects, creates the batch work queue and the KV buckets
- * (each a named set-up step: a failure says which, on which servers, and what
- * to check), and supervises the node processes.
+ * YAML. The driver connects, takes the job's scheduler lease (refused while
+ * another driver of the job renews it), creates the batch work queue and the
+ * KV buckets (each a named set-up step: a failure says which, on which
+ * servers, and what to check), and supervises the node processes.
+ *
+ * `natsStandbyBackend` is the same job as a standby driver that took the
+ * lease over sees it: the stores as they are, no node processes of its own.
  */
 import { writeFile } from 'node:fs/promises';
 import type { NatsConnection } from '@nats-io/nats-core';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
-import { ActorRef, ActorSystem, ConfigError, SeededRandom, connectTransport, controlAddress, systemClock, type Transport } from '../runtime/mod.ts';
-import { allWorkerNodes, natsConnection } from '../topology/mod.ts';
+import { ActorRef, ActorSystem, ConfigError, SeededRandom, connectTransport, controlAddress, systemClock, type Logger, type Transport } from '../runtime/mod.ts';
+import { allWorkerNodes, natsConnection, type HetpsConfig } from '../topology/mod.ts';
 import type { ExecutionProvider } from '../native-bridge/mod.ts';
 import { batchStreamName, createBatchStream, natsBatchQueue, type BatchQueue } from '../actors/store/batch-queue.ts';
 import { createJobInfoBucket, jobInfoBucket, natsJobInfoStore, resetNatsJobInfo, type JobInfoStore } from '../actors/store/job-info.ts';
@@ -18,6 +22,7 @@ import { createPlanBucket, natsConnectionOf, natsPlanStore, planBucketName, type
 import { measureHostProfile } from '../actors/node/profile-reporter.ts';
 import { createProfileBucket, natsProfileStore, profileBucket, resetNatsProfiles } from '../actors/store/profile-store.ts';
 import { defaultReplicas } from '../actors/store/replicas.ts';
+import { acquireLease, leaseBucketName, openLeaseBucket, type LeaseHolder, type LeaseKv } from '../actors/scheduler/lease.ts';
 import type { LocalCluster } from './local-cluster.ts';
 import { NodeProcesses, type NodeProcess } from './node-processes.ts';
 import type { CpuProcess } from './process-cpu.ts';
@@ -100,22 +105,60 @@ function stepStores(job: string, servers: readonly string[], check: string, plan
   };
 }
 
+/** A driver's connection to the job's cluster: the transport, its actor system (node `driver`) and the job's lease key. */
+export interface DriverConnection {
+  transport: Transport;
+  nc: NatsConnection;
+  system: ActorSystem;
+  leaseKv: LeaseKv;
+  /** `driver@<host>:<pid>`, as the lease names its holder. */
+  holder: string;
+  close(): Promise<void>;
+}
+
+/** Connects (a named set-up step) and opens (or creates) the job's lease bucket. */
+export async function connectDriver(o: { config: HetpsConfig; job: string; log: Logger; servers: string[]; natsDir: string | null; name: string }): Promise<DriverConnection> {
+  const { config, job, log, servers } = o;
+  const conn = natsConnection(config);
+  const transport: Transport = await setupStep({ what: 'connecting to NATS', servers, check: connectCheck(o.natsDir) }, () => connectTransport({
+    servers, name: o.name, auth: conn.auth, tls: conn.tls, logger: log, pingIntervalMs: conn.pingIntervalMs, connectTimeoutMs: conn.connectTimeoutMs,
+  }));
+  const nc = natsConnectionOf(transport)!;
+  // Every driver of the job, active or standby, is node `driver`; its incarnation tells them apart.
+  const system = new ActorSystem({ transport, job, node: 'driver', clock: systemClock, random: new SeededRandom(config.training.random_seed), logger: log });
+  const close = async () => {
+    await system.stop().catch(() => undefined);
+    await transport.close().catch(() => undefined);
+  };
+  try {
+    const wanted = defaultReplicas(nc, servers.length);
+    const { kv } = await setupStep({ what: `opening the KV bucket ${leaseBucketName(job)} (replicas ${wanted})`, servers, check: jetStreamCheck(o.natsDir) },
+      () => openLeaseBucket(nc, job, { replicas: wanted, servers: servers.length, notice: (l) => log.warn(l) }));
+    return { transport, nc, system, leaseKv: kv, holder: `driver@${hostname()}:${process.pid}`, close };
+  } catch (e) {
+    await close();
+    throw e;
+  }
+}
+
 export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promise<JobBackend> {
   const { config, job, log, out: con, ackWaitMs, runId, runDir } = ctx;
   const { servers, cluster, skip } = o;
   const natsDir = natsLogDir(cluster, runDir);
-  const conn = natsConnection(config);
-  const transport: Transport = await setupStep({ what: 'connecting to NATS', servers, check: connectCheck(natsDir) }, () => connectTransport({
-    servers, name: 'hetps-driver', auth: conn.auth, tls: conn.tls, logger: log, pingIntervalMs: conn.pingIntervalMs, connectTimeoutMs: conn.connectTimeoutMs,
-  }));
-  const nc = natsConnectionOf(transport)!;
-  const system = new ActorSystem({ transport, job, node: 'driver', clock: systemClock, random: new SeededRandom(config.training.random_seed), logger: log });
+  const driver = await connectDriver({ config, job, log, servers, natsDir, name: 'hetps-driver' });
+  const { transport, nc, system } = driver;
+  let lease: LeaseHolder | null = null;
   try {
+    // Before anything of the job is written: a second driver of a running job must not reset its stores.
+    lease = await setupStep({ what: `taking the scheduler lease (KV bucket ${leaseBucketName(job)})`, servers, check: jetStreamCheck(natsDir) },
+      () => acquireLease({ kv: driver.leaseKv, clock: systemClock, identity: { holder: driver.holder, incarnation: system.senderId }, runId, job, log }));
+    con.line(`scheduler lease: ${driver.holder} holds it (term ${lease.term}, KV bucket ${leaseBucketName(job)}); `
+      + `a standby (hetps up --standby) takes the job over after ${lease.leaseMs} ms without renewal`);
     const { replicas } = await createJobStores(nc, job, { servers, natsDir, ackWaitMs, notice: (l) => log.warn(l) });
     log.debug({ replicas }, 'batch stream and KV buckets created');
   } catch (e) {
-    await system.stop().catch(() => undefined);
-    await transport.close().catch(() => undefined);
+    await lease?.release(`set-up failed: ${(e as Error).message}`).catch(() => undefined);
+    await driver.close();
     throw e;
   }
   const stores = stepStores(job, servers, jetStreamCheck(natsDir), natsPlanStore(nc, job), natsJobInfoStore(nc, job), natsBatchQueue(nc, job));
@@ -132,7 +175,7 @@ export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promi
   const describeExit = (e: { code: number | null; signal: NodeJS.Signals | null }) => (e.signal ? `signal ${e.signal}` : `code ${e.code}`);
 
   return {
-    transport, system, queue, planStore: stores.plan, jobStore: stores.info, profileStore: natsProfileStore(nc, job),
+    transport, system, queue, planStore: stores.plan, jobStore: stores.info, profileStore: natsProfileStore(nc, job), lease,
     onNodeExit(listener) {
       exitListeners.push(listener);
     },
@@ -186,12 +229,9 @@ export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promi
           con.line(`server ${n.spec.name} exited (${describeExit(n.exit)}): its shards fail over to their backups`);
           continue;
         }
-        if (abnormal && config.training.mode === 'bsp') {
-          return `worker ${n.spec.name} exited (${describeExit(n.exit)}) and bsp rounds need every worker (no worker failover yet)`;
-        }
         if (abnormal) {
           reported.add(n.spec.name);
-          con.line(`worker ${n.spec.name} exited (${describeExit(n.exit)}): the batch it held goes back to the queue after ack_wait (${ackWaitMs / 1000} s)`);
+          con.line(`worker ${n.spec.name} exited (${describeExit(n.exit)}): the batch it held goes back to the queue after ack_wait (${ackWaitMs / 1000} s)${config.training.mode === 'bsp' ? '; bsp rounds go on without it' : ''}`);
         }
       }
       const launchedWorkers = procs.nodes.filter((n) => n.spec.role === 'worker');
@@ -213,9 +253,40 @@ export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promi
       procs.killAll('SIGKILL');
     },
     async close() {
+      procs.close();
       await queue.close();
       await system.stop();
       await transport.close();
+    },
+  };
+}
+
+/**
+ * The job as a standby driver that took its lease over runs it: the stores
+ * as the job's first driver made them, no node processes of its own (they
+ * were started by that driver or by hand, and keep running), `stopNodes`
+ * the shutdown message every node of the run listens for.
+ */
+export function natsStandbyBackend(driver: DriverConnection, o: { job: string; runId: string; lease: LeaseHolder }): JobBackend {
+  const { transport, nc, system } = driver;
+  const queue = natsBatchQueue(nc, o.job);
+  // The scheduler's command, as any client would send it; every node of the run listens on it.
+  const shutdown = async (reason: string) => {
+    new ActorRef(system, controlAddress(o.job)).tell('shutdown', { run_id: o.runId, reason });
+    await transport.flush().catch(() => undefined);
+  };
+  return {
+    transport, system, queue, planStore: natsPlanStore(nc, o.job), jobStore: natsJobInfoStore(nc, o.job), profileStore: natsProfileStore(nc, o.job), lease: o.lease,
+    onNodeExit() { /* not our children: the health actor's verdicts say when they go */ },
+    async startNodes() { /* already running */ },
+    check: () => null,
+    cpuProcesses: () => [{ name: 'driver', pid: null }],
+    async stopNodes() { await shutdown('the job is done'); },
+    // Ctrl-C of the job's scheduler ends the job, as it does for the driver that started it.
+    async kill() { await shutdown('the scheduler was interrupted'); },
+    async close() {
+      await queue.close();
+      await driver.close();
     },
   };
 }

@@ -2,13 +2,20 @@
  * The node processes `hetps up` starts: one `hetps launch …` child per node
  * of the YAML, each line of its output shown with the node's name in front
  * (JSON log lines rendered as one short line) and kept whole in
- * `<run dir>/logs/<node>.log`. Children learn the driver's pid and exit when
- * it is gone, so a killed driver leaves nothing behind.
+ * `<run dir>/logs/<node>.log`.
+ *
+ * A child is not tied to this process's life: it writes its output straight
+ * into its log file (this process follows the file; no pipe that would break
+ * under it) and is not told this process's pid, so a driver that is
+ * SIGKILLed leaves its nodes training while a standby scheduler takes the job
+ * over (deploy/run-job.ts). Nodes end on the job's shutdown message, on
+ * SIGTERM / SIGINT (the driver's Ctrl-C handler sends SIGTERM to each; a
+ * terminal's Ctrl-C reaches them too, as they share its process group).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { createWriteStream, mkdirSync, type WriteStream } from 'node:fs';
+import { closeSync, fstatSync, mkdirSync, openSync, readSync } from 'node:fs';
 import { join } from 'node:path';
-import { createInterface } from 'node:readline';
+import { StringDecoder } from 'node:string_decoder';
 import { fileURLToPath } from 'node:url';
 import { pino, type Logger } from 'pino';
 import { resolveLogLevel } from '../runtime/mod.ts';
@@ -64,34 +71,86 @@ export interface NodeProcess {
   readonly exited: Promise<void>;
 }
 
+/** Follows a file that another process appends to, line by line, from `from` bytes on. */
+class LogTail {
+  private readonly fd: number;
+  private pos: number;
+  private partial = '';
+  private readonly buf = Buffer.alloc(64 * 1024);
+  /** Keeps a character split between two reads whole. */
+  private readonly decoder = new StringDecoder('utf8');
+  private closed = false;
+
+  constructor(file: string, from: number, private readonly onLine: (line: string) => void) {
+    this.fd = openSync(file, 'r');
+    this.pos = from;
+  }
+
+  /** Reads what was appended since the last call. */
+  read(): void {
+    if (this.closed) return;
+    for (;;) {
+      let n: number;
+      try { n = readSync(this.fd, this.buf, 0, this.buf.length, this.pos); } catch { return; }
+      if (n <= 0) return;
+      this.pos += n;
+      const text = this.partial + this.decoder.write(this.buf.subarray(0, n));
+      const lines = text.split('\n');
+      this.partial = lines.pop() ?? '';
+      for (const line of lines) this.onLine(line);
+    }
+  }
+
+  /** The rest, a last unterminated line included; then stops. */
+  close(): void {
+    if (this.closed) return;
+    this.read();
+    this.partial += this.decoder.end();
+    if (this.partial) this.onLine(this.partial);
+    this.partial = '';
+    this.closed = true;
+    try { closeSync(this.fd); } catch { /* closed */ }
+  }
+}
+
+/** How often the children's log files are read for new lines. */
+const TAIL_MS = 200;
+
 export class NodeProcesses {
   readonly nodes: NodeProcess[] = [];
-  private readonly logs: WriteStream[] = [];
+  private readonly tails = new Set<LogTail>();
+  private readonly ticker: ReturnType<typeof setInterval>;
 
   constructor(private readonly logDir: string, private readonly print: (line: string) => void, private readonly env: NodeJS.ProcessEnv = {}) {
     mkdirSync(logDir, { recursive: true });
+    this.ticker = setInterval(() => { for (const t of this.tails) t.read(); }, TAIL_MS);
+    this.ticker.unref();
   }
 
   start(spec: NodeProcessSpec): NodeProcess {
-    const child = spawn(process.execPath, [BIN, 'launch', ...spec.args], {
-      stdio: ['ignore', 'pipe', 'pipe'],
-      env: { ...process.env, ...this.env, HETPS_PARENT_PID: String(process.pid) },
-    });
-    const log = createWriteStream(join(this.logDir, `${spec.name}.log`), { flags: 'a' });
-    this.logs.push(log);
+    const file = join(this.logDir, `${spec.name}.log`);
+    const env: NodeJS.ProcessEnv = { ...process.env, ...this.env };
+    // Nodes are not tied to the driver's process (a standby may take the job over): they end on the job's shutdown, or after a minute without any scheduler heartbeat (cli/launch.ts).
+    delete env.HETPS_PARENT_PID;
+    const fd = openSync(file, 'a');
+    let child: ChildProcess;
+    let from: number;
+    try {
+      from = fstatSync(fd).size;
+      child = spawn(process.execPath, [BIN, 'launch', ...spec.args], { stdio: ['ignore', fd, fd], env });
+    } finally {
+      closeSync(fd);
+    }
+    const tail = new LogTail(file, from, (line) => this.print(`[${spec.name}] ${renderLogLine(line)}`));
+    this.tails.add(tail);
+    const finish = () => { tail.close(); this.tails.delete(tail); };
     const node: NodeProcess = {
       spec, child, exit: null,
       exited: new Promise<void>((resolve) => {
-        child.once('exit', (code, signal) => { node.exit = { code, signal }; resolve(); });
-        child.once('error', (e) => { this.print(`[${spec.name}] could not start: ${e.message}`); node.exit ??= { code: -1, signal: null }; resolve(); });
+        child.once('exit', (code, signal) => { node.exit = { code, signal }; finish(); resolve(); });
+        child.once('error', (e) => { this.print(`[${spec.name}] could not start: ${e.message}`); node.exit ??= { code: -1, signal: null }; finish(); resolve(); });
       }),
     };
-    for (const stream of [child.stdout!, child.stderr!]) {
-      createInterface({ input: stream }).on('line', (line) => {
-        log.write(`${line}\n`);
-        this.print(`[${spec.name}] ${renderLogLine(line)}`);
-      });
-    }
     this.nodes.push(node);
     return node;
   }
@@ -111,11 +170,18 @@ export class NodeProcesses {
     await wait(5_000);
     for (const n of this.running()) n.child.kill('SIGKILL');
     await wait(2_000);
-    await Promise.all(this.logs.map((l) => new Promise<void>((r) => l.end(() => r()))));
+    this.close();
   }
 
-  /** Immediately, for Ctrl-C: SIGTERM everything (children exit on their own if this process dies first). */
+  /** Immediately, for Ctrl-C: SIGTERM everything. */
   killAll(signal: NodeJS.Signals = 'SIGTERM'): void {
     for (const n of this.running()) n.child.kill(signal);
+  }
+
+  /** Stops following the log files (what is in them so far is printed). */
+  close(): void {
+    clearInterval(this.ticker);
+    for (const t of this.tails) t.close();
+    this.tails.clear();
   }
 }

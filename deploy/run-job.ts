@@ -11,6 +11,15 @@
  * `embedded`, the same actors run in this one process on the in-process bus,
  * with an in-memory work queue and plan store.
  *
+ * Over NATS the driver holds the job's scheduler lease (actors/scheduler/
+ * lease.ts) from before it writes anything of the job. `runStandby` is
+ * `hetps up --standby`: a second driver that counts the acknowledgements
+ * from its start, waits on the lease, and when the active driver stops
+ * renewing it (its process died) takes the job over: it reads the job from
+ * its stores, starts the control plane and supervises the job to its end as
+ * the active driver would have. Training does not wait for it: workers,
+ * shards and JetStream go on without a scheduler.
+ *
  * Everything it says goes through a `JobPrinter`; the command line prints.
  */
 import { mkdir, writeFile } from 'node:fs/promises';
@@ -18,11 +27,14 @@ import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { randomUUID } from 'node:crypto';
 import { findNatsServer, startLocalCluster, type LocalCluster } from './local-cluster.ts';
-import { JSON_CONTENT_TYPE, MissingDependencyError, controlSubject, systemClock, type Actor, type NatsAuth, type NatsTls } from '../runtime/mod.ts';
-import { allWorkerNodes, groupsMeasuredAtStart, inactiveSettings, natsConnection, type HetpsConfig } from '../topology/mod.ts';
+import {
+  ConfigError, HetpsError, JSON_CONTENT_TYPE, MissingDependencyError, controlSubject, systemClock, type Actor, type NatsAuth, type NatsTls,
+} from '../runtime/mod.ts';
+import { allWorkerNodes, groupsMeasuredAtStart, inactiveSettings, natsConnection, type HetpsConfig, type NodeProfile } from '../topology/mod.ts';
 import type { Evaluation } from '../native-bridge/mod.ts';
 import { ackWaitFromConfig } from '../actors/store/batch-queue.ts';
-import { sparseLayoutFromConfig } from '../actors/node/config-bridge.ts';
+import { batchDescriptors, sparseLayoutFromConfig } from '../actors/node/config-bridge.ts';
+import { natsJobInfoStore, waitForJobInfo, type JobInfo } from '../actors/store/job-info.ts';
 import { planJobGroups, prepareJob, profilesOf, waitForProfiles, type JobGrouping, type PreparedJob } from '../actors/scheduler/job.ts';
 import {
   TrainingMonitor, type CurvePoint, type TrainingProgress, type TrainingReport, type UtilisationReport,
@@ -30,16 +42,19 @@ import {
 import { EVAL_BATCH_MIN, ShardEvaluator, evaluateOnShards } from '../actors/monitor/evaluate.ts';
 import { DEFAULT_NODE_WAIT_MS, modelAndData } from '../actors/node/nodes.ts';
 import { RegroupController, type RegroupRecord } from '../actors/scheduler/regroup.ts';
-import { startControlPlane } from '../actors/scheduler/control-plane.ts';
+import { startControlPlane, type ControlPlane } from '../actors/scheduler/control-plane.ts';
+import { createMonitorActor } from '../actors/monitor/monitor.actor.ts';
+import { LeaseStandby, leaseBucketName, type LeaseHolder, type TakeoverRecord } from '../actors/scheduler/lease.ts';
 import { ShardFailover, createFailoverActor, type FailoverRecord, type ReplicaRecord } from '../actors/scheduler/failover.ts';
 import { checkIntegrity, type IntegrityReport } from '../actors/scheduler/integrity.ts';
 import { PlanView } from '../actors/store/plan-view.ts';
+import { natsPlanStore } from '../actors/store/plan-store.ts';
 import { publishEvent } from '../actors/monitor/monitor.messages.ts';
 import { ShardClient, shardStalenessSummary, type StalenessSummary } from '../actors/worker/shard-client.ts';
 import { lineLogger } from './node-processes.ts';
 import { cpuBetween, cpuSnapshot, type CpuReport, type CpuSnapshot } from './process-cpu.ts';
 import type { JobBackend, JobContext, JobPrinter } from './job-backend.ts';
-import { natsBackend } from './nats-backend.ts';
+import { connectDriver, natsBackend, natsStandbyBackend } from './nats-backend.ts';
 import { embeddedBackend } from './embedded-backend.ts';
 import { setupStep } from './setup-step.ts';
 
@@ -72,6 +87,35 @@ export interface JobRunOptions {
   ctlScript: ControlCommand[] | null;
   /** Log level; default HETPS_LOG_LEVEL, else logging.level of the config. */
   level?: string;
+}
+
+/** A parsed `hetps up --standby` command line. */
+export interface StandbyRunOptions {
+  /** The config of the job (the same as its active driver's); `nats.servers` says where the job runs. */
+  config: HetpsConfig;
+  configPath: string;
+  configArg: string;
+  summaryPath: string | null;
+  evalEveryS: number;
+  evalSamples: number;
+  level?: string;
+}
+
+/** Who ran the job's control plane: the summary's `scheduler`. */
+export interface SchedulerReport {
+  /** How long the holder may go without renewing the lease before a standby takes over, ms; null embedded (no lease). */
+  lease_ms: number | null;
+  /** The driver that ended the job (`driver@<host>:<pid>`); null embedded. */
+  holder: string | null;
+  /** Each takeover of the job by a standby, in order. */
+  takeovers: TakeoverRecord[];
+  /**
+   * Where this driver's exactly-once accounting starts: `job_start` (it
+   * listened before the job was created: every acknowledgement is counted),
+   * or `standby_start` (a standby started after the job was created:
+   * acknowledgements before its start are missing from batches_acked).
+   */
+  acks_seen_from: 'job_start' | 'standby_start';
 }
 
 export interface UpSummary {
@@ -137,6 +181,8 @@ export interface UpSummary {
     /** Requests the driver's client re-sent after a stale plan or silence. */
     client_reroutes: number;
   };
+  /** The scheduler lease and the takeovers of the run. */
+  scheduler: SchedulerReport;
 }
 
 /** The not-active report: the file's inactive settings. */
@@ -153,8 +199,18 @@ function progressText(p: TrainingProgress, mode: string): string {
 
 // ---------------------------------------------------------------- steps
 
+/** nodes.<name>.emulate.speed of the emulated workers. */
+function emulatedSpeeds(config: HetpsConfig): Record<string, number> {
+  const emulated: Record<string, number> = {};
+  for (const w of allWorkerNodes(config)) { const s = config.nodes[w.name]?.emulate?.speed; if (s !== undefined) emulated[w.name] = s; }
+  return emulated;
+}
+
 /** The run dir, the logger and the opening lines. */
-async function describeRun(o: JobRunOptions, out: JobPrinter): Promise<JobContext & { emulated: Record<string, number>; notActive: string[] }> {
+/** A run's context with what its summary reports of the config. */
+type RunContext = JobContext & { emulated: Record<string, number>; notActive: string[] };
+
+async function describeRun(o: JobRunOptions, out: JobPrinter): Promise<RunContext> {
   const { config } = o;
   const job = config.job.name;
   const level = o.level ?? process.env.HETPS_LOG_LEVEL ?? config.logging.level;
@@ -168,8 +224,7 @@ async function describeRun(o: JobRunOptions, out: JobPrinter): Promise<JobContex
   const runDir = resolve(config.job.run_dir, runId);
   await mkdir(runDir, { recursive: true });
   const workers = allWorkerNodes(config);
-  const emulated: Record<string, number> = {};
-  for (const w of workers) { const s = config.nodes[w.name]?.emulate?.speed; if (s !== undefined) emulated[w.name] = s; }
+  const emulated = emulatedSpeeds(config);
   const groupsText = config.cluster.worker_groups.length > 0 ? `in ${config.cluster.worker_groups.length} group(s)`
     : groupsMeasuredAtStart(config) ? 'to be grouped by their measured profiles' : 'without groups';
   out.line(`hetps up: job ${job} (${config.training.mode}), ${config.cluster.server_nodes.length} server(s), ${workers.length} worker(s) ${groupsText}; run dir ${runDir}`);
@@ -178,7 +233,7 @@ async function describeRun(o: JobRunOptions, out: JobPrinter): Promise<JobContex
   }
   return {
     config, job, configPath: o.configPath, configArg: o.configArg, runId, runDir, level, log, out,
-    md: modelAndData(config), ackWaitMs: ackWaitFromConfig(config.fault_tolerance.worker_recovery_timeout), emulated, notActive,
+    md: modelAndData(config), ackWaitMs: ackWaitFromConfig(config.fault_tolerance), emulated, notActive,
   };
 }
 
@@ -193,9 +248,11 @@ async function startCluster(ctx: JobContext, embeddedFlag: boolean): Promise<{ s
     try {
       findNatsServer();
       out.line('starting a local 3-node NATS cluster (random ports)');
+      // Detached: a driver that is deposed (another took its lease over) leaves the cluster to the new scheduler;
+      // every other end of this process stops it (runJob, the signal handlers, `stopClusterOnExit`).
       cluster = await startLocalCluster({
         nodes: 3, dir: join(ctx.runDir, 'nats'), clientPort: null, clusterPort: null, httpPort: null,
-        maxPayload: config.nats.max_payload, jetstream: true, readyTimeoutMs: 60_000,
+        maxPayload: config.nats.max_payload, jetstream: true, readyTimeoutMs: 60_000, detached: true,
       });
       servers = cluster.urls;
       out.line(`NATS cluster up: ${servers.join(',')}`);
@@ -345,7 +402,7 @@ async function evaluate(ctx: JobContext, shardClient: ShardClient, monitor: Trai
   return { evaluation, staleness };
 }
 
-/** Ctrl-C / SIGTERM: end the nodes and the cluster, then exit. Returns the uninstaller. */
+/** Ctrl-C / SIGTERM: end the nodes and the cluster, release the lease, then exit. Returns the uninstaller. */
 function onSignals(ctx: JobContext, backend: JobBackend, cluster: LocalCluster | null): () => void {
   let interrupted = false;
   const onSignal = (sig: NodeJS.Signals) => {
@@ -355,6 +412,7 @@ function onSignals(ctx: JobContext, backend: JobBackend, cluster: LocalCluster |
     ctx.out.line(`hetps up: got ${sig}; stopping every node${cluster ? ' and the NATS cluster' : ''}`);
     void (async () => {
       await backend.kill().catch(() => undefined);
+      await backend.lease?.release(`interrupted (${sig})`).catch(() => undefined);
       await cluster?.stop().catch(() => undefined);
       process.exit(sig === 'SIGINT' ? 130 : 143);
     })();
@@ -365,6 +423,20 @@ function onSignals(ctx: JobContext, backend: JobBackend, cluster: LocalCluster |
     process.removeListener('SIGINT', onSignal);
     process.removeListener('SIGTERM', onSignal);
   };
+}
+
+/**
+ * The local cluster is started detached (it must outlive a deposed driver):
+ * any other exit of this process, an uncaught error included, still takes
+ * it down, as a cluster tied to this process would be. Returns `leave`,
+ * which keeps it running past the exit.
+ */
+function stopClusterOnExit(cluster: LocalCluster | null): { leave(): void; remove(): void } {
+  if (cluster === null) return { leave: () => undefined, remove: () => undefined };
+  const kill = () => { for (const n of cluster.nodes) { try { process.kill(n.pid, 'SIGKILL'); } catch { /* gone */ } } };
+  process.on('exit', kill);
+  const remove = () => { process.removeListener('exit', kill); };
+  return { leave: remove, remove };
 }
 
 async function writeSummary(summary: UpSummary, runDir: string, also: string | null): Promise<void> {
@@ -378,51 +450,39 @@ function natsAuthOf(config: HetpsConfig): { auth: NatsAuth | null; tls: NatsTls 
   return { auth: c.auth, tls: c.tls };
 }
 
-// ---------------------------------------------------------------- the run
+// ---------------------------------------------------------------- the job, created: to its end
 
-/** Runs the job to its end and returns the summary (also written to `<run dir>/summary.json`). */
-export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSummary> {
-  const t0 = performance.now();
-  const ctx = await describeRun(o, out);
-  const { config, job, md, log } = ctx;
+/** What supervising a created job to its end produced. */
+interface Conducted {
+  trained: Supervised;
+  evaluated: { evaluation: Evaluation; staleness: StalenessSummary };
+  integrity: IntegrityReport | null;
+  failover: ShardFailover | null;
+  regroups: RegroupRecord[];
+  shardClient: ShardClient;
+}
 
-  const { servers, cluster, embedded } = await startCluster(ctx, o.embedded);
-  let backend: JobBackend;
-  try {
-    backend = servers === null
-      ? await embeddedBackend(ctx)
-      : await natsBackend(ctx, { servers, cluster, launch: o.launch, skip: o.skip });
-  } catch (e) {
-    await cluster?.stop().catch(() => undefined);
-    throw e;
-  }
-  const removeSignalHandlers = onSignals(ctx, backend, cluster);
-
-  // The control plane first: it hears every node from its first heartbeat and report.
-  let shutdownRequested: string | null = null;
-  const plane = await startControlPlane(backend.system, {
-    policy: { heartbeatMs: config.fault_tolerance.heartbeat_ms, deadAfterMs: config.fault_tolerance.dead_after_ms }, log,
-    onShutdown: (reason) => { shutdownRequested = reason; },
-    nats: servers === null ? null : { servers, ...natsAuthOf(config) },
-  });
-  backend.onNodeExit((node, how) => plane.nodeExited(node, how));
+/**
+ * From a created job to its end, the same for the driver that created it
+ * and for a standby that took it over: shard failover, the periodic
+ * evaluation, pause / regroup, the scheduler attached to the job, training
+ * supervised to the last acknowledgement, the final evaluation and the
+ * integrity check.
+ */
+async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPlane, prepared: PreparedJob, o: {
+  nats: boolean; evalEveryS: number; evalSamples: number; control: ControlScript; check: () => string | null; profiles: readonly NodeProfile[];
+  /** The job info says a ctl.pause is in force (a standby taking over a paused job): the new controller holds the pause. */
+  pausedAtStart: boolean;
+}): Promise<Conducted> {
+  const { config, job, md, log, out } = ctx;
   const monitor = plane.monitor.training;
-  const check = () => (shutdownRequested !== null ? `ctl.shutdown: ${shutdownRequested}` : backend.check());
-  let shardClient!: ShardClient;
+  const shardClient = new ShardClient(backend.system, { requestTimeoutMs: 30_000, log, shouldStop: () => false, plans: PlanView.follow(prepared.plan, backend.planStore) });
   let failover: ShardFailover | null = null;
   let failoverActor: Actor<never> | null = null;
-  let integrity: IntegrityReport | null = null;
-  const control = new ControlScript(ctx, backend, o.ctlScript ?? []);
   let periodic: ShardEvaluator | null = null;
   let regrouper: RegroupController | null = null;
-  let grouping: JobGrouping | null;
-  let trained: Supervised;
-  let evaluated: { evaluation: Evaluation; staleness: StalenessSummary };
   try {
-    grouping = await startNodesAndPlanGroups(ctx, backend, servers ?? []);
-    const prepared = await createJob(ctx, backend, grouping);
-    shardClient = new ShardClient(backend.system, { requestTimeoutMs: 30_000, log, shouldStop: () => false, plans: PlanView.follow(prepared.plan, backend.planStore) });
-    if (servers !== null) {
+    if (o.nats) {
       // Failover acts on the health actor's verdicts; the embedded mode has one process, nothing to fail over to.
       failover = new ShardFailover({
         planStore: backend.planStore, health: plane.health, servers: config.cluster.server_nodes, backupFactor: config.fault_tolerance.backup_factor,
@@ -437,67 +497,74 @@ export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSumma
         batchSize: Math.max(config.data.batch_size, EVAL_BATCH_MIN), threads: 1, maxSamples: o.evalSamples,
       });
     }
+    const info = prepared.info;
     // Every mode can be paused; regrouping (and its automatic trigger) is hps only.
     regrouper = new RegroupController({
-      transport: backend.transport, job, jobStore: backend.jobStore, info: prepared.info, clock: systemClock, log, profileStore: backend.profileStore,
-      profiles: grouping?.profiles ?? [],
+      transport: backend.transport, job, jobStore: backend.jobStore, clock: systemClock, log, profileStore: backend.profileStore,
+      // A pause in force is entered again from the version before it: the same job info is written, and this controller owns the pause.
+      info: o.pausedAtStart ? { ...info, groups_version: info.groups_version - 1, paused: false } : info,
+      profiles: o.profiles,
       isDead: (node) => plane.health.stateOf(node) === 'dead',
       onPaused: (v, workers) => {
         out.line(`paused: every live worker stopped at its boundary (${workers.join(', ')}); send ctl.resume to continue`);
         publishEvent(backend.transport, job, 'scheduler', { kind: 'paused', node: null, text: `every live worker paused (groups v${v})` });
       },
     });
+    if (o.pausedAtStart) await regrouper.pause('paused before this scheduler took over');
     const controller = regrouper;
-    plane.monitor.setTotalBatches(prepared.info.total_batches);
+    plane.monitor.setTotalBatches(info.total_batches);
     plane.scheduler.attach({ info: () => controller.jobInfo, plan: () => shardClient.plans.current, controller });
-    trained = await supervise(ctx, backend, monitor, prepared, ctx.emulated, periodic, o.evalEveryS, control, check);
+    const trained = await supervise(ctx, backend, monitor, prepared, ctx.emulated, periodic, o.evalEveryS, o.control, o.check);
     plane.scheduler.setEnded('stopping');
-    await control.settled();
-    await regrouper?.dispose();
+    await o.control.settled();
+    await regrouper.dispose();
     out.end();
-    printTraining(out, trained, regrouper?.records ?? [], ctx.emulated);
-    evaluated = await evaluate(ctx, shardClient, monitor, prepared);
+    printTraining(out, trained, regrouper.records, ctx.emulated);
+    const evaluated = await evaluate(ctx, shardClient, monitor, prepared);
     await failover?.settled();
     const finalPlan = await shardClient.plans.refresh();
-    integrity = await checkIntegrity({ system: backend.system, plan: finalPlan, acked: monitor.ackedBatches(), clock: systemClock, log });
+    const integrity = await checkIntegrity({ system: backend.system, plan: finalPlan, acked: monitor.ackedBatches(), clock: systemClock, log });
     out.line(`integrity: ${integrity.acked} batches acknowledged, ${integrity.applied} applied on every shard, ${integrity.lost} lost, ${integrity.duplicated} applied twice`
       + `${integrity.dropped_stale ? `, ${integrity.dropped_stale} dropped as too stale` : ''}; replicas ${integrity.replicas_equal === null ? 'not all checked' : integrity.replicas_equal ? 'equal' : 'DIFFER'}`
       + ` (plan v${finalPlan.version}${failover && failover.failovers.length ? `, ${failover.failovers.length} failover(s)` : ''})`);
     if (integrity.lost || integrity.duplicated) log.warn({ lost: integrity.lost_examples, duplicated: integrity.duplicated_examples }, 'integrity check found lost or duplicated batches');
+    return { trained, evaluated, integrity, failover, regroups: regrouper.records, shardClient };
   } finally {
     failover?.dispose();
     if (failoverActor) await backend.system.despawn(failoverActor).catch(() => undefined);
     await regrouper?.dispose().catch(() => undefined);
-    await plane.stop();
     await periodic?.dispose().catch(() => undefined);
-    out.end();
-    await backend.stopNodes().catch((e: unknown) => log.warn({ err: (e as Error).message }, 'stopping the nodes failed'));
-    await backend.close().catch(() => undefined);
-    await cluster?.stop().catch(() => undefined);
-    removeSignalHandlers();
   }
+}
 
-  const { report, cpu } = trained;
-  const { evaluation, staleness } = evaluated;
-  const summary: UpSummary = {
+/** The run summary (also what `hetps up --json` prints). */
+function summaryOf(ctx: RunContext, c: Conducted, o: {
+  t0: number; embedded: boolean; servers: string[] | null; evalEveryS: number; evalSamples: number;
+  controlReplies: ControlReply[] | null; grouping: JobGrouping | null; scheduler: SchedulerReport;
+}): UpSummary {
+  const { config, md } = ctx;
+  const { report, cpu } = c.trained;
+  const { evaluation, staleness } = c.evaluated;
+  const failover = c.failover;
+  return {
     mode: config.training.mode,
     samples: report.samples,
     samples_per_s: report.samples_per_s,
     test_auc: evaluation.kind === 'ctr' ? evaluation.auc : null,
     test_logloss: evaluation.logloss,
     ...(evaluation.kind === 'mlp' ? { test_accuracy: evaluation.accuracy } : {}),
-    wall_s: (performance.now() - t0) / 1000,
-    transport: embedded ? 'embedded' : 'nats',
+    wall_s: (performance.now() - o.t0) / 1000,
+    transport: o.embedded ? 'embedded' : 'nats',
     batches: report.batches,
     batches_acked: report.batches_acked,
     duplicate_acks: report.duplicate_acks,
-    job, run_id: ctx.runId, run_dir: ctx.runDir,
+    job: ctx.job, run_id: ctx.runId, run_dir: ctx.runDir,
     train_s: report.train_s,
     unconfirmed_acks: report.unconfirmed_acks,
     redelivered: report.redelivered,
     per_worker: report.per_worker,
     emulated: ctx.emulated,
-    nats: servers,
+    nats: o.servers,
     not_active: ctx.notActive,
     eval_every_s: o.evalEveryS > 0 ? o.evalEveryS : null,
     eval_samples: o.evalEveryS > 0 ? Math.min(o.evalSamples, md.source.describe().testSize) : null,
@@ -505,11 +572,11 @@ export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSumma
     utilisation: report.utilisation,
     cpu,
     staleness,
-    regroups: regrouper?.records ?? [],
+    regroups: c.regroups,
     per_worker_group: report.per_worker_group,
-    ...(o.ctlScript !== null ? { control_replies: control.replies } : {}),
-    grouping,
-    integrity,
+    ...(o.controlReplies !== null ? { control_replies: o.controlReplies } : {}),
+    grouping: o.grouping,
+    integrity: c.integrity,
     replication: {
       backup_factor: config.fault_tolerance.backup_factor,
       mode: config.fault_tolerance.replication,
@@ -517,9 +584,249 @@ export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSumma
       replicas_added: failover?.replicas ?? [],
       shards_lost: failover ? [...failover.lost] : [],
       unprotected: failover?.report().unprotected ?? [],
-      client_reroutes: shardClient.rerouted,
+      client_reroutes: c.shardClient.rerouted,
     },
+    scheduler: o.scheduler,
   };
+}
+
+/** What the lease says of this driver for `check`: a deposed scheduler must stop supervising. */
+function leaseCheck(lease: LeaseHolder | null): string | null {
+  return lease?.lost ? lease.lost.message : null;
+}
+
+/**
+ * The end of a run for whoever holds the lease: the nodes told to stop, the
+ * lease released (a standby then knows the job is over), the connection and
+ * the cluster closed. A deposed driver does none of the first two: the job
+ * and its nodes belong to the scheduler that took over.
+ */
+async function endRun(ctx: JobContext, backend: JobBackend, o: { cluster: LocalCluster | null; failure: unknown; exitHook: { leave(): void; remove(): void } }): Promise<void> {
+  const { log, out } = ctx;
+  const lease = backend.lease ?? null;
+  out.end();
+  if (lease?.lost) {
+    out.line(`hetps up: ${lease.lost.message}; leaving the nodes${o.cluster ? ' and the NATS cluster' : ''} to the scheduler that took over`);
+    await backend.close().catch(() => undefined);
+    o.exitHook.leave();
+    return;
+  }
+  await backend.stopNodes().catch((e: unknown) => log.warn({ err: (e as Error).message }, 'stopping the nodes failed'));
+  await lease?.release(o.failure === null ? 'the job is done' : `the job failed: ${(o.failure as Error).message ?? String(o.failure)}`).catch(() => undefined);
+  await backend.close().catch(() => undefined);
+  await o.cluster?.stop().catch(() => undefined);
+  o.exitHook.remove();
+}
+
+// ---------------------------------------------------------------- the run
+
+/** Runs the job to its end and returns the summary (also written to `<run dir>/summary.json`). */
+export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSummary> {
+  const t0 = performance.now();
+  const ctx = await describeRun(o, out);
+  const { config, log } = ctx;
+
+  const { servers, cluster, embedded } = await startCluster(ctx, o.embedded);
+  const exitHook = stopClusterOnExit(cluster);
+  let backend: JobBackend;
+  try {
+    backend = servers === null
+      ? await embeddedBackend(ctx)
+      : await natsBackend(ctx, { servers, cluster, launch: o.launch, skip: o.skip });
+  } catch (e) {
+    await cluster?.stop().catch(() => undefined);
+    exitHook.remove();
+    throw e;
+  }
+  const lease = backend.lease ?? null;
+  const removeSignalHandlers = onSignals(ctx, backend, cluster);
+
+  let shutdownRequested: string | null = null;
+  const check = () => leaseCheck(lease) ?? (shutdownRequested !== null ? `ctl.shutdown: ${shutdownRequested}` : backend.check());
+  const control = new ControlScript(ctx, backend, o.ctlScript ?? []);
+  let plane: ControlPlane | null = null;
+  let grouping: JobGrouping | null = null;
+  let conducted: Conducted;
+  let failure: unknown = null;
+  try {
+    // The control plane first: it hears every node from its first heartbeat and report.
+    plane = await startControlPlane(backend.system, {
+      policy: { heartbeatMs: config.fault_tolerance.heartbeat_ms, deadAfterMs: config.fault_tolerance.dead_after_ms }, log,
+      onShutdown: (reason) => { shutdownRequested = reason; },
+      nats: servers === null ? null : { servers, ...natsAuthOf(config) },
+    });
+    const p = plane;
+    backend.onNodeExit((node, how) => p.nodeExited(node, how));
+    grouping = await startNodesAndPlanGroups(ctx, backend, servers ?? []);
+    const prepared = await createJob(ctx, backend, grouping);
+    conducted = await conductJob(ctx, backend, plane, prepared, {
+      nats: servers !== null, evalEveryS: o.evalEveryS, evalSamples: o.evalSamples, control, check, profiles: grouping?.profiles ?? [], pausedAtStart: false,
+    });
+  } catch (e) {
+    failure = e;
+    throw lease?.lost ?? e;
+  } finally {
+    await plane?.stop();
+    await endRun(ctx, backend, { cluster, failure, exitHook });
+    removeSignalHandlers();
+  }
+  // Deposed after training (during the evaluation): the summary is the new scheduler's to write.
+  if (lease?.lost) throw lease.lost;
+
+  const summary = summaryOf(ctx, conducted, {
+    t0, embedded, servers, evalEveryS: o.evalEveryS, evalSamples: o.evalSamples, controlReplies: o.ctlScript !== null ? control.replies : null, grouping,
+    scheduler: { lease_ms: lease?.leaseMs ?? null, holder: lease?.holder ?? null, takeovers: lease?.takeovers ?? [], acks_seen_from: 'job_start' },
+  });
+  await writeSummary(summary, ctx.runDir, o.summaryPath);
+  return summary;
+}
+
+// ---------------------------------------------------------------- the standby
+
+/** The groups of a job taken over, for the summary: the YAML's as written, or the measured ones as the job info has them. */
+function groupingAtTakeover(config: HetpsConfig, info: JobInfo): JobGrouping | null {
+  if (config.training.mode !== 'hps') return null;
+  if (!groupsMeasuredAtStart(config)) return planJobGroups(config, []);
+  const groups = info.groups ?? [];
+  return {
+    k: groups.length, criterion: config.cluster.grouping.k == null ? 'silhouette' : 'fixed', score: null, candidates: [], profiles: [],
+    reason: 'measured by the driver that started the job; taken over as the job info has them (its scores and profiles are not recorded there)',
+    groups: groups.map((g) => ({ ...g, nodes: [...g.nodes], centroid: null })),
+  };
+}
+
+/**
+ * `hetps up --standby`: waits on the job's scheduler lease and, once the
+ * active driver stops renewing it, takes the job over and runs it to its
+ * end (see the module comment). Returns the summary, or null when the job
+ * ended under its active driver (or the wait was interrupted) with nothing
+ * to take over.
+ */
+export async function runStandby(o: StandbyRunOptions, out: JobPrinter): Promise<UpSummary | null> {
+  const t0 = performance.now();
+  const { config } = o;
+  const job = config.job.name;
+  const servers = config.nats.servers;
+  if (servers === null || servers.length === 0) {
+    throw new ConfigError(`hetps up --standby needs the NATS cluster the job runs on: give --nats URL[,URL…] or nats.servers in ${config.source.file} `
+      + '(the active `hetps up` prints the URLs of the cluster it starts: "NATS cluster up: …")', { data: { field: 'nats.servers' } });
+  }
+  const level = o.level ?? process.env.HETPS_LOG_LEVEL ?? config.logging.level;
+  const log = lineLogger(level, 'driver', (l) => out.line(l));
+  const notActive = notActiveReport(config);
+  out.line(`hetps up --standby: job ${job} on ${servers.join(',')}: standing by on the scheduler lease (KV bucket ${leaseBucketName(job)})`);
+  // Loaded now, so a takeover does not wait for it.
+  const md = modelAndData(config);
+  const driver = await connectDriver({ config, job, log, servers, natsDir: null, name: 'hetps-standby' });
+  // Counting from now: the monitor listens as it is made (its mailbox only comes with a takeover).
+  const monitorDef = createMonitorActor({ transport: driver.transport, job, clock: systemClock, log });
+  await driver.transport.flush();
+  out.line('listening to the job\'s telemetry: acknowledgements are counted from now');
+  const jobStore = natsJobInfoStore(driver.nc, job);
+  const infoAtStart = await jobStore.get();
+  if (infoAtStart !== null) {
+    out.line(`note: run ${infoAtStart.run_id} of job ${job} was created before this standby started: if it is the one taken over, `
+      + 'the acknowledgements before now are not in this standby\'s count');
+  }
+  const standby = new LeaseStandby({
+    kv: driver.leaseKv, clock: systemClock, identity: { holder: driver.holder, incarnation: driver.system.senderId }, log,
+    onHolder: (r) => out.line(`scheduler lease held by ${r.holder} (run ${r.run_id ?? 'not created yet'}, term ${r.term}); standing by`),
+  });
+  const onSignal = () => standby.stop();
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
+  const outcome = await standby.wait().finally(() => {
+    process.removeListener('SIGINT', onSignal);
+    process.removeListener('SIGTERM', onSignal);
+  });
+  if (outcome.kind !== 'took_over') {
+    out.line(outcome.kind === 'ended'
+      ? `job ${job} ended under ${outcome.record.holder} (${outcome.record.reason ?? 'released'}): nothing to take over`
+      : 'hetps up --standby: interrupted while standing by');
+    monitorDef.training.dispose();
+    await driver.close();
+    return null;
+  }
+  const lease = outcome.holder;
+  const { takeover } = outcome;
+  out.line(`took over job ${job} from ${takeover.from}: its lease went unrenewed for ${takeover.lease_gap_ms} ms (term ${takeover.term})`);
+
+  let backend: JobBackend | null = null;
+  let plane: ControlPlane | null = null;
+  let ctx!: RunContext;
+  let conducted: Conducted;
+  let failure: unknown = null;
+  let removeSignalHandlers: () => void = () => undefined;
+  let info: JobInfo;
+  try {
+    // What the job is: its info (the run the lease names), its plan, its batches.
+    const runId = outcome.previous.run_id;
+    info = await waitForJobInfo(jobStore, { clock: systemClock, timeoutMs: 10_000, runId }).catch((e: unknown) => {
+      throw new HetpsError(`${takeover.from} died before it created run ${runId ?? '?'} of job ${job} (no job info: ${(e as Error).message}); `
+        + 'a standby takes over a job, it does not create one: run hetps up again', { cause: e });
+    });
+    const plan = await natsPlanStore(driver.nc, job).get();
+    if (plan === null) throw new HetpsError(`run ${info.run_id} of job ${job} has job info but no shard plan: cannot take it over`);
+    const descriptors = batchDescriptors(config, md.source);
+    if (descriptors.length !== info.total_batches) {
+      throw new ConfigError(`${o.configArg} gives ${descriptors.length} batches, but run ${info.run_id} has ${info.total_batches}: `
+        + 'the standby needs the config the job\'s driver was started with', { data: { field: 'data' } });
+    }
+    const runDir = resolve(config.job.run_dir, info.run_id);
+    await mkdir(runDir, { recursive: true });
+    ctx = {
+      config, job, configPath: o.configPath, configArg: o.configArg, runId: info.run_id, runDir, level, log, out, md,
+      ackWaitMs: info.ack_wait_ms, emulated: emulatedSpeeds(config), notActive,
+    };
+    backend = natsStandbyBackend(driver, { job, runId: info.run_id, lease });
+    removeSignalHandlers = onSignals(ctx, backend, null);
+    // The control plane of the job from now on; the monitor is the one that has been counting.
+    let shutdownRequested: string | null = null;
+    plane = await startControlPlane(driver.system, {
+      policy: { heartbeatMs: config.fault_tolerance.heartbeat_ms, deadAfterMs: config.fault_tolerance.dead_after_ms }, log,
+      onShutdown: (reason) => { shutdownRequested = reason; },
+      nats: { servers, ...natsAuthOf(config) }, monitor: monitorDef,
+    });
+    const pending = await backend.queue.pending().catch(() => null);
+    out.line(`run ${info.run_id} (${info.mode}): ${pending ?? '?'} of ${info.total_batches} batches not acknowledged yet; `
+      + `${monitorDef.training.ackedBatches().size} acknowledgements seen by this standby; plan v${plan.version}`);
+    if (info.resume_version < info.groups_version && !info.paused) {
+      // A regroup the old scheduler left half done: the workers that paused for it wait for its resume.
+      info = { ...info, resume_version: info.groups_version };
+      await backend.jobStore.put(info);
+      out.line(`regroup v${info.groups_version} was in progress: resumed (the workers pausing for it go on in the new groups)`);
+    }
+    const paused = info.paused && info.resume_version < info.groups_version;
+    if (paused) out.line(`the job is paused (groups v${info.groups_version}): it stays paused until ctl.resume`);
+    const check = () => leaseCheck(lease) ?? (shutdownRequested !== null ? `ctl.shutdown: ${shutdownRequested}` : null);
+    conducted = await conductJob(ctx, backend, plane, { plan, descriptors, info }, {
+      nats: true, evalEveryS: o.evalEveryS, evalSamples: o.evalSamples, control: new ControlScript(ctx, backend, []), check, profiles: [], pausedAtStart: paused,
+    });
+  } catch (e) {
+    failure = e;
+    throw lease.lost ?? e;
+  } finally {
+    await plane?.stop();
+    if (backend !== null) {
+      await endRun(ctx, backend, { cluster: null, failure, exitHook: stopClusterOnExit(null) });
+    } else {
+      // Nothing of the job was read: the lease goes back, so whoever starts the job again is not kept waiting.
+      await lease.release(`the standby could not take the job over: ${(failure as Error | null)?.message ?? 'unknown'}`).catch(() => undefined);
+      monitorDef.training.dispose();
+      await driver.close();
+    }
+    removeSignalHandlers();
+  }
+  if (lease.lost) throw lease.lost;
+
+  const summary = summaryOf(ctx, conducted, {
+    t0, embedded: false, servers, evalEveryS: o.evalEveryS, evalSamples: o.evalSamples, controlReplies: null,
+    grouping: groupingAtTakeover(config, info),
+    scheduler: {
+      lease_ms: lease.leaseMs, holder: lease.holder, takeovers: lease.takeovers,
+      acks_seen_from: infoAtStart !== null && infoAtStart.run_id === info.run_id ? 'standby_start' : 'job_start',
+    },
+  });
   await writeSummary(summary, ctx.runDir, o.summaryPath);
   return summary;
 }

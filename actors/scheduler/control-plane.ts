@@ -5,6 +5,13 @@
  * and the process's own heartbeat (role scheduler). Started before any node,
  * so every heartbeat and every report is seen; stopped before the nodes are
  * told to shut down.
+ *
+ * A standby driver starts it only once it holds the job's scheduler lease
+ * (lease.ts): two schedulers would both answer `ctl.*` and two health actors
+ * both publish verdicts. Its monitor, though, must have counted every
+ * acknowledgement since the job began: it makes the monitor definition when
+ * it starts (`createMonitorActor` subscribes to the telemetry as it is made,
+ * its mailbox only comes with the spawn) and hands it over as `monitor`.
  */
 import type { Actor, ActorSystem, Logger, NatsAuth, NatsTls } from '../../runtime/mod.ts';
 import type { HealthPolicy } from '../../topology/mod.ts';
@@ -27,9 +34,11 @@ export async function startControlPlane(system: ActorSystem, o: {
   policy: HealthPolicy; log: Logger; onShutdown: (reason: string) => void;
   /** The NATS cluster, for a heartbeat from a thread of its own; null: the in-process bus (heartbeat on the main thread). */
   nats: { servers: string[]; auth: NatsAuth | null; tls: NatsTls | null } | null;
+  /** A monitor made (and listening) before now, not spawned yet; absent: a new one. */
+  monitor?: MonitorActorDefinition | null;
 }): Promise<ControlPlane> {
   const health = createHealthActor({ policy: o.policy });
-  const monitor = createMonitorActor({ transport: system.transport, job: system.job, clock: system.clock, log: o.log });
+  const monitor = o.monitor ?? createMonitorActor({ transport: system.transport, job: system.job, clock: system.clock, log: o.log });
   const scheduler = createSchedulerActor({ job: system.job, onShutdown: o.onShutdown });
   const actors: Actor<never>[] = [];
   for (const def of [health, monitor, scheduler] as const) actors.push(await system.spawn(def as never) as Actor<never>);
