@@ -113,8 +113,12 @@ test('an acknowledged write to the R3 batch queue and KV buckets survives a SIGK
   assert.equal(await eventually('pending()', () => rqueue.pending()), BATCHES);
   const taken = new Set<string>();
   while (taken.size < BATCHES) {
-    const b = await rqueue.next(5_000);
-    assert.ok(b, `descriptor ${taken.size + 1} of ${BATCHES} delivered through the survivors`);
+    // The durable consumer elects a leader of its own after the stream's: the first delivery may wait for it.
+    const b = await eventually(`descriptor ${taken.size + 1} of ${BATCHES} delivered through the survivors`, async () => {
+      const x = await rqueue.next(2_000);
+      if (x === null) throw new Error('nothing delivered yet');
+      return x;
+    });
     assert.equal(await b.ack(), true, `ack of ${b.desc.batch_id} confirmed`);
     taken.add(b.desc.batch_id);
   }

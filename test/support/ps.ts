@@ -4,6 +4,7 @@
  * first, plus a small job config written to a temp dir.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
+import assert from 'node:assert/strict';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { after, before } from 'node:test';
@@ -194,3 +195,27 @@ export function clusterAndDirForFile(prefix: string): { nats: () => TestCluster;
 
 /** A child's exit and the tail of its stderr, for assertion messages. */
 export const explainExit = (r: Exited): string => `exit ${r.code ?? r.signal}; stderr (tail):\n${r.stderr.split('\n').slice(-40).join('\n')}`;
+
+/** What a run's summary says about its batches and the shards' integrity check. */
+export interface LossSummary {
+  batches: number; batches_acked: number; duplicate_acks: number;
+  integrity: { acked: number; applied: number; lost: number; duplicated: number; replicas_equal: boolean | null } | null;
+}
+
+/**
+ * A run that must have lost nothing: every batch acknowledged exactly once
+ * (the summary and a watcher of `tel.batch` agree), and the integrity check
+ * found every acknowledged batch applied once on the shards.
+ */
+export function assertNothingLost(s: LossSummary, acks: ReadonlyMap<string, number>): void {
+  assert.equal(s.batches_acked, s.batches, 'every batch acknowledged');
+  assert.equal(s.duplicate_acks, 0);
+  for (const [b, n] of acks) assert.equal(n, 1, `batch ${b} acknowledged ${n} times`);
+  assert.equal(acks.size, s.batches);
+  const i = s.integrity;
+  assert.ok(i, 'the summary has the integrity check');
+  assert.equal(i.acked, s.batches);
+  assert.equal(i.lost, 0, `lost: ${JSON.stringify(i)}`);
+  assert.equal(i.duplicated, 0, `duplicated: ${JSON.stringify(i)}`);
+  assert.equal(i.applied, s.batches);
+}
