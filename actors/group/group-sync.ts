@@ -834,23 +834,33 @@ export class GroupMember {
     const seq = this.o.system.nextSeq();
     const started = this.clock.monotonic();
     let lastNote = started;
-    for (let attempt = 0; ; attempt++) {
-      try {
-        await this.ref(to).request(type, fields as unknown as Record<string, unknown>, { timeoutMs: this.o.requestTimeoutMs ?? 10_000, retries: 2, seq });
-        return;
-      } catch (e) {
-        if (!isRetryable(e)) throw e;
-        if (this.o.shouldStop()) throw new StopRequestedError(`stopped while sending ${type} to ${to}`, { cause: e });
-        if (!this.machine.getSnapshot().context.members.includes(to)) return; // dropped from the group: nobody waits for it
-        const now = this.clock.monotonic();
-        this.checkSilent(to, started, now);
-        if (now - lastNote >= (this.o.stallNoteMs ?? 10_000)) {
-          lastNote = now;
-          this.o.log.warn({ group: this.o.group.name, to, type, waited_s: Math.round((now - started) / 1000), err: (e as Error).message },
-            `group ${this.o.group.name}: ${to} does not take its ${type} yet (not started, or gone: it is dropped after the recovery timeout)`);
+    // A request in flight when its member died is never answered: the member leaving the group ends the wait.
+    let onDropped!: () => void;
+    const dropped = new Promise<'dropped'>((resolve) => { onDropped = () => resolve('dropped'); });
+    const watch = this.machine.on('members.dropped', (e) => { if (e.members.includes(to)) onDropped(); });
+    try {
+      for (let attempt = 0; ; attempt++) {
+        try {
+          const request = this.ref(to).request(type, fields as unknown as Record<string, unknown>, { timeoutMs: Math.min(this.o.requestTimeoutMs ?? 10_000, SEND_ATTEMPT_MS), seq });
+          request.catch(() => undefined);
+          await Promise.race([request, dropped]); // 'dropped': nobody waits for it any more
+          return;
+        } catch (e) {
+          if (!isRetryable(e)) throw e;
+          if (this.o.shouldStop()) throw new StopRequestedError(`stopped while sending ${type} to ${to}`, { cause: e });
+          if (!this.machine.getSnapshot().context.members.includes(to)) return; // dropped from the group: nobody waits for it
+          const now = this.clock.monotonic();
+          this.checkSilent(to, started, now);
+          if (now - lastNote >= (this.o.stallNoteMs ?? 10_000)) {
+            lastNote = now;
+            this.o.log.warn({ group: this.o.group.name, to, type, waited_s: Math.round((now - started) / 1000), err: (e as Error).message },
+              `group ${this.o.group.name}: ${to} does not take its ${type} yet (not started, or gone: it is dropped after the recovery timeout)`);
+          }
+          if (await Promise.race([this.clock.sleep(Math.min(1_000, 50 * 2 ** Math.min(attempt, 5))), dropped]) === 'dropped') return;
         }
-        await this.clock.sleep(Math.min(1_000, 50 * 2 ** Math.min(attempt, 5)));
       }
+    } finally {
+      watch.unsubscribe();
     }
   }
 
@@ -938,6 +948,9 @@ export class GroupMember {
     if (this.o.shouldStop()) throw new StopRequestedError(`stopped in window ${w} of group ${this.o.group.name}`);
   }
 }
+
+/** One attempt of a slice or pushed message (re-sent with the same seq until taken, or the member is dropped). */
+const SEND_ATTEMPT_MS = 2_000;
 
 function tensorBytes(t: ShardTensors): number {
   let n = 0;
