@@ -523,7 +523,13 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
     const evaluated = await evaluate(ctx, shardClient, monitor, prepared);
     await failover?.settled();
     const finalPlan = await shardClient.plans.refresh();
-    const integrity = await checkIntegrity({ system: backend.system, plan: finalPlan, acked: monitor.ackedBatches(), clock: systemClock, log });
+    // The queue is the ground truth: once it is empty every batch was acknowledged, including any whose
+    // worker died between its acknowledgement and its report; the shards' logs then say whether each was applied.
+    const queueEmpty = (await backend.queue.pending().catch(() => -1)) === 0;
+    const acked = queueEmpty ? new Set(prepared.descriptors.map((d) => d.batch_id)) : monitor.ackedBatches();
+    const unreported = acked.size - monitor.ackedBatches().size;
+    if (unreported > 0) out.line(`${unreported} batch(es) were acknowledged without a report (their worker died between the two); the integrity check counts them`);
+    const integrity = await checkIntegrity({ system: backend.system, plan: finalPlan, acked, clock: systemClock, log });
     out.line(`integrity: ${integrity.acked} batches acknowledged, ${integrity.applied} applied on every shard, ${integrity.lost} lost, ${integrity.duplicated} applied twice`
       + `${integrity.dropped_stale ? `, ${integrity.dropped_stale} dropped as too stale` : ''}; replicas ${integrity.replicas_equal === null ? 'not all checked' : integrity.replicas_equal ? 'equal' : 'DIFFER'}`
       + ` (plan v${finalPlan.version}${failover && failover.failovers.length ? `, ${failover.failovers.length} failover(s)` : ''})`);

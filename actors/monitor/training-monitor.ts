@@ -223,7 +223,7 @@ export class TrainingMonitor {
    * started, the mean loss of the last `lossWindow` acknowledged batches, and
    * per worker its steps, samples and its last reported samples/s.
    */
-  /** The ids of the batches acknowledged so far (confirmed by the queue). */
+  /** The ids of the batches whose acknowledgement was reported (confirmed by the queue). */
   ackedBatches(): Set<string> { return new Set(this.acks.keys()); }
 
   liveFigures(totalBatches: number | null, lossWindow = 50): LiveFigures {
@@ -337,8 +337,9 @@ export class TrainingMonitor {
       if (startNoted) maybeEvaluate(now);
       if (now - lastProgress >= (o.progressEveryMs ?? 1_000)) { lastProgress = now; o.onProgress(report()); }
       const reason = o.check?.() ?? null;
-      if (reason !== null) throw new HetpsError(`training cannot finish: ${reason} (${this.acks.size}/${total} batches acknowledged)`);
       const pending = await o.queue.pending().catch((e: unknown) => { log.warn({ err: (e as Error).message }, 'cannot read the queue'); return -1; });
+      // An empty queue means every batch was acknowledged, even when the worker that did it died before reporting it.
+      if (reason !== null && pending !== 0) throw new HetpsError(`training cannot finish: ${reason} (${this.acks.size}/${total} batches acknowledged)`);
       if (pending === 0) {
         emptySince ??= now;
         // The queue is the ground truth; telemetry may trail it by a moment.
