@@ -75,7 +75,6 @@ export async function checkIntegrity(o: {
     } else {
       for (const b of o.acked) appliedEverywhere.delete(b);
     }
-    if (r.backups.length === 0) equal = primary === null ? null : equal;
     if (equal === false) allEqual = false;
     else if (equal === null && allEqual === true) allEqual = null;
     perShard[shard] = {

@@ -29,6 +29,7 @@ import {
   type RestoreReply, type ShardMessages, type ShardSnapshot, type ShardStats, type StalenessHistogram,
 } from './shard.messages.ts';
 import { StalePlanError, StaleUpdateError, SyncRoundError } from './shard.errors.ts';
+import { primaryReplicaId } from './replica.ts';
 
 export interface ShardStateOptions {
   /** This shard's name in the plan (also the actor id). */
@@ -61,7 +62,7 @@ export function createShardActor(opts: ShardStateOptions | ShardState): ShardAct
   return {
     kind: 'shard',
     // The address of the shard's primary under its plan (`<shard>@<node>`): a single replica, standing alone.
-    id: `${state.shard}@${state.plan.placement.replicas[state.shard]?.primary ?? state.shard}`,
+    id: primaryReplicaId(state.plan, state.shard),
     messages: shardMessages,
     idempotent: true,
     // Pulls, snapshots and stats are reads: repeating one is harmless, and
