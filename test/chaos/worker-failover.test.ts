@@ -32,11 +32,19 @@ for (const mode of ['asp', 'bsp'] as const) {
       const summaryFile = join(env.dir(), `${job}-summary.json`);
       const driver = hetps(['up', '--config', cfg, '--no-launch', '--summary', summaryFile], { timeoutMs: 170_000 });
       children.push(driver);
-      await until(() => (watch.byNode.get('w1') ?? 0) >= 5, 'w1 acknowledged 5 batches', 120_000, () => driver.stderr().slice(-3000));
-      const killedAt = watch.byNode.get('w1')!;
-      workers[0]!.child.kill('SIGKILL');
+      // The queue hands batches to whoever asks first, so on a loaded machine one worker may get few of
+      // them: the victim is the first worker with 3 acknowledgements, not a fixed one.
+      const names = ['w1', 'w2', 'w3', 'w4'];
+      let victim: string | undefined;
+      await until(() => {
+        if (driver.child.exitCode !== null) throw new Error(`the driver ended before any worker acknowledged 3 batches\n${driver.stderr().slice(-3000)}`);
+        victim = names.find((w) => (watch.byNode.get(w) ?? 0) >= 3);
+        return victim !== undefined;
+      }, 'a worker acknowledged 3 batches', 120_000, () => `${JSON.stringify(Object.fromEntries(watch.byNode))}\n${driver.stderr().slice(-3000)}`);
+      const killedAt = watch.byNode.get(victim!)!;
+      workers[names.indexOf(victim!)]!.child.kill('SIGKILL');
       const killTime = Date.now();
-      const others = () => ['w2', 'w3', 'w4'].reduce((n, w) => n + (watch.byNode.get(w) ?? 0), 0);
+      const others = () => names.filter((w) => w !== victim).reduce((n, w) => n + (watch.byNode.get(w) ?? 0), 0);
       const before = others();
       await until(() => others() > before, 'an acknowledgement by another worker after the kill', 30_000, () => driver.stderr().slice(-3000));
       t.diagnostic(`${mode}: first acknowledgement by another worker ${Date.now() - killTime} ms after the kill`);
@@ -49,10 +57,10 @@ for (const mode of ['asp', 'bsp'] as const) {
       assert.equal(s.batches_acked, s.batches);
       assert.equal(s.duplicate_acks, 0);
       assert.deepEqual([...watch.acks.entries()].filter(([, n]) => n !== 1), [], 'every batch acknowledged exactly once');
-      assert.equal(watch.byNode.get('w1'), killedAt, 'the killed worker acknowledged nothing more');
+      assert.equal(watch.byNode.get(victim!), killedAt, 'the killed worker acknowledged nothing more');
       assert.deepEqual([s.integrity.lost, s.integrity.duplicated, s.integrity.replicas_equal], [0, 0, true], JSON.stringify(s.integrity));
       assert.equal(s.integrity.applied, s.batches);
-      t.diagnostic(`${mode}: w1 killed after ${killedAt} acks; per worker ${JSON.stringify(Object.fromEntries(watch.byNode))}; ${s.redelivered} redelivered`);
+      t.diagnostic(`${mode}: ${victim} killed after ${killedAt} acks; per worker ${JSON.stringify(Object.fromEntries(watch.byNode))}; ${s.redelivered} redelivered`);
     } finally {
       await watch.close();
       for (const c of children) c.child.kill('SIGKILL');
