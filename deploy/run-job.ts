@@ -505,6 +505,8 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
       info: o.pausedAtStart ? { ...info, groups_version: info.groups_version - 1, paused: false } : info,
       profiles: o.profiles,
       isDead: (node) => plane.health.stateOf(node) === 'dead',
+      // A group member dropped as dead that is alive again (a healed link) is taken back into its group.
+      health: plane.health,
       onPaused: (v, workers) => {
         out.line(`paused: every live worker stopped at its boundary (${workers.join(', ')}); send ctl.resume to continue`);
         publishEvent(backend.transport, job, 'scheduler', { kind: 'paused', node: null, text: `every live worker paused (groups v${v})` });

@@ -220,3 +220,14 @@ function groupIndex(groups: readonly NodeGroup[]): Map<string, string> {
 }
 
 function cmp(a: string, b: string): number { return a < b ? -1 : a > b ? 1 : 0; }
+
+/**
+ * Whether a worker that is alive again after a dead verdict must be taken
+ * back into its group by a re-form (job info `rejoining`): only a group that
+ * reduces together (every mode but `async`) and has other members dropped
+ * it; alone, or pushing on its own, it just goes on.
+ */
+export function needsRejoin(groups: readonly { name: string; nodes: readonly string[]; sync_mode: string }[], node: string): boolean {
+  const g = groups.find((x) => x.nodes.includes(node));
+  return g !== undefined && g.sync_mode !== 'async' && g.nodes.length > 1;
+}

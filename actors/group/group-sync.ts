@@ -442,7 +442,17 @@ export interface GroupMemberOptions {
    * (unit tests, a job without a health actor); then silence for lostAfterMs counts.
    */
   health?: HealthView | null;
+  /**
+   * Polled while the window waits (and between its steps): a reason ends the
+   * window with WindowAbandonedError, its batches not acknowledged. The
+   * driver takes this member back after its group dropped it (job info
+   * `rejoining`): the peers no longer wait for it, so its window cannot end.
+   */
+  abandon?: () => string | null;
 }
+
+/** The window was given up (`GroupMemberOptions.abandon`): nothing of it was acknowledged; its batches go back to the queue. */
+export class WindowAbandonedError extends HetpsError {}
 
 const sameMembers = (a: readonly string[], b: readonly string[]) => a.length === b.length && a.every((x, i) => x === b[i]);
 
@@ -848,6 +858,7 @@ export class GroupMember {
         } catch (e) {
           if (!isRetryable(e)) throw e;
           if (this.o.shouldStop()) throw new StopRequestedError(`stopped while sending ${type} to ${to}`, { cause: e });
+          this.checkStop(fields.window);
           if (!this.machine.getSnapshot().context.members.includes(to)) return; // dropped from the group: nobody waits for it
           const now = this.clock.monotonic();
           this.checkSilent(to, started, now);
@@ -946,6 +957,8 @@ export class GroupMember {
 
   private checkStop(w: number): void {
     if (this.o.shouldStop()) throw new StopRequestedError(`stopped in window ${w} of group ${this.o.group.name}`);
+    const why = this.o.abandon?.() ?? null;
+    if (why !== null) throw new WindowAbandonedError(`window ${w} of group ${this.o.group.name} given up: ${why}`);
   }
 }
 

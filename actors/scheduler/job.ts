@@ -146,6 +146,7 @@ export async function prepareJob(o: {
     groups_version: 0,
     resume_version: 0,
     paused: false,
+    rejoining: [],
   };
   await o.jobStore.put(info);
   return { plan, descriptors, info };

@@ -41,13 +41,14 @@ import {
   type Clock, type Logger, type Timer, type Transport,
 } from '../../runtime/mod.ts';
 import {
-  INITIAL_DEGRADATION_STATE, baselineStepMs, detectDegradation, groupNodes, medianOf, noteRegrouped, observedSlowdown,
+  INITIAL_DEGRADATION_STATE, baselineStepMs, detectDegradation, groupNodes, medianOf, needsRejoin, noteRegrouped, observedSlowdown,
   profilesAtObservedSpeed, regroupPlan, workerGroupSchema,
   type DegradationPolicy, type DegradationState, type NodeProfile, type WorkerGroupConfig,
 } from '../../topology/mod.ts';
 import type { JobInfo, JobInfoStore } from '../store/job-info.ts';
 import type { ProfileStore } from '../store/profile-store.ts';
 import { nodeProfileOf, subscribeTelemetry } from '../monitor/telemetry.ts';
+import type { HealthState, HealthView } from '../health/health.types.ts';
 
 export const REGROUP_COMMAND = 'regroup';
 
@@ -71,13 +72,16 @@ export interface RegroupRecord {
   /** Seconds since the controller started (the job was created). */
   at_s: number;
   reason: string;
-  trigger: 'command' | 'automatic';
+  /** `rejoin`: the groups unchanged, re-formed to take back workers alive again after their group dropped them. */
+  trigger: 'command' | 'automatic' | 'rejoin';
   groups_version: number;
   groups: WorkerGroupConfig[];
   /** Nodes whose group changed. */
   moved: string[];
-  /** `command`: the groups were given; `profiles`: recomputed from profiles scaled by observed slowdown; `step_times`: from step times alone. */
-  grouped_by: 'command' | 'profiles' | 'step_times';
+  /** `command`: the groups were given; `profiles`: recomputed from profiles scaled by observed slowdown; `step_times`: from step times alone; `unchanged`: a rejoin. */
+  grouped_by: 'command' | 'profiles' | 'step_times' | 'unchanged';
+  /** Workers taken back into their group (trigger `rejoin`); empty otherwise. */
+  rejoined: string[];
   /** Seconds from the new groups being written to the resume. */
   pause_s: number;
   /** Live workers that had not reported ready when the driver resumed (after readyTimeoutMs); empty normally. */
@@ -103,6 +107,14 @@ export interface RegroupControllerOptions {
   profiles?: readonly NodeProfile[];
   /** The health verdicts: a dead worker is not waited for (a pause or regroup would wait for its report forever). Absent: none. */
   isDead?: (node: string) => boolean;
+  /**
+   * The health verdicts, followed for rejoins: a worker of a reducing hps
+   * group that was dead and is alive again (a healed link, a continued
+   * process) was dropped by its group, which no longer waits for it; the
+   * controller re-forms the groups unchanged with the worker named in the job
+   * info's `rejoining`. Absent: no rejoins (the worker stays out of its group's rounds).
+   */
+  health?: HealthView | null;
   /** Every live worker has paused for `groupsVersion` (ctl.pause). */
   onPaused?: (groupsVersion: number, workers: string[]) => void;
 }
@@ -134,6 +146,12 @@ export class RegroupController {
   private pausedAt: number | null = null;
   private pauseDone = false;
   private readonly window: number;
+  /** Workers seen dead by the health verdicts and not alive since. */
+  private readonly deadSeen = new Set<string>();
+  /** Workers alive again whose group must take them back (a rejoin not yet started). */
+  private readonly returning = new Set<string>();
+  private rejoinLoop: Promise<void> | null = null;
+  private readonly unwatchHealth: (() => void) | null;
 
   constructor(private readonly o: RegroupControllerOptions) {
     this.info = o.info;
@@ -166,6 +184,7 @@ export class RegroupController {
         this.wake();
       },
     });
+    this.unwatchHealth = o.health?.onChange((node, state) => this.noteVerdict(node, state)) ?? null;
     const every = o.autoEveryMs ?? 1_000;
     this.timer = every > 0 && o.info.mode === 'hps' ? o.clock.setInterval(() => { void this.autoCheck(); }, every) : null;
   }
@@ -181,7 +200,9 @@ export class RegroupController {
     if (this.disposed) return;
     this.disposed = true;
     this.timer?.cancel();
+    this.unwatchHealth?.();
     this.wake();
+    await this.rejoinLoop?.catch(() => undefined);
     await this.inProgress?.catch(() => undefined);
     this.unsubscribe();
   }
@@ -209,20 +230,67 @@ export class RegroupController {
     if (!plan.changed && normalized(current) === normalized(next)) {
       return { accepted: false, groups_version: this.info.groups_version, groups: current, note: 'the new grouping is the same as the current one' };
     }
-    const v = this.info.groups_version + 1;
-    this.info = { ...this.info, groups: next, groups_version: v };
-    await this.o.jobStore.put(this.info);
     const moved = plan.moves.map((m) => m.node);
+    const v = await this.writeGroups(next, []);
     log.info({ groups_version: v, reason, trigger, moves: plan.moves, groups: next },
       `regroup to groups v${v} (${reason}): ${plan.moves.map((m) => `${m.node} ${m.from ?? '-'} → ${m.to ?? '-'}`).join(', ') || 'group settings change'}; `
       + 'workers pause at their next window boundary');
-    const started = this.o.clock.monotonic();
-    this.inProgress = this.complete(v, reason, trigger, next, moved, groupedBy, started).finally(() => { this.inProgress = null; });
+    this.startCompletion({ v, reason, trigger, groups: next, moved, groupedBy, rejoined: [] });
     return { accepted: true, groups_version: v, groups: next };
   }
 
+  /** Writes `groups` as the next groups_version (the workers pause for it), naming the workers taken back. */
+  private async writeGroups(groups: WorkerGroupConfig[], rejoining: string[]): Promise<number> {
+    const v = this.info.groups_version + 1;
+    this.info = { ...this.info, groups, groups_version: v, rejoining };
+    await this.o.jobStore.put(this.info);
+    return v;
+  }
+
+  private startCompletion(r: { v: number; reason: string; trigger: RegroupRecord['trigger']; groups: WorkerGroupConfig[]; moved: string[]; groupedBy: RegroupRecord['grouped_by']; rejoined: string[] }): void {
+    const started = this.o.clock.monotonic();
+    this.inProgress = this.complete(r.v, r.reason, r.trigger, r.groups, r.moved, r.groupedBy, r.rejoined, started).finally(() => { this.inProgress = null; });
+  }
+
+  /**
+   * A health verdict: a worker of a reducing group that was dead and is
+   * alive again is taken back into its group (see `health` in the options).
+   */
+  private noteVerdict(node: string, state: HealthState): void {
+    if (this.disposed || !this.info.workers.includes(node)) return;
+    if (state === 'dead') { this.deadSeen.add(node); return; }
+    if (state !== 'alive' || !this.deadSeen.delete(node)) return;
+    if (this.info.mode !== 'hps' || !needsRejoin(this.groups, node)) return;
+    this.returning.add(node);
+    this.rejoinLoop ??= this.rejoin().finally(() => { this.rejoinLoop = null; });
+  }
+
+  /** Re-forms the groups unchanged for the workers in `returning`, once no regroup or pause is in the way. */
+  private async rejoin(): Promise<void> {
+    const { log } = this.o;
+    while (this.returning.size > 0 && !this.disposed) {
+      if (this.inProgress !== null) { await this.inProgress.catch(() => undefined); continue; }
+      // An operator's pause: the rejoin follows the resume.
+      if (this.pausedAt !== null) { await this.changed(1_000); continue; }
+      const nodes = [...this.returning].sort();
+      this.returning.clear();
+      // Still alive (a verdict may have come and gone meanwhile), and still in a group that reduces.
+      const back = nodes.filter((n) => !(this.o.isDead?.(n) ?? false) && needsRejoin(this.groups, n));
+      if (back.length === 0) continue;
+      const reason = `${back.join(', ')} alive again after ${back.length > 1 ? 'their groups' : 'its group'} dropped ${back.length > 1 ? 'them' : 'it'}`;
+      try {
+        const v = await this.writeGroups(this.groups, back);
+        log.info({ groups_version: v, rejoining: back }, `rejoin (groups v${v}): ${reason}; the groups re-form unchanged at the next window boundary (a fresh pull, then synchronous rounds again)`);
+        this.startCompletion({ v, reason, trigger: 'rejoin', groups: this.groups, moved: [], groupedBy: 'unchanged', rejoined: back });
+      } catch (e) {
+        log.warn({ err: (e as Error).message, rejoining: back }, `rejoin of ${back.join(', ')} failed: could not write the job info; they stay out of their group's rounds`);
+      }
+    }
+  }
+
   private async complete(
-    v: number, reason: string, trigger: RegroupRecord['trigger'], groups: WorkerGroupConfig[], moved: string[], groupedBy: RegroupRecord['grouped_by'], started: number,
+    v: number, reason: string, trigger: RegroupRecord['trigger'], groups: WorkerGroupConfig[], moved: string[], groupedBy: RegroupRecord['grouped_by'],
+    rejoined: string[], started: number,
   ): Promise<void> {
     const { clock, log } = this.o;
     const limit = this.o.readyTimeoutMs ?? 60_000;
@@ -255,7 +323,7 @@ export class RegroupController {
     this.degradation = noteRegrouped(this.degradation, now);
     const pause = (now - started) / 1000;
     this.records.push({
-      at_s: +((started - this.t0) / 1000).toFixed(3), reason, trigger, groups_version: v, groups, moved, grouped_by: groupedBy, pause_s: +pause.toFixed(3), not_ready: missing,
+      at_s: +((started - this.t0) / 1000).toFixed(3), reason, trigger, groups_version: v, groups, moved, grouped_by: groupedBy, rejoined, pause_s: +pause.toFixed(3), not_ready: missing,
     });
     log.info({ groups_version: v, pause_s: pause }, `regroup v${v} done: every group resumes from the shards' current parameters (paused ${pause.toFixed(1)} s)`);
   }
@@ -302,7 +370,7 @@ export class RegroupController {
     if (this.pausedAt !== null) return { state: this.state, groups_version: this.info.groups_version, already: true };
     if (this.inProgress !== null) throw new HetpsError(`pause: groups v${this.info.groups_version} are being put in place; try again once the regroup is done`);
     const v = this.info.groups_version + 1;
-    this.info = { ...this.info, groups_version: v, paused: true };
+    this.info = { ...this.info, groups_version: v, paused: true, rejoining: [] };
     await this.o.jobStore.put(this.info);
     this.pausedAt = this.o.clock.monotonic();
     this.pauseDone = false;

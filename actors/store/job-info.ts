@@ -53,6 +53,14 @@ export const jobInfoSchema = z.object({
    * itself, so a long wait there means the driver is gone).
    */
   paused: z.boolean().default(false),
+  /**
+   * Workers the groups of `groups_version` take back after their group
+   * dropped them (dead by the health verdicts, then alive again: a healed
+   * link, a continued process). Such a worker gives up the window it was
+   * stuck in (its batches go back to the queue) and pauses at once; the
+   * resume re-forms its group with it.
+   */
+  rejoining: z.array(z.string()).default([]),
 });
 export type JobInfo = z.infer<typeof jobInfoSchema>;
 

@@ -11,12 +11,17 @@
  *   worker reports ready, and once resumed it re-forms its member from the
  *   job info's groups;
  * - this worker's own (mailbox `pause`): the member stays in its group,
- *   which waits for it (its round cannot start without it).
+ *   which waits for it (its round cannot start without it);
+ * - taken back into its group (job info `rejoining`): the group dropped this
+ *   worker as dead (a cut link, a stopped process) and it is alive again.
+ *   The peers no longer wait for it, so it gives up the window it is stuck
+ *   in (its batches go back to the queue), pauses, and re-forms with its
+ *   group on the resume: a fresh pull, then synchronous rounds again.
  */
 import { HetpsError } from '../../runtime/mod.ts';
 import type { WorkerGroupConfig } from '../../topology/mod.ts';
 import type { QueuedBatch } from '../store/batch-queue.ts';
-import { GroupMember, type WindowOutcome, type WindowPhases } from '../group/group-sync.ts';
+import { GroupMember, WindowAbandonedError, type WindowOutcome, type WindowPhases } from '../group/group-sync.ts';
 import { batchFromDescriptor } from './step.ts';
 import { trainQueued, type WorkerLoopEnv } from './worker-loop.ts';
 
@@ -58,7 +63,16 @@ export class HpsLoop {
             if (control.stopRequested) break;
             if (control.jobPausePending) { pauseFor = control.seen; break; }
           }
-          const outcome = await this.window(member);
+          let outcome: WindowOutcome;
+          try {
+            outcome = await this.window(member);
+          } catch (e) {
+            if (!(e instanceof WindowAbandonedError) || control.stopRequested) throw e;
+            // Taken back after the group dropped this worker (a healed link): nothing of the window was acknowledged.
+            log.warn({ groups_version: control.seen, group: g.name, window: member.window }, `${e.message}; its batches went back to the queue`);
+            pauseFor = control.seen;
+            break;
+          }
           if (outcome.done) break;
           if (outcome.groupsVersion > version && control.followsJob) { pauseFor = outcome.groupsVersion; break; }
         }
@@ -95,6 +109,7 @@ export class HpsLoop {
       lostAfterMs: Math.min(10_000, Math.max(500, Math.floor((o.job.recovery_timeout_ms ?? o.job.ack_wait_ms) / 2))),
       onState: (st) => { stats.group_state = st; },
       health: o.health ?? null,
+      abandon: () => (control.rejoinPending ? `the driver takes ${o.node} back into group ${g.name} (groups v${control.seen}) after the group dropped it` : null),
     });
   }
 

@@ -73,6 +73,15 @@ export class LoopControl {
   get seen(): number { return this.seenValue; }
   /** The driver has paused the job (a newer groups_version) and this worker has not paused for it yet. */
   get jobPausePending(): boolean { return this.followsJob && this.seenValue > this.version; }
+  /**
+   * The driver takes this worker back into its group (job info `rejoining`:
+   * the group dropped it as dead, and it is alive again). Its group no longer
+   * waits for it, so the window it is in cannot end: it gives the window up.
+   */
+  get rejoinPending(): boolean {
+    const info = this.latest;
+    return this.jobPausePending && info !== null && info.groups_version > this.version && info.rejoining.includes(this.o.node);
+  }
 
   /** Watches the job info (if any) and enters `training`; the loop calls `close` when it ends, however it ends. */
   async start(env: LoopControlEnv): Promise<void> {

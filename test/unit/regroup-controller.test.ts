@@ -22,7 +22,7 @@ const g = (name: string, nodes: string[], sync_mode: 'sync' | 'async', sync_step
   ({ name, nodes, sync_mode, sync_steps, accumulation_steps: null, adaptive_threshold: null });
 const info: JobInfo = {
   job: JOB, run_id: 'r', mode: 'hps', workers: ['w1', 'w2', 'w3', 'w4'], total_batches: 10, rounds: 3, epochs: 1, batch_size: 32, ack_wait_ms: 60_000,
-  groups: [g('fast', ['w1', 'w2'], 'sync', 2), g('slow', ['w3', 'w4'], 'async')], groups_version: 0, resume_version: 0, paused: false,
+  groups: [g('fast', ['w1', 'w2'], 'sync', 2), g('slow', ['w3', 'w4'], 'async')], groups_version: 0, resume_version: 0, paused: false, rejoining: [],
 };
 
 async function ask(t: Transport, body: unknown): Promise<{ type: string; result?: { accepted: boolean; groups_version: number; groups: { name: string; nodes: string[] }[] }; error?: { message: string } }> {
@@ -137,6 +137,64 @@ test('automatic: a node that stays slower than its baseline triggers a regroup o
     await until(async () => ctl.records.length === 1);
     assert.equal(ctl.records[0]!.trigger, 'automatic');
     assert.match(ctl.records[0]!.reason, /w2 at 4× its baseline/);
+  } finally {
+    await ctl.dispose();
+    await driverT.close();
+    await workerT.close();
+  }
+});
+
+/** Health verdicts set by the test (the HealthView interface the health watcher implements). */
+function verdicts() {
+  const states = new Map<string, 'alive' | 'suspect' | 'dead'>();
+  const listeners = new Set<(node: string, state: 'alive' | 'suspect' | 'dead') => void>();
+  return {
+    stateOf: (node: string) => states.get(node) ?? null,
+    onChange: (l: (node: string, state: 'alive' | 'suspect' | 'dead') => void) => { listeners.add(l); return () => { listeners.delete(l); }; },
+    set(node: string, state: 'alive' | 'suspect' | 'dead') { states.set(node, state); for (const l of listeners) l(node, state); },
+  };
+}
+
+test('rejoin: a member of a reducing group dead and then alive again is taken back by a re-form with the groups unchanged', async () => {
+  const broker = new InProcessBroker();
+  const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
+  const workerT = await connectTransport({ servers: null, broker, name: 'worker' });
+  const store = memoryJobInfoStore();
+  await store.put(info);
+  const health = verdicts();
+  const ctl = new RegroupController({
+    transport: driverT, job: JOB, jobStore: store, info, clock: systemClock, log: silentLogger(), autoEveryMs: 0,
+    isDead: (n) => health.stateOf(n) === 'dead', health,
+  });
+  try {
+    for (const w of info.workers) { publishTelemetry(workerT, JOB, 'start', w, { node: w, group: 'x', mode: 'hps', emulated_speed: null }); health.set(w, 'alive'); }
+    // Alive without a dead verdict before it, or a member of an async group: nothing to re-form.
+    health.set('w3', 'dead');
+    health.set('w3', 'alive');
+    await new Promise((r) => setTimeout(r, 50));
+    assert.equal((await store.get())!.groups_version, 0, 'w3 pushes on its own (async): its group never waited for it');
+
+    health.set('w1', 'suspect');
+    health.set('w1', 'dead');
+    await new Promise((r) => setTimeout(r, 50));
+    assert.equal((await store.get())!.groups_version, 0, 'a dead verdict alone re-forms nothing');
+    health.set('w1', 'alive');
+    await until(async () => (await store.get())!.groups_version === 1);
+    const written = (await store.get())!;
+    assert.deepEqual(written.rejoining, ['w1']);
+    assert.deepEqual(written.groups, info.groups, 'the groups are unchanged');
+    assert.equal(written.resume_version, 0, 'not resumed before the workers are ready');
+    for (const w of info.workers) publishTelemetry(workerT, JOB, 'regroup', w, { node: w, groups_version: 1, state: 'ready', group: 'x' });
+    await until(async () => (await store.get())!.resume_version === 1);
+    await until(async () => ctl.records.length === 1);
+    assert.equal(ctl.records[0]!.trigger, 'rejoin');
+    assert.deepEqual(ctl.records[0]!.rejoined, ['w1']);
+    assert.equal(ctl.records[0]!.grouped_by, 'unchanged');
+    assert.match(ctl.records[0]!.reason, /w1 alive again/);
+
+    // A later pause is not a rejoin: nobody gives up a window for it.
+    await ctl.pause('operator');
+    assert.deepEqual((await store.get())!.rejoining, []);
   } finally {
     await ctl.dispose();
     await driverT.close();

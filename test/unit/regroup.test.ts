@@ -2,7 +2,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  INITIAL_DEGRADATION_STATE, baselineStepMs, detectDegradation, medianOf, noteRegrouped, regroupPlan, slowedProfile,
+  INITIAL_DEGRADATION_STATE, baselineStepMs, detectDegradation, medianOf, needsRejoin, noteRegrouped, regroupPlan, slowedProfile,
   type DegradationReport, type DegradationState,
 } from '../../topology/regroup.ts';
 import { groupNodes, type NodeProfile } from '../../topology/grouping.ts';
@@ -144,4 +144,14 @@ test('regroupPlan: nodes that join or leave show as moves from or to null', () =
   );
   assert.deepEqual(plan.moves, [{ node: 'gone', from: 'g0', to: null }, { node: 'new', from: null, to: 'g0' }]);
   assert.deepEqual(plan.stay, ['a']);
+});
+
+test('needsRejoin: only a member of a group that reduces together, with others in it, is taken back by a re-form', () => {
+  const groups = [
+    { name: 'fast', nodes: ['w1', 'w2'], sync_mode: 'sync' },
+    { name: 'mid', nodes: ['w3', 'w4'], sync_mode: 'adaptive' },
+    { name: 'slow', nodes: ['w5', 'w6'], sync_mode: 'async' },
+    { name: 'solo', nodes: ['w7'], sync_mode: 'sync' },
+  ];
+  assert.deepEqual(['w1', 'w2', 'w3', 'w4', 'w5', 'w6', 'w7', 'w9'].map((n) => needsRejoin(groups, n)), [true, true, true, true, false, false, false, false]);
 });
