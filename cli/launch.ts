@@ -177,6 +177,7 @@ export async function runLaunch(flags: LaunchFlags): Promise<number> {
       const started = await Promise.race([
         startWorkerNode({
           config, node: workerNode!, system, planStore, jobStore, queue, log, runId: flags.runId ?? null, waitMs, health,
+          onStandby: () => { nodeState = () => 'standby'; },
           profiling: {
             store: natsProfileStore(nc, job),
             // A host profile for another provider than this node's does not describe it: the node measures itself then.

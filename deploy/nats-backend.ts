@@ -14,7 +14,7 @@ import type { NatsConnection } from '@nats-io/nats-core';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { ActorRef, ActorSystem, ConfigError, SeededRandom, connectTransport, controlAddress, systemClock, type Logger, type Transport } from '../runtime/mod.ts';
-import { allWorkerNodes, natsConnection, type HetpsConfig } from '../topology/mod.ts';
+import { allWorkerNodes, natsConnection, standbyWorkerNodes, type HetpsConfig } from '../topology/mod.ts';
 import type { ExecutionProvider } from '../native-bridge/mod.ts';
 import { batchStreamName, createBatchStream, natsBatchQueue, type BatchQueue } from '../actors/store/batch-queue.ts';
 import { createJobInfoBucket, jobInfoBucket, natsJobInfoStore, resetNatsJobInfo, type JobInfoStore } from '../actors/store/job-info.ts';
@@ -163,7 +163,7 @@ export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promi
   }
   const stores = stepStores(job, servers, jetStreamCheck(natsDir), natsPlanStore(nc, job), natsJobInfoStore(nc, job), natsBatchQueue(nc, job));
   const queue = stores.batches;
-  const allNodes = [...config.cluster.server_nodes, ...allWorkerNodes(config).map((w) => w.name)];
+  const allNodes = [...config.cluster.server_nodes, ...allWorkerNodes(config).map((w) => w.name), ...config.fault_tolerance.standby_workers];
   for (const s of skip) if (!allNodes.includes(s)) throw new ConfigError(`--skip ${s}: no such node in ${config.source.file} (${allNodes.join(', ')})`, { data: { field: '--skip' } });
   const procs = new NodeProcesses(join(runDir, 'logs'), (l) => con.line(l), { HETPS_LOG_LEVEL: ctx.level });
   const reported = new Set<string>();
@@ -186,7 +186,7 @@ export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promi
       }
       // Every worker process runs on this machine: measured once here, before they start, instead of each
       // timing the same cores while the others load (they still apply their own emulation).
-      const launched = allWorkerNodes(config).filter((w) => !skip.has(w.name));
+      const launched = [...allWorkerNodes(config), ...standbyWorkerNodes(config)].filter((w) => !skip.has(w.name));
       const hostFiles = new Map<ExecutionProvider, string>();
       for (const provider of new Set(launched.map((w) => config.nodes[w.name]?.provider ?? 'cpu'))) {
         const host = await measureHostProfile({ probeSeconds: config.cluster.profiling.probe_seconds, provider, transport, node: hostname() });
@@ -235,7 +235,7 @@ export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promi
         }
       }
       const launchedWorkers = procs.nodes.filter((n) => n.spec.role === 'worker');
-      if (launchedWorkers.length > 0 && launchedWorkers.length === allWorkerNodes(config).length
+      if (launchedWorkers.length > 0 && launchedWorkers.length === allWorkerNodes(config).length + config.fault_tolerance.standby_workers.length
         && launchedWorkers.every((n) => n.exit !== null) && launchedWorkers.some((n) => n.exit!.signal !== null || n.exit!.code !== 0)) {
         return 'every worker process has exited';
       }

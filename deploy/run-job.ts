@@ -635,6 +635,12 @@ export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSumma
   const { config, log } = ctx;
 
   const { servers, cluster, embedded } = await startCluster(ctx, o.embedded);
+  const standbys = ctx.config.fault_tolerance.standby_workers;
+  if (standbys.length > 0) {
+    ctx.out.line(servers === null
+      ? `standby workers ${standbys.join(', ')}: not started (embedded: every node runs in this one process, so no member dies alone)`
+      : `standby workers ${standbys.join(', ')}: warm, training nothing until a group member is dead; then one takes its place`);
+  }
   const exitHook = stopClusterOnExit(cluster);
   let backend: JobBackend;
   try {

@@ -336,7 +336,20 @@ const faultToleranceSchema = section({
   server_recovery_timeout: posNum().default(60),
   /** Backups per shard; default: 1 when there are two or more servers, else 0 (resolve). */
   backup_factor: nonNegInt().optional(),
+  /**
+   * The article's preheat_backup: the standby workers start with the job
+   * (model and data loaded, node profiled) so one can take a dead member's
+   * place at once. Standbys are always started warm; true only asks for
+   * that explicitly, and needs standby_workers.
+   */
   preheat_backup: bool().default(false),
+  /**
+   * hps: worker nodes that start with the job and train nothing until a
+   * member of a worker group is dead by the health verdicts; then the first
+   * live standby takes its place in that group (a regroup), and the dead
+   * node, should it come back, waits as a standby in turn.
+   */
+  standby_workers: list(subjectToken('node name'), 'a list of node names').default(() => []),
   /**
    * How a backup follows its primary: `sync` (the primary answers a push only
    * once every live backup applied it: nothing acknowledged is lost) or
@@ -554,7 +567,6 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   { path: 'communication.compression_threshold', when: () => true, instead: 'gradients are sent uncompressed' },
   { path: 'fault_tolerance.worker_recovery_timeout', when: (c) => c.training.mode !== 'hps', instead: 'only hps groups wait for a silent member; a dead worker\'s batch comes back after fault_tolerance.ack_wait_ms' },
   { path: 'fault_tolerance.server_recovery_timeout', when: () => true, instead: 'clients wait for a shard with no live replica without a limit' },
-  { path: 'fault_tolerance.preheat_backup', when: (c) => c.fault_tolerance.preheat_backup, instead: 'no standby workers yet' },
   { path: 'load_balancing.enabled', when: (c) => c.load_balancing.enabled, instead: 'shards stay where the initial plan put them' },
   { path: 'load_balancing.imbalance_threshold', when: () => true, instead: 'shards stay where the initial plan put them' },
   { path: 'load_balancing.sustain_seconds', when: () => true, instead: 'shards stay where the initial plan put them' },
@@ -862,13 +874,15 @@ function crossChecks(raw: Obj, where: (p: Path) => string): RawIssue[] {
   });
   checkWorkerNodes(raw, cluster, nodeSeen, claimNode, where, add);
   if (Array.isArray(cluster.server_nodes)) cluster.server_nodes.forEach((n, i) => claimNode(n, ['cluster', 'server_nodes', i]));
+  const ftRaw = isObject(raw.fault_tolerance) ? raw.fault_tolerance : {};
+  if (Array.isArray(ftRaw.standby_workers)) ftRaw.standby_workers.forEach((n, i) => claimNode(n, ['fault_tolerance', 'standby_workers', i]));
 
   // nodes: overrides only for nodes the cluster has
   if (isObject(raw.nodes) && isObject(raw.cluster)) {
     const known = [...nodeSeen.keys()];
     for (const name of Object.keys(raw.nodes)) {
       if (!nodeSeen.has(name)) {
-        add(['nodes', name], `unknown node "${name}": not in cluster.worker_groups, cluster.worker_nodes or cluster.server_nodes${suggestion(name, known, 'nodes')}`, 'key');
+        add(['nodes', name], `unknown node "${name}": not in cluster.worker_groups, cluster.worker_nodes, cluster.server_nodes or fault_tolerance.standby_workers${suggestion(name, known, 'nodes')}`, 'key');
       }
     }
   }
@@ -948,6 +962,18 @@ function crossChecks(raw: Obj, where: (p: Path) => string): RawIssue[] {
   const ft = isObject(raw.fault_tolerance) ? raw.fault_tolerance : {};
   if (typeof ft.backup_factor === 'number' && Array.isArray(cluster.server_nodes) && cluster.server_nodes.length > 0 && ft.backup_factor >= cluster.server_nodes.length) {
     add(['fault_tolerance', 'backup_factor'], `backup_factor ${ft.backup_factor} needs at least ${ft.backup_factor + 1} server nodes (each copy of a shard lives on a different server), cluster.server_nodes has ${cluster.server_nodes.length}`);
+  }
+  // standbys take a place in an hps worker group; preheating is about them
+  const standbys = Array.isArray(ft.standby_workers) ? ft.standby_workers : [];
+  if (standbys.length > 0) {
+    const training = isObject(raw.training) ? raw.training : {};
+    const mode = training.mode === undefined ? 'hps' : oneOfValues(training.mode, TRAINING_MODES);
+    if (mode !== null && mode !== 'hps') {
+      add(['fault_tolerance', 'standby_workers'], `a standby takes a dead member's place in its worker group, and training.mode ${mode} has no groups (there the other workers take the dead one's batches); use training.mode hps, or leave standby_workers out`, 'key');
+    }
+  }
+  if (ft.preheat_backup === true && standbys.length === 0) {
+    add(['fault_tolerance', 'preheat_backup'], 'preheat_backup: true warms the standby workers, and fault_tolerance.standby_workers lists none: name the standbys (e.g. standby_workers: [w9]), or leave preheat_backup out');
   }
   // a node is dead only after it has missed heartbeats: at least one whole period
   if (ft.heartbeat_ms !== undefined || ft.dead_after_ms !== undefined) {
@@ -1144,6 +1170,11 @@ export function allWorkerNodes(config: HetpsConfig): WorkerNode[] {
   return [...grouped, ...ungrouped];
 }
 
+/** The standby workers (fault_tolerance.standby_workers), in no group until one takes a dead member's place. */
+export function standbyWorkerNodes(config: HetpsConfig): WorkerNode[] {
+  return config.fault_tolerance.standby_workers.map((name): WorkerNode => ({ name, group: null, rank: null, groupSize: null, syncMode: null }));
+}
+
 export function serverNodes(config: HetpsConfig): ServerNode[] {
   return config.cluster.server_nodes.map((name, rank) => ({ name, rank }));
 }
@@ -1152,9 +1183,10 @@ const NO_OVERRIDE: Readonly<NodeOverride> = Object.freeze(nodeOverrideSchema.par
 
 /** A node's overrides (all null when the file has none for it); a name the cluster lacks is a ConfigError. */
 export function nodeOverrides(config: HetpsConfig, name: string): NodeOverride {
-  const isNode = config.cluster.server_nodes.includes(name) || config.cluster.worker_nodes.includes(name) || config.cluster.worker_groups.some((g) => g.nodes.includes(name));
+  const isNode = config.cluster.server_nodes.includes(name) || config.cluster.worker_nodes.includes(name) || config.cluster.worker_groups.some((g) => g.nodes.includes(name))
+    || config.fault_tolerance.standby_workers.includes(name);
   if (!isNode) {
-    throw new ConfigError(`node "${name}" is not in ${config.source.file} (not in cluster.worker_groups, cluster.worker_nodes or cluster.server_nodes)`, { data: { file: config.source.file, node: name } });
+    throw new ConfigError(`node "${name}" is not in ${config.source.file} (not in cluster.worker_groups, cluster.worker_nodes, cluster.server_nodes or fault_tolerance.standby_workers)`, { data: { file: config.source.file, node: name } });
   }
   return config.nodes[name] ?? NO_OVERRIDE;
 }

@@ -231,3 +231,36 @@ export function needsRejoin(groups: readonly { name: string; nodes: readonly str
   const g = groups.find((x) => x.nodes.includes(node));
   return g !== undefined && g.sync_mode !== 'async' && g.nodes.length > 1;
 }
+
+/** Who trains where: the job info's groups, active workers and standbys. */
+export interface Membership<G extends { name: string; nodes: readonly string[] }> {
+  groups: G[];
+  workers: string[];
+  standbys: string[];
+}
+
+/**
+ * A standby worker takes the place of `dead` (fault_tolerance.standby_workers):
+ * the first standby `isAlive` accepts goes into dead's group at its position
+ * and among the workers; `dead` becomes a standby (should it come back, it
+ * waits to take a place in turn). null when `dead` is in no group or no
+ * standby is alive.
+ */
+export function standbyReplacement<G extends { name: string; nodes: readonly string[] }>(
+  m: Membership<G>, dead: string, isAlive: (node: string) => boolean,
+): { membership: Membership<G>; standby: string; group: string } | null {
+  const g = m.groups.find((x) => x.nodes.includes(dead));
+  if (g === undefined || !m.workers.includes(dead)) return null;
+  const standby = m.standbys.find((s) => s !== dead && isAlive(s));
+  if (standby === undefined) return null;
+  const swap = (xs: readonly string[]) => xs.map((x) => (x === dead ? standby : x));
+  return {
+    standby,
+    group: g.name,
+    membership: {
+      groups: m.groups.map((x) => (x === g ? { ...x, nodes: swap(x.nodes) } : x)),
+      workers: swap(m.workers),
+      standbys: [...m.standbys.filter((s) => s !== standby), dead],
+    },
+  };
+}

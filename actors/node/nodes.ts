@@ -9,13 +9,13 @@
  * those profiles before it writes the job info.
  */
 import { ConfigError, TimeoutError, type ActorSystem, type Clock, type Logger } from '../../runtime/mod.ts';
-import { allWorkerNodes, nodeOverrides, replicasOn, type HetpsConfig, type ShardPlan, type StalenessPolicy, type WorkerNode } from '../../topology/mod.ts';
+import { allWorkerNodes, nodeOverrides, replicasOn, standbyWorkerNodes, type HetpsConfig, type ShardPlan, type StalenessPolicy, type WorkerNode } from '../../topology/mod.ts';
 import { initDenseParams, type CtrModel, type DataSource, type DeviceProfile, type ExecutionProvider, type MlpModel } from '../../native-bridge/mod.ts';
 import type { BatchQueue } from '../store/batch-queue.ts';
 import {
   EMBEDDING_INIT_SCALE, WIDE_TABLE, dataSourceFromConfig, modelFromConfig, optimizerInput, sparseLayoutFromConfig,
 } from './config-bridge.ts';
-import { groupOfWorker, waitForJobInfo, type JobInfo, type JobInfoStore } from '../store/job-info.ts';
+import { groupOfWorker, waitForJobInfo, waitForJobInfoWhere, type JobInfo, type JobInfoStore } from '../store/job-info.ts';
 import { waitOnWatch, type PlanStore } from '../store/plan-store.ts';
 import type { NetworkProbe } from './node-profile.ts';
 import { ProfileReporter } from './profile-reporter.ts';
@@ -112,9 +112,9 @@ export function workerNodeOf(config: HetpsConfig, group: string, rank: number): 
   return allWorkerNodes(config).find((n) => n.group === group && n.rank === rank)!;
 }
 
-/** A worker by name: one in a group of the YAML, or a `cluster.worker_nodes` entry (its group is measured at start). */
+/** A worker by name: one in a group of the YAML, a `cluster.worker_nodes` entry (its group is measured at start), or a standby. */
 export function workerNodeByName(config: HetpsConfig, name: string): WorkerNode {
-  const all = allWorkerNodes(config);
+  const all = [...allWorkerNodes(config), ...standbyWorkerNodes(config)];
   const n = all.find((w) => w.name === name);
   if (!n) throw new ConfigError(`worker "${name}" is not in ${config.source.file} (its workers: ${all.map((w) => w.name).join(', ')})`);
   return n;
@@ -147,6 +147,8 @@ export async function startWorkerNode(o: {
   health?: HealthView | null;
   /** How long a worker paused for a regroup waits for the resume (default 120 s); a ctl.pause has no limit. */
   regroupResumeTimeoutMs?: number;
+  /** The node is a standby of the job: called before it waits for a place (its heartbeat says `standby`). */
+  onStandby?: () => void;
 }): Promise<StartedWorker> {
   const { config, node, system, log } = o;
   const waitMs = o.waitMs ?? DEFAULT_NODE_WAIT_MS;
@@ -163,6 +165,14 @@ export async function startWorkerNode(o: {
       onWait: (ms) => log.info(ms === 0 ? `worker ${node.name} ready; waiting for the job` : `worker ${node.name} still waiting for the job (start \`hetps up\` for it)`),
     });
     reporter?.stopRefreshing();
+    if (!info.workers.includes(node.name) && info.standbys.includes(node.name)) {
+      // A standby: warm (data and model loaded, profiled), it trains nothing until the driver gives it a dead member's place.
+      o.onStandby?.();
+      log.info(`standby ${node.name}: warm and waiting to take the place of a dead group member`);
+      info = await waitForJobInfoWhere(o.jobStore, info.run_id, (i) => i.workers.includes(node.name) && i.resume_version >= i.groups_version);
+      const g = groupOfWorker(info, config, node.name);
+      log.info({ group: g.name, groups_version: info.groups_version }, `standby ${node.name}: takes a place in group ${g.name} (${g.nodes.join(', ')})`);
+    }
     if (!info.workers.includes(node.name)) throw new ConfigError(`worker ${node.name} is not one of the job's workers (${info.workers.join(', ')}): a different config than the driver's?`);
     plan = await waitForPlan(o.planStore, { clock: system.clock, timeoutMs: waitMs, log });
     await waitForShards(system, plan, { timeoutMs: waitMs, log });

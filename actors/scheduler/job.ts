@@ -147,6 +147,7 @@ export async function prepareJob(o: {
     resume_version: 0,
     paused: false,
     rejoining: [],
+    standbys: [...config.fault_tolerance.standby_workers],
   };
   await o.jobStore.put(info);
   return { plan, descriptors, info };

@@ -41,7 +41,7 @@ import {
   type Clock, type Logger, type Timer, type Transport,
 } from '../../runtime/mod.ts';
 import {
-  INITIAL_DEGRADATION_STATE, baselineStepMs, detectDegradation, groupNodes, medianOf, needsRejoin, noteRegrouped, observedSlowdown,
+  INITIAL_DEGRADATION_STATE, baselineStepMs, detectDegradation, groupNodes, medianOf, needsRejoin, noteRegrouped, observedSlowdown, standbyReplacement,
   profilesAtObservedSpeed, regroupPlan, workerGroupSchema,
   type DegradationPolicy, type DegradationState, type NodeProfile, type WorkerGroupConfig,
 } from '../../topology/mod.ts';
@@ -72,8 +72,11 @@ export interface RegroupRecord {
   /** Seconds since the controller started (the job was created). */
   at_s: number;
   reason: string;
-  /** `rejoin`: the groups unchanged, re-formed to take back workers alive again after their group dropped them. */
-  trigger: 'command' | 'automatic' | 'rejoin';
+  /**
+   * `rejoin`: the groups unchanged, re-formed to take back workers alive again after their group dropped them;
+   * `standby`: a standby worker took a dead member's place.
+   */
+  trigger: 'command' | 'automatic' | 'rejoin' | 'standby';
   groups_version: number;
   groups: WorkerGroupConfig[];
   /** Nodes whose group changed. */
@@ -82,6 +85,8 @@ export interface RegroupRecord {
   grouped_by: 'command' | 'profiles' | 'step_times' | 'unchanged';
   /** Workers taken back into their group (trigger `rejoin`); empty otherwise. */
   rejoined: string[];
+  /** Standbys that took a dead member's place (trigger `standby`); empty otherwise. */
+  replaced: { dead: string; standby: string; group: string }[];
   /** Seconds from the new groups being written to the resume. */
   pause_s: number;
   /** Live workers that had not reported ready when the driver resumed (after readyTimeoutMs); empty normally. */
@@ -150,6 +155,8 @@ export class RegroupController {
   private readonly deadSeen = new Set<string>();
   /** Workers alive again whose group must take them back (a rejoin not yet started). */
   private readonly returning = new Set<string>();
+  /** Dead workers a standby should replace (not yet done). */
+  private readonly toReplace = new Set<string>();
   private rejoinLoop: Promise<void> | null = null;
   private readonly unwatchHealth: (() => void) | null;
 
@@ -235,21 +242,25 @@ export class RegroupController {
     log.info({ groups_version: v, reason, trigger, moves: plan.moves, groups: next },
       `regroup to groups v${v} (${reason}): ${plan.moves.map((m) => `${m.node} ${m.from ?? '-'} → ${m.to ?? '-'}`).join(', ') || 'group settings change'}; `
       + 'workers pause at their next window boundary');
-    this.startCompletion({ v, reason, trigger, groups: next, moved, groupedBy, rejoined: [] });
+    this.startCompletion({ v, reason, trigger, groups: next, moved, groupedBy, rejoined: [], replaced: [] });
     return { accepted: true, groups_version: v, groups: next };
   }
 
   /** Writes `groups` as the next groups_version (the workers pause for it), naming the workers taken back. */
-  private async writeGroups(groups: WorkerGroupConfig[], rejoining: string[]): Promise<number> {
+  private async writeGroups(groups: WorkerGroupConfig[], rejoining: string[], members?: { workers: string[]; standbys: string[] }): Promise<number> {
     const v = this.info.groups_version + 1;
-    this.info = { ...this.info, groups, groups_version: v, rejoining };
+    this.info = { ...this.info, groups, groups_version: v, rejoining, ...(members ?? {}) };
     await this.o.jobStore.put(this.info);
     return v;
   }
 
-  private startCompletion(r: { v: number; reason: string; trigger: RegroupRecord['trigger']; groups: WorkerGroupConfig[]; moved: string[]; groupedBy: RegroupRecord['grouped_by']; rejoined: string[] }): void {
+  private startCompletion(r: {
+    v: number; reason: string; trigger: RegroupRecord['trigger']; groups: WorkerGroupConfig[]; moved: string[]; groupedBy: RegroupRecord['grouped_by'];
+    rejoined: string[]; replaced: RegroupRecord['replaced'];
+  }): void {
     const started = this.o.clock.monotonic();
-    this.inProgress = this.complete(r.v, r.reason, r.trigger, r.groups, r.moved, r.groupedBy, r.rejoined, started).finally(() => { this.inProgress = null; });
+    this.inProgress = this.complete(r.v, r.reason, r.trigger, r.groups, r.moved, r.groupedBy, { rejoined: r.rejoined, replaced: r.replaced }, started)
+      .finally(() => { this.inProgress = null; });
   }
 
   /**
@@ -257,21 +268,29 @@ export class RegroupController {
    * alive again is taken back into its group (see `health` in the options).
    */
   private noteVerdict(node: string, state: HealthState): void {
-    if (this.disposed || !this.info.workers.includes(node)) return;
-    if (state === 'dead') { this.deadSeen.add(node); return; }
-    if (state !== 'alive' || !this.deadSeen.delete(node)) return;
-    if (this.info.mode !== 'hps' || !needsRejoin(this.groups, node)) return;
-    this.returning.add(node);
+    if (this.disposed || !(this.info.workers.includes(node) || this.info.standbys.includes(node))) return;
+    if (state === 'dead') {
+      this.deadSeen.add(node);
+      this.returning.delete(node);
+      if (this.info.mode !== 'hps' || this.info.standbys.length === 0 || !this.info.workers.includes(node)) return;
+      this.toReplace.add(node);
+    } else {
+      if (state !== 'alive' || !this.deadSeen.delete(node)) return;
+      this.toReplace.delete(node);
+      if (this.info.mode !== 'hps' || !needsRejoin(this.groups, node)) return;
+      this.returning.add(node);
+    }
     this.rejoinLoop ??= this.rejoin().finally(() => { this.rejoinLoop = null; });
   }
 
   /** Re-forms the groups unchanged for the workers in `returning`, once no regroup or pause is in the way. */
   private async rejoin(): Promise<void> {
     const { log } = this.o;
-    while (this.returning.size > 0 && !this.disposed) {
+    while ((this.returning.size > 0 || this.toReplace.size > 0) && !this.disposed) {
       if (this.inProgress !== null) { await this.inProgress.catch(() => undefined); continue; }
       // An operator's pause: the rejoin follows the resume.
       if (this.pausedAt !== null) { await this.changed(1_000); continue; }
+      if (this.toReplace.size > 0) { await this.replaceDead(); continue; }
       const nodes = [...this.returning].sort();
       this.returning.clear();
       // Still alive (a verdict may have come and gone meanwhile), and still in a group that reduces.
@@ -281,16 +300,46 @@ export class RegroupController {
       try {
         const v = await this.writeGroups(this.groups, back);
         log.info({ groups_version: v, rejoining: back }, `rejoin (groups v${v}): ${reason}; the groups re-form unchanged at the next window boundary (a fresh pull, then synchronous rounds again)`);
-        this.startCompletion({ v, reason, trigger: 'rejoin', groups: this.groups, moved: [], groupedBy: 'unchanged', rejoined: back });
+        this.startCompletion({ v, reason, trigger: 'rejoin', groups: this.groups, moved: [], groupedBy: 'unchanged', rejoined: back, replaced: [] });
       } catch (e) {
         log.warn({ err: (e as Error).message, rejoining: back }, `rejoin of ${back.join(', ')} failed: could not write the job info; they stay out of their group's rounds`);
       }
     }
   }
 
+  /** Standbys take the places of the dead workers in `toReplace` (still dead), one regroup for all of them. */
+  private async replaceDead(): Promise<void> {
+    const { log } = this.o;
+    const dead = [...this.toReplace].sort();
+    this.toReplace.clear();
+    let m = { groups: this.groups, workers: this.info.workers, standbys: this.info.standbys };
+    const replaced: RegroupRecord['replaced'] = [];
+    const isAlive = (n: string) => this.o.health?.stateOf(n) === 'alive';
+    for (const d of dead) {
+      if (!(this.o.isDead?.(d) ?? true)) continue; // alive again meanwhile: a rejoin, not a replacement
+      const r = standbyReplacement(m, d, isAlive);
+      if (r === null) {
+        log.warn({ dead: d, standbys: m.standbys }, `${d} is dead and no standby worker is alive to take its place (${m.standbys.join(', ') || 'none left'}); its group goes on without it`);
+        continue;
+      }
+      m = r.membership;
+      replaced.push({ dead: d, standby: r.standby, group: r.group });
+    }
+    if (replaced.length === 0) return;
+    const reason = replaced.map((x) => `standby ${x.standby} takes dead ${x.dead}'s place in group ${x.group}`).join('; ');
+    const moved = replaced.flatMap((x) => [x.dead, x.standby]);
+    try {
+      const v = await this.writeGroups(m.groups, [], { workers: m.workers, standbys: m.standbys });
+      log.info({ groups_version: v, replaced }, `regroup to groups v${v} (${reason}): the other members pause at their next window boundary, then every group re-forms`);
+      this.startCompletion({ v, reason, trigger: 'standby', groups: m.groups, moved, groupedBy: 'unchanged', rejoined: [], replaced });
+    } catch (e) {
+      log.warn({ err: (e as Error).message, replaced }, 'standby replacement failed: could not write the job info; the groups go on without the dead members');
+    }
+  }
+
   private async complete(
     v: number, reason: string, trigger: RegroupRecord['trigger'], groups: WorkerGroupConfig[], moved: string[], groupedBy: RegroupRecord['grouped_by'],
-    rejoined: string[], started: number,
+    members: Pick<RegroupRecord, 'rejoined' | 'replaced'>, started: number,
   ): Promise<void> {
     const { clock, log } = this.o;
     const limit = this.o.readyTimeoutMs ?? 60_000;
@@ -298,7 +347,8 @@ export class RegroupController {
     let missing: string[] = [];
     for (;;) {
       const ready = this.ready.get(v) ?? new Set<string>();
-      missing = this.live().filter((w) => !ready.has(w));
+      // A standby given a place starts under this version: it has nothing to pause.
+      missing = this.live().filter((w) => !ready.has(w) && !members.replaced.some((r) => r.standby === w));
       if (missing.length === 0) break;
       const now = clock.monotonic();
       if (now - started >= limit) {
@@ -323,7 +373,7 @@ export class RegroupController {
     this.degradation = noteRegrouped(this.degradation, now);
     const pause = (now - started) / 1000;
     this.records.push({
-      at_s: +((started - this.t0) / 1000).toFixed(3), reason, trigger, groups_version: v, groups, moved, grouped_by: groupedBy, rejoined, pause_s: +pause.toFixed(3), not_ready: missing,
+      at_s: +((started - this.t0) / 1000).toFixed(3), reason, trigger, groups_version: v, groups, moved, grouped_by: groupedBy, ...members, pause_s: +pause.toFixed(3), not_ready: missing,
     });
     log.info({ groups_version: v, pause_s: pause }, `regroup v${v} done: every group resumes from the shards' current parameters (paused ${pause.toFixed(1)} s)`);
   }

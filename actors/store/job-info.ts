@@ -61,6 +61,12 @@ export const jobInfoSchema = z.object({
    * resume re-forms its group with it.
    */
   rejoining: z.array(z.string()).default([]),
+  /**
+   * Standby workers (fault_tolerance.standby_workers) not training: each
+   * waits, warm, until the driver moves it into `workers` and a group in
+   * place of a dead member (whose name then moves here).
+   */
+  standbys: z.array(z.string()).default([]),
 });
 export type JobInfo = z.infer<typeof jobInfoSchema>;
 
@@ -166,4 +172,25 @@ export async function waitForJobInfo(store: JobInfoStore, opts: { clock: Clock; 
     onNote: (ms) => opts.onWait?.(ms),
     timeout: () => new TimeoutError(`no job info after ${Math.round(opts.timeoutMs / 1000)} s: the driver (hetps up) has not queued this job's batches yet`),
   });
+}
+
+/**
+ * Waits, without a limit, for a job info of `runId` that `accept` takes (a
+ * standby waiting for its place; it ends with the job's shutdown), watching
+ * the store; the info taken.
+ */
+export async function waitForJobInfoWhere(store: JobInfoStore, runId: string, accept: (info: JobInfo) => boolean): Promise<JobInfo> {
+  let unwatch: (() => void) | null = null;
+  let settled = false;
+  try {
+    return await new Promise<JobInfo>((resolve, reject) => {
+      store.watch((info) => {
+        if (settled || info.run_id !== runId || !accept(info)) return;
+        settled = true;
+        resolve(info);
+      }).then((u) => { if (settled) u(); else unwatch = u; }, reject);
+    });
+  } finally {
+    (unwatch as (() => void) | null)?.();
+  }
 }

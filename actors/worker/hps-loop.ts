@@ -84,7 +84,11 @@ export class HpsLoop {
       if (pauseFor === null || control.stopRequested) break;
       // Paused: every batch of the last window is pushed and acknowledged; nothing is held.
       log.info({ groups_version: pauseFor, group: g.name }, `regroup to groups v${pauseFor}: paused after window ${member.window - 1} of group ${g.name}; waiting for the driver's resume`);
-      const info = await control.pauseForJob(pauseFor, g.name);
+      let info = await control.pauseForJob(pauseFor, g.name);
+      if (!info.workers.includes(this.env.o.node) && info.standbys.includes(this.env.o.node)) {
+        log.warn({ groups_version: info.groups_version }, `${this.env.o.node} is a standby now (its place went to a standby while it was dead by the health verdicts): waiting to take a place again`);
+        info = await control.waitForPlace();
+      }
       const next = (info.groups ?? []).find((x) => x.nodes.includes(this.env.o.node));
       if (next === undefined) throw new HetpsError(`regroup v${info.groups_version}: ${this.env.o.node} is in none of the new groups`);
       this.group = next;
@@ -109,7 +113,8 @@ export class HpsLoop {
       lostAfterMs: Math.min(10_000, Math.max(500, Math.floor((o.job.recovery_timeout_ms ?? o.job.ack_wait_ms) / 2))),
       onState: (st) => { stats.group_state = st; },
       health: o.health ?? null,
-      abandon: () => (control.rejoinPending ? `the driver takes ${o.node} back into group ${g.name} (groups v${control.seen}) after the group dropped it` : null),
+      abandon: () => (control.rejoinPending ? `the driver takes ${o.node} back into group ${g.name} (groups v${control.seen}) after the group dropped it`
+        : control.replacedPending ? `a standby took ${o.node}'s place in group ${g.name} (groups v${control.seen}) while it was dead by the health verdicts` : null),
     });
   }
 

@@ -82,6 +82,27 @@ export class LoopControl {
     const info = this.latest;
     return this.jobPausePending && info !== null && info.groups_version > this.version && info.rejoining.includes(this.o.node);
   }
+  /**
+   * The driver gave this worker's place to a standby (it was dead by the
+   * health verdicts; job info `standbys` now names it): nobody waits for it
+   * any more, so it gives up its window and waits as a standby in turn.
+   */
+  get replacedPending(): boolean {
+    const info = this.latest;
+    return this.jobPausePending && info !== null && info.groups_version > this.version && info.standbys.includes(this.o.node) && !info.workers.includes(this.o.node);
+  }
+
+  /** A standby again (`replacedPending`): waits, without a limit, until the driver gives it a place; the job info that does. */
+  async waitForPlace(): Promise<JobInfo> {
+    if (this.o.store === null) throw new HetpsError(`${this.o.node} has no job info to wait on for a place`);
+    this.enter('paused');
+    for (;;) {
+      if (this.stopAsked) throw new StopRequestedError(`${this.o.node} stopped while waiting as a standby`);
+      const info = this.latest;
+      if (info !== null && info.workers.includes(this.o.node) && info.resume_version >= info.groups_version) return info;
+      await this.changed(null);
+    }
+  }
 
   /** Watches the job info (if any) and enters `training`; the loop calls `close` when it ends, however it ends. */
   async start(env: LoopControlEnv): Promise<void> {

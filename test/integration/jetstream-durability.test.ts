@@ -34,7 +34,7 @@ function plan(version: number): ShardPlan {
 function jobInfo(job: string, runId: string): JobInfo {
   return {
     job, run_id: runId, mode: 'hps', workers: ['w1', 'w2'], total_batches: BATCHES, rounds: 12, epochs: 1, batch_size: 32, ack_wait_ms: 30_000,
-    groups: null, groups_version: 0, resume_version: 0, paused: false, rejoining: [],
+    groups: null, groups_version: 0, resume_version: 0, paused: false, rejoining: [], standbys: [],
   };
 }
 

@@ -22,7 +22,7 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 function info(job: string, runId: string): JobInfo {
   return {
     job, run_id: runId, mode: 'bsp', workers: ['w1'], total_batches: 4, rounds: 4, epochs: 1, batch_size: 8, ack_wait_ms: 5_000,
-    groups: null, groups_version: 0, resume_version: 0, paused: false, rejoining: [],
+    groups: null, groups_version: 0, resume_version: 0, paused: false, rejoining: [], standbys: [],
   };
 }
 

@@ -23,7 +23,7 @@ test('NATS job info store: a watch on another connection gets the current info, 
   const reader = natsJobInfoStore(natsConnectionOf(readerT)!, job);
   const info: JobInfo = {
     job, run_id: 'r1', mode: 'bsp', workers: ['w1', 'w2'], total_batches: 8, rounds: 4, epochs: 1, batch_size: 8, ack_wait_ms: 5_000,
-    groups: null, groups_version: 0, resume_version: 0, paused: false, rejoining: [],
+    groups: null, groups_version: 0, resume_version: 0, paused: false, rejoining: [], standbys: [],
   };
   await writer.put(info);
 

@@ -21,7 +21,6 @@ const NOT_ACTIVE = [
   'communication.compression_threshold',
   'fault_tolerance.worker_recovery_timeout',
   'fault_tolerance.server_recovery_timeout',
-  'fault_tolerance.preheat_backup',
   'load_balancing.enabled',
   'load_balancing.imbalance_threshold',
   'load_balancing.sustain_seconds',
@@ -43,8 +42,7 @@ fault_tolerance:
   worker_recovery_timeout: 5
   server_recovery_timeout: 5
   backup_factor: 1
-  preheat_backup: true
-  replication: async
+${mode === 'hps' ? '  preheat_backup: true\n  standby_workers: [w9]\n' : ''}  replication: async
   heartbeat_ms: 100
   dead_after_ms: 400
 load_balancing: { enabled: true, imbalance_threshold: 0.5, sustain_seconds: 10 }
@@ -81,6 +79,11 @@ describe('inactiveSettings', () => {
       assert.equal(listed.includes('fault_tolerance.worker_recovery_timeout'), mode !== 'hps', `${mode}: ${listed.join(', ')}`);
       assert.ok(!listed.includes('fault_tolerance.ack_wait_ms'), `listed in ${mode}: ${listed.join(', ')}`);
     }
+  });
+
+  test('standby_workers and preheat_backup (hps) are never listed', () => {
+    const listed = inactiveSettings(parseConfig(EVERYTHING('hps'), FILE)).map(pathOf);
+    assert.ok(!listed.some((p) => p === 'fault_tolerance.standby_workers' || p === 'fault_tolerance.preheat_backup'), listed.join(', '));
   });
 
   test('heartbeat_ms and dead_after_ms are never listed', () => {

@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ConfigError } from '../../runtime/errors.ts';
 import {
-  allWorkerNodes, inactiveSettings, loadConfig, natsConnection, nodeOverrides, parseConfig, serverNodes,
+  allWorkerNodes, inactiveSettings, loadConfig, natsConnection, nodeOverrides, parseConfig, serverNodes, standbyWorkerNodes,
   type ConfigIssue, type HetpsConfig,
 } from '../../topology/mod.ts';
 import { SMALL_CLUSTER } from '../support/config.ts';
@@ -105,13 +105,14 @@ describe('accepted configs', () => {
 
   test('the other keys the article documents are accepted with its names', () => {
     const c = parse(BASE + `server: { use_gpu: true, gpu_id: 0 }
-fault_tolerance: { preheat_backup: true, replication: async }
+fault_tolerance: { preheat_backup: true, standby_workers: [w9], replication: async }
 logging: { level: WARNING }
 monitoring: { port: 8888 }
 load_balancing: { imbalance_threshold: 0.3, sustain_seconds: 60 }
 `);
     assert.deepEqual(c.server, { use_gpu: true, gpu_id: 0 });
     assert.equal(c.fault_tolerance.preheat_backup, true);
+    assert.deepEqual(c.fault_tolerance.standby_workers, ['w9']);
     assert.equal(c.fault_tolerance.replication, 'async');
     assert.equal(c.logging.level, 'warn');
     assert.equal(c.monitoring.port, 8888);
@@ -389,7 +390,7 @@ ${MODEL_AND_DATA}`;
 
   test('an override for a node the cluster does not have is an error naming it', () => {
     const text = BASE + 'nodes:\n  w1: { provider: cuda }\n  w3: { threads: 4 }\n';
-    expectIssue(text, { path: 'nodes.w3', words: ['unknown node "w3"', 'not in cluster.worker_groups, cluster.worker_nodes or cluster.server_nodes'], line: 10, column: 3 });
+    expectIssue(text, { path: 'nodes.w3', words: ['unknown node "w3"', 'not in cluster.worker_groups, cluster.worker_nodes, cluster.server_nodes or fault_tolerance.standby_workers'], line: 10, column: 3 });
   });
 
   test('backups need more servers than the backup factor', () => {
@@ -569,5 +570,23 @@ describe('helpers', () => {
       pingIntervalMs: 2_000,
     });
     assert.deepEqual(natsConnection(parse(BASE)).auth, null);
+  });
+});
+
+describe('standby workers', () => {
+  test('hps: named standbys are nodes of the file (overrides allowed) outside every group', () => {
+    const c = parse(BASE + 'fault_tolerance: { standby_workers: [w9], preheat_backup: true }\nnodes: { w9: { emulate: { speed: 0.5 } } }\n');
+    assert.deepEqual(standbyWorkerNodes(c).map((n) => [n.name, n.group]), [['w9', null]]);
+    assert.equal(nodeOverrides(c, 'w9').emulate?.speed, 0.5);
+    assert.ok(!allWorkerNodes(c).some((n) => n.name === 'w9'), 'a standby trains nothing until it takes a place');
+  });
+
+  test('a standby named like another node, in a mode without groups, or preheat_backup without standbys: clear errors', () => {
+    const dup = issuesOf(BASE + 'fault_tolerance: { standby_workers: [w2] }\n').issues;
+    assert.ok(dup.some((i) => i.path === 'fault_tolerance.standby_workers[0]' && /duplicate node name "w2"/.test(i.message)), JSON.stringify(dup));
+    const asp = issuesOf(BASE + 'training: { mode: asp }\nfault_tolerance: { standby_workers: [w9] }\n').issues;
+    assert.ok(asp.some((i) => i.path === 'fault_tolerance.standby_workers' && /training.mode asp has no groups/.test(i.message)), JSON.stringify(asp));
+    const cold = issuesOf(BASE + 'fault_tolerance: { preheat_backup: true }\n').issues;
+    assert.ok(cold.some((i) => i.path === 'fault_tolerance.preheat_backup' && /standby_workers lists none/.test(i.message)), JSON.stringify(cold));
   });
 });

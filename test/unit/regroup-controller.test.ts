@@ -22,7 +22,7 @@ const g = (name: string, nodes: string[], sync_mode: 'sync' | 'async', sync_step
   ({ name, nodes, sync_mode, sync_steps, accumulation_steps: null, adaptive_threshold: null });
 const info: JobInfo = {
   job: JOB, run_id: 'r', mode: 'hps', workers: ['w1', 'w2', 'w3', 'w4'], total_batches: 10, rounds: 3, epochs: 1, batch_size: 32, ack_wait_ms: 60_000,
-  groups: [g('fast', ['w1', 'w2'], 'sync', 2), g('slow', ['w3', 'w4'], 'async')], groups_version: 0, resume_version: 0, paused: false, rejoining: [],
+  groups: [g('fast', ['w1', 'w2'], 'sync', 2), g('slow', ['w3', 'w4'], 'async')], groups_version: 0, resume_version: 0, paused: false, rejoining: [], standbys: [],
 };
 
 async function ask(t: Transport, body: unknown): Promise<{ type: string; result?: { accepted: boolean; groups_version: number; groups: { name: string; nodes: string[] }[] }; error?: { message: string } }> {
@@ -195,6 +195,56 @@ test('rejoin: a member of a reducing group dead and then alive again is taken ba
     // A later pause is not a rejoin: nobody gives up a window for it.
     await ctl.pause('operator');
     assert.deepEqual((await store.get())!.rejoining, []);
+  } finally {
+    await ctl.dispose();
+    await driverT.close();
+    await workerT.close();
+  }
+});
+
+test('standby: a dead member\'s place goes to the first live standby (a regroup); the dead one becomes a standby; with none alive, nothing changes', async () => {
+  const broker = new InProcessBroker();
+  const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
+  const workerT = await connectTransport({ servers: null, broker, name: 'worker' });
+  const store = memoryJobInfoStore();
+  const withStandbys: JobInfo = { ...info, standbys: ['w5', 'w6'] };
+  await store.put(withStandbys);
+  const health = verdicts();
+  const ctl = new RegroupController({
+    transport: driverT, job: JOB, jobStore: store, info: withStandbys, clock: systemClock, log: silentLogger(), autoEveryMs: 0,
+    isDead: (n) => health.stateOf(n) === 'dead', health,
+  });
+  try {
+    for (const w of info.workers) { publishTelemetry(workerT, JOB, 'start', w, { node: w, group: 'x', mode: 'hps', emulated_speed: null }); health.set(w, 'alive'); }
+    health.set('w6', 'alive'); // w5 never sent a heartbeat: not a live standby
+    health.set('w2', 'dead');
+    await until(async () => (await store.get())!.groups_version === 1);
+    const written = (await store.get())!;
+    assert.deepEqual(written.groups!.map((x) => [x.name, x.nodes]), [['fast', ['w1', 'w6']], ['slow', ['w3', 'w4']]]);
+    assert.deepEqual(written.workers, ['w1', 'w6', 'w3', 'w4']);
+    assert.deepEqual(written.standbys, ['w5', 'w2']);
+    assert.deepEqual(written.rejoining, []);
+    // The dead worker and the standby are not waited for: the others' ready is enough.
+    for (const w of ['w1', 'w3', 'w4']) publishTelemetry(workerT, JOB, 'regroup', w, { node: w, groups_version: 1, state: 'ready', group: 'x' });
+    await until(async () => (await store.get())!.resume_version === 1);
+    await until(async () => ctl.records.length === 1);
+    assert.equal(ctl.records[0]!.trigger, 'standby');
+    assert.deepEqual(ctl.records[0]!.replaced, [{ dead: 'w2', standby: 'w6', group: 'fast' }]);
+
+    // w2 comes back: it is a standby now, nothing to rejoin. w3 dies: w5 is still not alive, w2 is.
+    health.set('w2', 'alive');
+    health.set('w3', 'dead');
+    await until(async () => (await store.get())!.groups_version === 2);
+    const again = (await store.get())!;
+    assert.deepEqual(again.groups!.map((x) => [x.name, x.nodes]), [['fast', ['w1', 'w6']], ['slow', ['w2', 'w4']]]);
+    assert.deepEqual(again.standbys, ['w5', 'w3']);
+    for (const w of ['w1', 'w6', 'w4']) publishTelemetry(workerT, JOB, 'regroup', w, { node: w, groups_version: 2, state: 'ready', group: 'x' });
+    await until(async () => ctl.records.length === 2);
+
+    // No live standby left: a death changes nothing.
+    health.set('w4', 'dead');
+    await new Promise((r) => setTimeout(r, 100));
+    assert.equal((await store.get())!.groups_version, 2);
   } finally {
     await ctl.dispose();
     await driverT.close();

@@ -20,7 +20,7 @@ const g = (name: string, nodes: string[], sync_mode: 'sync' | 'async', sync_step
   ({ name, nodes, sync_mode, sync_steps, accumulation_steps: null, adaptive_threshold: null });
 const info: JobInfo = {
   job: JOB, run_id: 'r', mode: 'hps', workers: ['w1', 'w2', 'w3', 'w4'], total_batches: 10, rounds: 3, epochs: 1, batch_size: 32, ack_wait_ms: 60_000,
-  groups: [g('fast', ['w1', 'w2'], 'sync', 4), g('slow', ['w3', 'w4'], 'async')], groups_version: 0, resume_version: 0, paused: false, rejoining: [],
+  groups: [g('fast', ['w1', 'w2'], 'sync', 4), g('slow', ['w3', 'w4'], 'async')], groups_version: 0, resume_version: 0, paused: false, rejoining: [], standbys: [],
 };
 
 function profile(node: string, speed: number): NodeProfile {

@@ -2,7 +2,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  INITIAL_DEGRADATION_STATE, baselineStepMs, detectDegradation, medianOf, needsRejoin, noteRegrouped, regroupPlan, slowedProfile,
+  INITIAL_DEGRADATION_STATE, baselineStepMs, detectDegradation, medianOf, needsRejoin, noteRegrouped, regroupPlan, slowedProfile, standbyReplacement,
   type DegradationReport, type DegradationState,
 } from '../../topology/regroup.ts';
 import { groupNodes, type NodeProfile } from '../../topology/grouping.ts';
@@ -154,4 +154,23 @@ test('needsRejoin: only a member of a group that reduces together, with others i
     { name: 'solo', nodes: ['w7'], sync_mode: 'sync' },
   ];
   assert.deepEqual(['w1', 'w2', 'w3', 'w4', 'w5', 'w6', 'w7', 'w9'].map((n) => needsRejoin(groups, n)), [true, true, true, true, false, false, false, false]);
+});
+
+test('standbyReplacement: the first live standby takes the dead member\'s place in its group; the dead one becomes a standby', () => {
+  const m = {
+    groups: [{ name: 'fast', nodes: ['w1', 'w2'], sync_mode: 'sync' }, { name: 'slow', nodes: ['w3', 'w4'], sync_mode: 'async' }],
+    workers: ['w1', 'w2', 'w3', 'w4'],
+    standbys: ['s5', 's6'],
+  };
+  const r = standbyReplacement(m, 'w2', (n) => n !== 's5');
+  assert.ok(r);
+  assert.equal(r.standby, 's6');
+  assert.equal(r.group, 'fast');
+  assert.deepEqual(r.membership.groups.map((g) => [g.name, g.nodes, g.sync_mode]), [['fast', ['w1', 's6'], 'sync'], ['slow', ['w3', 'w4'], 'async']]);
+  assert.deepEqual(r.membership.workers, ['w1', 's6', 'w3', 'w4']);
+  assert.deepEqual(r.membership.standbys, ['s5', 'w2']);
+  assert.deepEqual(m.groups[0]!.nodes, ['w1', 'w2'], 'the input is not changed');
+  assert.equal(standbyReplacement(m, 'w2', () => false), null, 'no live standby');
+  assert.equal(standbyReplacement(m, 'w9', () => true), null, 'not a member of any group');
+  assert.equal(standbyReplacement({ ...m, standbys: [] }, 'w1', () => true), null, 'no standby at all');
 });

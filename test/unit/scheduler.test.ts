@@ -22,7 +22,7 @@ import { until } from '../support/until.ts';
 const JOB = 'sj';
 const info: JobInfo = {
   job: JOB, run_id: 'r1', mode: 'asp', workers: ['w1', 'w2'], total_batches: 10, rounds: 5, epochs: 1, batch_size: 32, ack_wait_ms: 60_000,
-  groups: [], groups_version: 0, resume_version: 0, paused: false, rejoining: [],
+  groups: [], groups_version: 0, resume_version: 0, paused: false, rejoining: [], standbys: [],
 };
 
 interface Reply { type: string; result?: Record<string, unknown>; error?: { name: string; message: string } }

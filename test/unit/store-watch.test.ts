@@ -22,7 +22,7 @@ const tick = () => new Promise((r) => setImmediate(r));
 function info(runId: string): JobInfo {
   return {
     job: 'j', run_id: runId, mode: 'bsp', workers: ['w1'], total_batches: 4, rounds: 4, epochs: 1, batch_size: 8, ack_wait_ms: 5_000,
-    groups: null, groups_version: 0, resume_version: 0, paused: false, rejoining: [],
+    groups: null, groups_version: 0, resume_version: 0, paused: false, rejoining: [], standbys: [],
   };
 }
 

@@ -8,7 +8,7 @@ import { memoryJobInfoStore, type JobInfo } from '../../actors/store/job-info.ts
 
 const info: JobInfo = {
   job: 'watch', run_id: 'r1', mode: 'asp', workers: ['w1'], total_batches: 4, rounds: 4, epochs: 1, batch_size: 8, ack_wait_ms: 1_000,
-  groups: null, groups_version: 0, resume_version: 0, paused: false, rejoining: [],
+  groups: null, groups_version: 0, resume_version: 0, paused: false, rejoining: [], standbys: [],
 };
 
 /** Lets queued deliveries run. */
