@@ -38,6 +38,11 @@ function isStalePlan(e: unknown): boolean {
   return e instanceof Error && e.name === 'StalePlanError';
 }
 
+/** An attempt given up because a newer plan names another primary for its shard (sent again there, same seq). */
+class PrimaryMovedError extends HetpsError {}
+
+const worthAnotherTry = (e: unknown) => e instanceof PrimaryMovedError || isStalePlan(e) || isRetryable(e);
+
 export class ShardClient {
   private refs = new Map<string, ActorRef>();
   readonly plans: PlanView;
@@ -57,6 +62,30 @@ export class ShardClient {
     return r;
   }
 
+  /**
+   * One attempt of a request to `shard`'s primary, given up at once when the
+   * plan the client follows names another primary for it (a failover): the
+   * caller sends it again there instead of waiting out the attempt.
+   */
+  private async attempt<T>(shard: string, send: () => Promise<T>): Promise<T> {
+    const before = primaryReplicaId(this.plans.current, shard);
+    let off: (() => void) | null = null;
+    const moved = new Promise<never>((_, reject) => {
+      off = this.plans.onChange((p) => {
+        const now = p.placement.replicas[shard] === undefined ? before : primaryReplicaId(p, shard);
+        if (now !== before) reject(new PrimaryMovedError(`${shard}: plan v${p.version} moved its primary from ${before} to ${now}`));
+      });
+    });
+    moved.catch(() => undefined);
+    const request = send();
+    request.catch(() => undefined); // answered after the move: nobody waits for it
+    try {
+      return await Promise.race([request, moved]);
+    } finally {
+      (off as (() => void) | null)?.();
+    }
+  }
+
   /** After a refusal or silence: re-read the plan; true when the shard's primary moved. */
   private async reroute(shard: string): Promise<boolean> {
     const before = primaryReplicaId(this.plans.current, shard);
@@ -72,11 +101,11 @@ export class ShardClient {
       if (this.opts.shouldStop()) throw new StopRequestedError(`stopped while pulling from ${shard}`);
       req.plan_version = this.plans.current.version;
       try {
-        return await this.ref(shard).request<PullReply & Record<string, unknown>>('pull', req as unknown as Record<string, unknown>, {
+        return await this.attempt(shard, () => this.ref(shard).request<PullReply & Record<string, unknown>>('pull', req as unknown as Record<string, unknown>, {
           timeoutMs: this.attemptMs,
-        });
+        }));
       } catch (e) {
-        if (!isStalePlan(e) && !isRetryable(e)) throw e;
+        if (!worthAnotherTry(e)) throw e;
         const moved = await this.reroute(shard);
         const now = this.system.clock.monotonic();
         const waited = Math.round((now - started) / 1000);
@@ -103,11 +132,11 @@ export class ShardClient {
     for (let attempt = 0; ; attempt++) {
       req.plan_version = this.plans.current.version;
       try {
-        return await this.ref(shard).request<PushReply & Record<string, unknown>>('push', req as unknown as Record<string, unknown>, {
+        return await this.attempt(shard, () => this.ref(shard).request<PushReply & Record<string, unknown>>('push', req as unknown as Record<string, unknown>, {
           timeoutMs: this.attemptMs, seq,
-        });
+        }));
       } catch (e) {
-        if (!isStalePlan(e) && !isRetryable(e)) throw e;
+        if (!worthAnotherTry(e)) throw e;
         if (this.opts.shouldStop()) throw new StopRequestedError(`stopped while pushing to ${shard}`, { cause: e });
         const moved = await this.reroute(shard);
         if (moved) continue;

@@ -1,0 +1,75 @@
+/**
+ * ShardClient on the in-process bus: a push in flight to a primary that
+ * stopped answering is sent again to the new primary as soon as the plan it
+ * follows names one (a failover), with the same seq, instead of waiting out
+ * its attempt timeout.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { z } from 'zod';
+import { ActorSystem, InProcessBroker, SeededRandom, Transport, silentLogger, systemClock, type ActorDefinition } from '../../runtime/mod.ts';
+import { buildShardPlan, failover, withPlacement } from '../../topology/mod.ts';
+import { memoryPlanStore } from '../../actors/store/plan-store.ts';
+import { PlanView } from '../../actors/store/plan-view.ts';
+import { ShardClient } from '../../actors/worker/shard-client.ts';
+import type { PushRequest } from '../../actors/shard/shard.messages.ts';
+
+function system(broker: InProcessBroker, node: string): ActorSystem {
+  const transport = new Transport(broker.client(), { clientId: node, clock: systemClock, reassemblyTimeoutMs: 1_000 });
+  return new ActorSystem({ transport, job: 'reroute', node, clock: systemClock, random: new SeededRandom(1), defaultRequestTimeoutMs: 2_000 });
+}
+
+/** A replica that records the (from, seq) of each push; `hang` never answers. */
+function replica(id: string, seen: { id: string; from: string; seq: number }[], hang: boolean): ActorDefinition<{ push: z.ZodObject<Record<string, z.ZodTypeAny>> }> {
+  return {
+    kind: 'shard', id, messages: { push: z.object({}).passthrough() },
+    handlers: {
+      push: async (m) => {
+        seen.push({ id, from: m.from, seq: m.seq });
+        if (hang) await new Promise(() => undefined);
+        return { version: 1, applied: true, staleness: 0, lr_scale: 1, refused: false };
+      },
+    },
+  };
+}
+
+test('a push waiting on a silent primary goes to the new primary the moment the plan names it, with the same seq', async () => {
+  const broker = new InProcessBroker();
+  const n1 = system(broker, 'n1');
+  const n2 = system(broker, 'n2');
+  const worker = system(broker, 'w');
+  const v1 = buildShardPlan({
+    version: 1, shards: ['s0'], servers: ['n1', 'n2'], backupFactor: 1, partitions: 4, maxBlockBytes: 16,
+    denseParams: [{ name: 'w', size: 4 }], sparseTables: [{ name: 'emb', dim: 2 }],
+  });
+  assert.equal(v1.placement.replicas.s0!.primary, 'n1');
+  const store = memoryPlanStore(v1);
+  const seen: { id: string; from: string; seq: number }[] = [];
+  await n1.spawn(replica('s0@n1', seen, true));
+  await n2.spawn(replica('s0@n2', seen, false));
+  const plans = PlanView.follow(v1, store);
+  // An attempt timeout far longer than the test: only the plan change can end the first attempt.
+  const client = new ShardClient(worker, { requestTimeoutMs: 60_000, attemptTimeoutMs: 60_000, log: silentLogger(), shouldStop: () => false, plans });
+  try {
+    const req = { plan_version: 1, round: null, expected: null, weight: 1, base_version: 0, dense: [], sparse: [], later_steps: [], batches: ['b1'] } as unknown as PushRequest;
+    const t0 = Date.now();
+    const pushing = client.push('s0', req);
+    while (seen.length === 0) await new Promise((r) => setTimeout(r, 5));
+    await new Promise((r) => setTimeout(r, 100));
+    const v2 = withPlacement({ ...v1, version: 2 }, failover(v1.placement, new Set(['n1']))!.placement);
+    await store.put(v2);
+    const reply = await pushing;
+    const took = Date.now() - t0;
+    assert.equal(reply.applied, true);
+    assert.ok(took < 5_000, `answered ${took} ms after the push, not after the 60 s attempt`);
+    assert.deepEqual(seen.map((s) => s.id), ['s0@n1', 's0@n2']);
+    assert.equal(seen[0]!.seq, seen[1]!.seq, 'the same seq: a primary that has it answers, never applies it twice');
+    assert.equal(seen[0]!.from, seen[1]!.from);
+    assert.equal(client.rerouted, 1);
+  } finally {
+    plans.dispose();
+    await worker.stop();
+    await n1.stop({ timeoutMs: 100 }).catch(() => undefined);
+    await n2.stop();
+  }
+});
