@@ -516,7 +516,10 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
     const controller = regrouper;
     plane.monitor.setTotalBatches(info.total_batches);
     plane.scheduler.attach({ info: () => controller.jobInfo, plan: () => shardClient.plans.current, controller });
-    const trained = await supervise(ctx, backend, monitor, prepared, ctx.emulated, periodic, o.evalEveryS, o.control, o.check);
+    // A shard with no live replica for server_recovery_timeout ends the job with the reason (it would wait forever).
+    const serverRecoveryMs = config.fault_tolerance.server_recovery_timeout * 1000;
+    const check = () => failover?.overdue(serverRecoveryMs) ?? o.check();
+    const trained = await supervise(ctx, backend, monitor, prepared, ctx.emulated, periodic, o.evalEveryS, o.control, check);
     plane.scheduler.setEnded('stopping');
     await o.control.settled();
     await regrouper.dispose();

@@ -332,7 +332,11 @@ const faultToleranceSchema = section({
    * comes back, this fast.
    */
   ack_wait_ms: posInt().min(1000).default(10_000),
-  /** Seconds. */
+  /**
+   * Seconds a shard may have no live replica (its primary and every backup
+   * dead by the health verdicts) before `hetps up` ends the job with that
+   * reason; a replica back in time (a healed partition) serves it again.
+   */
   server_recovery_timeout: posNum().default(60),
   /** Backups per shard; default: 1 when there are two or more servers, else 0 (resolve). */
   backup_factor: nonNegInt().optional(),
@@ -566,7 +570,6 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   { path: 'communication.compression', when: (c) => c.communication.compression !== 'none', instead: 'gradients are sent uncompressed' },
   { path: 'communication.compression_threshold', when: () => true, instead: 'gradients are sent uncompressed' },
   { path: 'fault_tolerance.worker_recovery_timeout', when: (c) => c.training.mode !== 'hps', instead: 'only hps groups wait for a silent member; a dead worker\'s batch comes back after fault_tolerance.ack_wait_ms' },
-  { path: 'fault_tolerance.server_recovery_timeout', when: () => true, instead: 'clients wait for a shard with no live replica without a limit' },
   { path: 'load_balancing.enabled', when: (c) => c.load_balancing.enabled, instead: 'shards stay where the initial plan put them' },
   { path: 'load_balancing.imbalance_threshold', when: () => true, instead: 'shards stay where the initial plan put them' },
   { path: 'load_balancing.sustain_seconds', when: () => true, instead: 'shards stay where the initial plan put them' },

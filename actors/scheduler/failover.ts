@@ -16,7 +16,7 @@
  */
 import { z } from 'zod';
 import type { ActorDefinition, Clock, Logger, Transport } from '../../runtime/mod.ts';
-import { failover, promoteSeeded, rereplicate, unprotectedShards, withPlacement, type ShardPlan } from '../../topology/mod.ts';
+import { failover, promoteSeeded, replicaNodes, rereplicate, unprotectedShards, withPlacement, type ShardPlan } from '../../topology/mod.ts';
 import type { HealthState, HealthView } from '../health/health.types.ts';
 import { publishEvent } from '../monitor/monitor.messages.ts';
 import type { PlanStore } from '../store/plan-store.ts';
@@ -59,6 +59,8 @@ export class ShardFailover {
   readonly replicas: ReplicaRecord[] = [];
   /** Shards that lost every replica (nothing to promote). */
   readonly lost = new Set<string>();
+  /** When each shard in `lost` lost its last live replica (monotonic ms). */
+  private readonly lostSince = new Map<string, number>();
   private readonly dead = new Set<string>();
   private chain: Promise<void> = Promise.resolve();
   private readonly unsubscribe: () => void;
@@ -119,6 +121,7 @@ export class ShardFailover {
       for (const s of result.lost) {
         if (this.lost.has(s)) continue;
         this.lost.add(s);
+        this.lostSince.set(s, death?.at ?? this.o.clock.monotonic());
         this.o.log.error({ shard: s }, `shard ${s}: every replica is dead; its updates since the last checkpoint are lost unless a server comes back`);
         publishEvent(this.o.transport, this.o.job, 'scheduler', { kind: 'shard_lost', node: null, text: `shard ${s}: no live replica` });
       }
@@ -139,7 +142,35 @@ export class ShardFailover {
         if (c.dropped.length) this.o.log.warn({ shard: c.shard, dropped: c.dropped }, `shard ${c.shard}: replica(s) on ${c.dropped.join(', ')} dropped (dead)`);
       }
     }
+    this.noteRecovered();
     await this.rereplicate();
+  }
+
+  /** A lost shard whose primary is alive again (a healed partition, a continued process) is served again. */
+  private noteRecovered(): void {
+    const plan = this.current;
+    if (plan === null) return;
+    for (const s of [...this.lost]) {
+      const r = plan.placement.replicas[s];
+      if (r === undefined || this.dead.has(r.primary)) continue;
+      this.lost.delete(s);
+      this.lostSince.delete(s);
+      this.o.log.warn({ shard: s, primary: r.primary }, `shard ${s}: its primary ${r.primary} is alive again; the shard is served again`);
+    }
+  }
+
+  /**
+   * fault_tolerance.server_recovery_timeout: why the job cannot go on — a
+   * shard with no live replica for longer than `limitMs` (its parameters are
+   * unreachable, and every request to it would wait forever); null otherwise.
+   */
+  overdue(limitMs: number): string | null {
+    const now = this.o.clock.monotonic();
+    const late = [...this.lostSince].filter(([, at]) => now - at > limitMs).map(([s]) => s).sort();
+    if (late.length === 0) return null;
+    const where = late.map((s) => `${s} (on ${replicaNodes(this.current?.placement.replicas[s] ?? { primary: '?', backups: [], seeding: [] }).join(', ')})`).join(', ');
+    return `shard(s) ${where}: no live replica for more than ${Math.round(limitMs / 1000)} s (fault_tolerance.server_recovery_timeout), so their parameters are unreachable; `
+      + 'bring one of those servers back, or raise backup_factor so a shard survives the loss of its servers';
   }
 
   private async rereplicate(): Promise<void> {

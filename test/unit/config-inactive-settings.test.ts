@@ -20,7 +20,6 @@ const NOT_ACTIVE = [
   'communication.compression',
   'communication.compression_threshold',
   'fault_tolerance.worker_recovery_timeout',
-  'fault_tolerance.server_recovery_timeout',
   'load_balancing.enabled',
   'load_balancing.imbalance_threshold',
   'load_balancing.sustain_seconds',

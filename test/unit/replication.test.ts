@@ -343,4 +343,37 @@ describe('failover on the health verdicts (simulated clock)', () => {
       await sys.stop();
     }
   });
+
+  test('server_recovery_timeout: a shard with no live replica is overdue after the limit, and served again when its primary is back', async () => {
+    const clock = new SimulatedClock(1_000);
+    const p1 = buildShardPlan({
+      version: 1, shards: ['a', 'b'], servers: ['a', 'b'], backupFactor: 1, partitions: 4, maxBlockBytes: 16,
+      denseParams: [{ name: 'w', size: 4 }], sparseTables: [],
+    });
+    const store = memoryPlanStore(p1);
+    const health = fakeHealth();
+    const broker = new InProcessBroker();
+    const sys = new ActorSystem({ transport: new Transport(broker.client(), { clientId: 'x', clock }), job: 'fo', node: 'x', clock, random: new SeededRandom(1) });
+    const f = new ShardFailover({ planStore: store, health, servers: ['a', 'b'], backupFactor: 1, transport: sys.transport, job: 'fo', clock, log: silentLogger() });
+    try {
+      for (const n of ['a', 'b']) health.set(n, 'alive');
+      health.set('a', 'dead');
+      await f.settled();
+      assert.equal(f.overdue(10_000), null, 'a shard failed over to its backup is not lost');
+      health.set('b', 'dead');
+      await f.settled();
+      assert.deepEqual([...f.lost].sort(), ['a', 'b'], 'both servers dead: every shard lost');
+      clock.increment(10_000);
+      assert.equal(f.overdue(10_000), null, 'not more than the limit yet');
+      clock.increment(1);
+      assert.match(f.overdue(10_000) ?? '', /shard\(s\) a \(on b\), b \(on b\): no live replica for more than 10 s \(fault_tolerance.server_recovery_timeout\)/);
+      health.set('b', 'alive');
+      await f.settled();
+      assert.deepEqual([...f.lost], [], 'b holds both shards (a promoted onto it): served again');
+      assert.equal(f.overdue(10_000), null);
+    } finally {
+      f.dispose();
+      await sys.stop();
+    }
+  });
 });
