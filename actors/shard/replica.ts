@@ -266,6 +266,13 @@ export class Replica {
   private readonly refused = new Set<string>();
   /** Contributions to synchronous rounds not applied yet (a seed replays them). */
   private openRounds: ReplicationEntry[] = [];
+  /**
+   * Backup: the process (sender id) of `primaryNode` whose stream it applies.
+   * A restarted primary process starts from a fresh state under the same
+   * plan: its stream is refused (it is fenced) until a new plan says who
+   * the primary is.
+   */
+  private primarySender: string | null = null;
 
   constructor(readonly o: ReplicaOptions, plan: ShardPlan, role: ReplicaRole) {
     this.role = role;
@@ -305,6 +312,7 @@ export class Replica {
     if (primary !== this.primaryNode) {
       // Another primary's stream starts over: wait for its seed.
       this.primaryNode = primary;
+      this.primarySender = null;
       this.seeded = false;
       this.rseq = 0;
     }
@@ -481,8 +489,18 @@ export class Replica {
     }
   }
 
-  replicate(m: { epoch: number; primary: string; entries: ReplicationEntry[] }): ReplicateReply {
+  /** Refuses a stream from another process of the primary than the one this backup follows (a restarted primary, see `primarySender`). */
+  private checkIncarnation(from: string | undefined, primary: string, op: string): void {
+    if (from === undefined) return;
+    if (this.primarySender === null) { this.primarySender = from; return; }
+    if (from === this.primarySender) return;
+    throw new FencedError(`shard ${this.o.shard}: ${op} from a new process of ${primary} refused: it restarted under plan v${this.epoch} and holds a fresh state, `
+      + `where the replica on ${this.o.node} has the updates of the one before; a new plan will say who the primary is`, { data: { shard: this.o.shard, epoch: this.epoch } });
+  }
+
+  replicate(m: { epoch: number; primary: string; entries: ReplicationEntry[]; from?: string }): ReplicateReply {
     this.checkSender(m.epoch, m.primary, 'replicate');
+    this.checkIncarnation(m.from, m.primary, 'replicate');
     if (!this.seeded) return { applied_to: this.rseq };
     for (const e of m.entries) {
       if (e.rseq <= this.rseq) continue;
@@ -509,8 +527,10 @@ export class Replica {
     if (e.push.round !== null) this.trackRound(e);
   }
 
-  seed(m: { epoch: number; primary: string; base_rseq: number; snapshot: Record<string, unknown>; dedup: DedupWindowWire[]; applied: [string, number][]; refused: string[]; open_rounds: ReplicationEntry[] }): ReplicateReply {
+  seed(m: { epoch: number; primary: string; base_rseq: number; snapshot: Record<string, unknown>; dedup: DedupWindowWire[]; applied: [string, number][]; refused: string[]; open_rounds: ReplicationEntry[]; from?: string }): ReplicateReply {
     this.checkSender(m.epoch, m.primary, 'seed');
+    // A seed replaces the whole state: whichever process of the primary sends it is the one followed from now on.
+    this.primarySender = m.from ?? null;
     this.o.state.restore(m.snapshot);
     this.dedup.import(m.dedup);
     this.applied.clear();

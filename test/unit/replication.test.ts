@@ -214,6 +214,26 @@ describe('replicated shards', () => {
     }
   });
 
+  test('a restarted primary process (same node and plan, a fresh state) is refused by its backup and fenced: it acknowledges nothing', async () => {
+    const lab = new Lab(plan());
+    try {
+      await lab.start('n1'); await lab.start('n2');
+      for (let k = 0; k < 3; k++) await lab.ask('n1', 'push', push(lab.plan, { grad: k + 1, batches: [`b${k}`] }) as unknown as Record<string, unknown>);
+      const before = await lab.ask<IntegrityReply>('n2', 'integrity');
+      await lab.kill('n1');
+      await new Promise((r) => setTimeout(r, 5)); // another incarnation id
+      await lab.start('n1');
+      await assert.rejects(lab.ask('n1', 'push', push(lab.plan, { grad: 9, batches: ['after-restart'] }) as unknown as Record<string, unknown>),
+        (e: Error) => e.name === 'StalePlanError' || e.name === 'FencedError');
+      const after = await lab.ask<IntegrityReply>('n2', 'integrity');
+      assert.equal(after.hash, before.hash, 'the backup applied nothing from the fresh process');
+      assert.equal(after.applied['after-restart'], undefined);
+      assert.equal((await lab.ask<ShardStats & { role: string }>('n1', 'stats')).role, 'fenced');
+    } finally {
+      await lab.close();
+    }
+  });
+
   test('a new replica is seeded while pushes go on, then promoted to backup; it ends bit-identical to the primary', async () => {
     const lab = new Lab(plan());
     const health = fakeHealth();
