@@ -16,7 +16,7 @@
  */
 import { z } from 'zod';
 import type { ActorDefinition, Clock, Logger, Transport } from '../../runtime/mod.ts';
-import { failover, promoteSeeded, replicaNodes, rereplicate, unprotectedShards, withPlacement, type ShardPlan } from '../../topology/mod.ts';
+import { failover, promoteSeeded, rereplicate, unprotectedShards, withPlacement, type ShardPlan } from '../../topology/mod.ts';
 import type { HealthState, HealthView } from '../health/health.types.ts';
 import { publishEvent } from '../monitor/monitor.messages.ts';
 import type { PlanStore } from '../store/plan-store.ts';
@@ -168,7 +168,12 @@ export class ShardFailover {
     const now = this.o.clock.monotonic();
     const late = [...this.lostSince].filter(([, at]) => now - at > limitMs).map(([s]) => s).sort();
     if (late.length === 0) return null;
-    const where = late.map((s) => `${s} (on ${replicaNodes(this.current?.placement.replicas[s] ?? { primary: '?', backups: [], seeding: [] }).join(', ')})`).join(', ');
+    // The servers whose copy of a shard was complete (a replica still seeding is not).
+    const holders = (s: string) => {
+      const r = this.current?.placement.replicas[s];
+      return r === undefined ? '?' : [r.primary, ...r.backups].join(', ');
+    };
+    const where = late.map((s) => `${s} (last held by ${holders(s)})`).join(', ');
     return `shard(s) ${where}: no live replica for more than ${Math.round(limitMs / 1000)} s (fault_tolerance.server_recovery_timeout), so their parameters are unreachable; `
       + 'bring one of those servers back, or raise backup_factor so a shard survives the loss of its servers';
   }

@@ -386,7 +386,7 @@ describe('failover on the health verdicts (simulated clock)', () => {
       clock.increment(10_000);
       assert.equal(f.overdue(10_000), null, 'not more than the limit yet');
       clock.increment(1);
-      assert.match(f.overdue(10_000) ?? '', /shard\(s\) a \(on b\), b \(on b\): no live replica for more than 10 s \(fault_tolerance.server_recovery_timeout\)/);
+      assert.match(f.overdue(10_000) ?? '', /shard\(s\) a \(last held by b\), b \(last held by b\): no live replica for more than 10 s \(fault_tolerance.server_recovery_timeout\)/);
       health.set('b', 'alive');
       await f.settled();
       assert.deepEqual([...f.lost], [], 'b holds both shards (a promoted onto it): served again');
