@@ -61,3 +61,6 @@ export async function main(argv: string[]): Promise<number> {
 
 const code = await main(process.argv);
 process.exitCode = code;
+// A failed command has said why; whatever it still holds open (a connection, a
+// timer of an actor it could not stop) must not keep the process alive.
+if (code !== 0) setTimeout(() => process.exit(code), 2_000).unref();
