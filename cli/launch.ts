@@ -221,7 +221,7 @@ export function register(program: Command): void {
     .requiredOption('--role <role>', 'server or worker')
     .requiredOption('--config <file>', 'job YAML')
     .option('--server-id <name>', 'server node to run (role server), e.g. server-1')
-    .option('--node <name>', 'worker to run, by name (role worker): any worker, and the only way to name one of cluster.worker_nodes')
+    .option('--node <name>', 'worker to run, by name (role worker): any worker, and the only way to name one of cluster.worker_nodes or a standby (fault_tolerance.standby_workers)')
     .option('--group <name>', 'worker group (role worker; instead of --node)')
     .option('--node-rank <n>', 'position of the node in its group, from 0 (role worker, with --group)', '0')
     .option('--host-profile <file>', 'role worker: this machine\'s device and network profile as `hetps up` measured it once for the processes it starts (default: the worker measures itself)')
