@@ -11,15 +11,19 @@
  *   kill-two-workers-one-group      fast-1 and fast-2 together (hps)
  *   kill-shard-primary              the process of server-1
  *   stop-shard-primary-10s          SIGSTOP server-1, SIGCONT 10 s later
- *   kill-primary-while-seeding      3 servers, backup_factor 1: server-1, then,
+ *   kill-primary-while-seeding      4 servers, backup_factor 2: server-1, then,
  *                                   300 ms later (or once the plan names it),
- *                                   the node the new plan seeds as the new
- *                                   backup of server-1's shard; with 3 servers
- *                                   on a ring that node is also the primary of
- *                                   a shard whose backup was server-1, so the
- *                                   run records which shards the second kill
- *                                   left with no caught-up replica
- *                                   (`shards_left_without_caught_up_replica`)
+ *                                   the new primary of server-1's shard, which
+ *                                   is seeding that shard's new backup; the
+ *                                   shard's other backup has every
+ *                                   acknowledged update and takes over
+ *   kill-seeding-target-3-servers   3 servers, backup_factor 1: server-1, then
+ *                                   the node seeded as the new backup of its
+ *                                   shard; on a ring of 3 that node is also the
+ *                                   primary of the shard whose backup was
+ *                                   server-1, so that shard loses both copies
+ *                                   (`shards_left_without_caught_up_replica`):
+ *                                   what a double failure does to 2 copies
  *   kill-scheduler                  the `hetps up` driver (the scheduler runs
  *                                   in it); run only when the CLI accepts a
  *                                   standby scheduler, which then runs beside it
@@ -315,6 +319,51 @@ const SCENARIOS: Scenario[] = [
   { name: 'partition-shard-primary-20s', mode: 'hps', goal: 'shard_recovery_s', fault: 'cut server-1\'s network link for 20 s', ...partition('server-1', 20_000, everyWorker) },
   {
     name: 'kill-primary-while-seeding', mode: 'hps', goal: 'shard_recovery_s',
+    fault: 'SIGKILL server-1, then (≥ 300 ms later, once the plan seeds a new backup of its shard) that shard\'s new primary, which is seeding it; 4 servers, backup_factor 2',
+    serverNodes: ['server-1', 'server-2', 'server-3', 'server-4'],
+    faultTolerance: { backup_factor: 2 },
+    onJob: async (ctx) => {
+      let plan = await ctx.watch.plan();
+      for (let i = 0; i < 100 && plan === null; i++) { await sleep(100); plan = await ctx.watch.plan(); }
+      if (placementOf(plan) === null) throw new SkipScenario('no replica placement in the plan yet');
+    },
+    inject: async (ctx) => {
+      const before = await ctx.watch.plan();
+      const placement = placementOf(before);
+      const shard = Object.entries(placement ?? {}).find(([, r]) => r.primary === 'server-1')?.[0];
+      if (!placement || shard === undefined) throw new Error(`server-1 is the primary of no shard in plan v${before?.version}: ${JSON.stringify(before?.placement)}`);
+      const pid1 = ctx.nodePid('server-1');
+      const at = now();
+      process.kill(pid1, 'SIGKILL');
+      // The plan that fails server-1 over and seeds a new backup of its shard: its new primary does the seeding.
+      let seeding: { primary: string; node: string; version: number; seen: number; replicas: ReturnType<typeof placementOf> } | null = null;
+      while (seeding === null && now() - at < 30_000) {
+        const p = await ctx.watch.plan();
+        const r = placementOf(p);
+        const rs = r?.[shard];
+        const node = rs?.seeding.find((n) => n !== 'server-1');
+        if (p && r && rs && node && rs.primary !== 'server-1' && p.version > before!.version) seeding = { primary: rs.primary, node, version: p.version, seen: now(), replicas: r };
+        else await sleep(50);
+      }
+      if (seeding === null) throw new Error(`no plan seeded a new backup of shard ${shard} within 30 s of server-1's death`);
+      await sleep(Math.max(0, at + 300 - now()));
+      // Shards whose only caught-up replica the second kill takes (a seeding replica has not caught up).
+      const onlyCaughtUp = Object.entries(seeding.replicas!)
+        .filter(([, r]) => [r.primary, ...r.backups].filter((n) => n !== 'server-1').every((n) => n === seeding!.primary))
+        .map(([s]) => s);
+      const pid2 = ctx.nodePid(seeding.primary);
+      const second = now();
+      process.kill(pid2, 'SIGKILL');
+      ctx.say(`SIGKILL ${seeding.primary} (pid ${pid2}), the new primary of shard ${shard} seeding ${seeding.node} in plan v${seeding.version}, ${Math.round(second - at)} ms after server-1`);
+      return {
+        at, what: `SIGKILL server-1 (pid ${pid1}), then ${seeding.primary} (pid ${pid2}) ${Math.round(second - at)} ms later`, affected: everyWorker, victims: ['server-1', seeding.primary],
+        detail: { shard, new_primary: seeding.primary, new_backup: seeding.node, plan_version: seeding.version, plan_seen_after_ms: Math.round(seeding.seen - at), second_kill_after_ms: Math.round(second - at), shards_left_without_caught_up_replica: onlyCaughtUp },
+      };
+    },
+  },
+  {
+    // Run before kill-primary-while-seeding had its present form; kept to show what a double failure does to backup_factor 1.
+    name: 'kill-seeding-target-3-servers', mode: 'hps', goal: 'shard_recovery_s',
     fault: 'SIGKILL server-1, then (≥ 300 ms later, once the plan names it) the node seeded as the new backup of its shard; 3 servers, backup_factor 1',
     serverNodes: ['server-1', 'server-2', 'server-3'],
     faultTolerance: { backup_factor: 1 },

@@ -32,6 +32,7 @@ import {
 } from '../runtime/mod.ts';
 import { allWorkerNodes, groupsMeasuredAtStart, inactiveSettings, natsConnection, type HetpsConfig, type NodeProfile } from '../topology/mod.ts';
 import type { Evaluation } from '../native-bridge/mod.ts';
+import { replicaId } from '../actors/shard/replica.ts';
 import { ackWaitFromConfig } from '../actors/store/batch-queue.ts';
 import { batchDescriptors, sparseLayoutFromConfig } from '../actors/node/config-bridge.ts';
 import { natsJobInfoStore, waitForJobInfo, type JobInfo } from '../actors/store/job-info.ts';
@@ -487,6 +488,10 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
       failover = new ShardFailover({
         planStore: backend.planStore, health: plane.health, servers: config.cluster.server_nodes, backupFactor: config.fault_tolerance.backup_factor,
         transport: backend.transport, job, clock: systemClock, log,
+        appliedOf: async (shard, node) => {
+          const s = await backend.system.ref('shard', replicaId(shard, node)).request<{ applied_rseq?: number }>('stats', {}, { timeoutMs: 500 });
+          return typeof s.applied_rseq === 'number' ? s.applied_rseq : null;
+        },
       });
       failoverActor = await backend.system.spawn(createFailoverActor(failover)) as unknown as Actor<never>;
     }

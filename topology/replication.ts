@@ -129,11 +129,18 @@ export interface FailoverResult {
 
 /**
  * The promotion rule. For every shard with a replica on a dead node: a dead
- * primary is replaced by its first live backup (backups, never a seeding
- * replica: only a caught-up backup has every acknowledged update); dead
- * backups and seeding replicas are dropped. Null when nothing changes.
+ * primary is replaced by a live backup (never a seeding replica: only a
+ * caught-up backup has every acknowledged update) — the one that applied the
+ * most of the old primary's stream (`applied(shard, node)`, its last update
+ * number; unknown counts as none, ties go to the plan's order). The other
+ * live backups stay backups: every acknowledged update is on each of them,
+ * and the new primary sends them what they lack of its own stream (or seeds
+ * one it cannot catch up). Dead backups and seeding replicas are dropped.
+ * Null when nothing changes.
  */
-export function failover(p: ReplicaPlacement, dead: ReadonlySet<string>): FailoverResult | null {
+export function failover(
+  p: ReplicaPlacement, dead: ReadonlySet<string>, applied: (shard: string, node: string) => number | null = () => null,
+): FailoverResult | null {
   const next = clonePlacement(p);
   const changes: FailoverChange[] = [];
   const lost: string[] = [];
@@ -143,12 +150,11 @@ export function failover(p: ReplicaPlacement, dead: ReadonlySet<string>): Failov
     const liveBackups = r.backups.filter((n) => !dead.has(n));
     if (dead.has(r.primary)) {
       if (liveBackups.length === 0) { lost.push(shard); continue; }
-      promoted = { from: r.primary, to: liveBackups[0]! };
-      r.primary = liveBackups[0]!;
-      // The other backups may miss updates the old primary streamed to the
-      // promoted one only: they are seeded again from the new primary.
-      r.backups = [];
-      r.seeding = [...liveBackups.slice(1), ...r.seeding];
+      let best = liveBackups[0]!;
+      for (const n of liveBackups) if ((applied(shard, n) ?? -1) > (applied(shard, best) ?? -1)) best = n;
+      promoted = { from: r.primary, to: best };
+      r.primary = best;
+      r.backups = liveBackups.filter((n) => n !== best);
     } else {
       r.backups = liveBackups;
     }

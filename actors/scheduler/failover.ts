@@ -52,6 +52,12 @@ export interface FailoverOptions {
   job: string;
   clock: Clock;
   log: Logger;
+  /**
+   * The last update of its primary's stream a backup applied (its stats'
+   * `applied_rseq`), so the failover promotes the backup that has the most;
+   * absent or null: the plan's order decides.
+   */
+  appliedOf?: (shard: string, node: string) => Promise<number | null>;
 }
 
 export class ShardFailover {
@@ -108,11 +114,27 @@ export class ShardFailover {
     return null;
   }
 
+  /** The last update each live backup of a shard with a dead primary applied (asked with `appliedOf`; unknown: null). */
+  private async appliedPositions(): Promise<Map<string, number | null>> {
+    const out = new Map<string, number | null>();
+    const ask = this.o.appliedOf;
+    const plan = ask ? await this.o.planStore.get().catch(() => null) : null;
+    if (!ask || plan === null) return out;
+    const asks: Promise<void>[] = [];
+    for (const [shard, r] of Object.entries(plan.placement.replicas)) {
+      if (!this.dead.has(r.primary)) continue;
+      for (const n of r.backups) if (!this.dead.has(n)) asks.push(ask(shard, n).then((v) => { out.set(`${shard}@${n}`, v); }, () => { out.set(`${shard}@${n}`, null); }));
+    }
+    await Promise.all(asks);
+    return out;
+  }
+
   /** Promotes past the dead servers, then re-replicates onto the live ones. */
   private async reconcile(death: { node: string; at: number } | null): Promise<void> {
     let changes: ReturnType<typeof failover> = null;
+    const applied = await this.appliedPositions();
     const written = await this.write((plan) => {
-      changes = failover(plan.placement, this.dead);
+      changes = failover(plan.placement, this.dead, (shard, node) => applied.get(`${shard}@${node}`) ?? null);
       if (changes === null || changes.changes.length === 0) return null;
       return withPlacement(plan, changes.placement);
     });

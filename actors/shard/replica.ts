@@ -108,6 +108,8 @@ export class DedupTable {
 interface Waiter { rseq: number; resolve: () => void; reject: (e: Error) => void }
 
 const MAX_ENTRIES_PER_MESSAGE = 64;
+/** Updates a backup keeps after applying them (what a failover's other backups may lack is what was in flight: a few per client). */
+const RETAINED_ENTRIES = 256;
 
 /**
  * The primary's stream of updates to one other replica. Entries stay until
@@ -127,12 +129,19 @@ class ReplicationLink {
   private reportedCaughtUp = false;
   private readonly ref;
 
-  constructor(private readonly r: Replica, readonly node: string, public gating: boolean, baseRseq: number, seedFirst: boolean) {
-    this.ackedTo = baseRseq;
-    this.sentTo = baseRseq;
+  /**
+   * `retained`: updates of the stream this replica may still lack (a backup
+   * kept by a failover: the entries the promoted one applied last); they are
+   * sent first, and a replica they cannot catch up is seeded.
+   */
+  constructor(private readonly r: Replica, readonly node: string, public gating: boolean, baseRseq: number, seedFirst: boolean, retained: readonly ReplicationEntry[] = []) {
+    const from = retained.length > 0 ? Math.min(baseRseq, retained[0]!.rseq - 1) : baseRseq;
+    this.ackedTo = from;
+    this.sentTo = from;
+    this.entries = retained.filter((e) => e.rseq <= baseRseq);
     this.seeded = !seedFirst;
     this.ref = r.o.system.ref('shard', replicaId(r.o.shard, node));
-    if (seedFirst) this.schedule(0);
+    if (seedFirst || this.entries.length > 0) this.schedule(0);
   }
 
   /** Updates not yet confirmed by this replica. */
@@ -204,6 +213,12 @@ class ReplicationLink {
         const reply = await this.ref.request<ReplicateReply & Record<string, unknown>>('replicate', {
           epoch: this.r.epoch, primary: this.r.o.node, entries: batch,
         }, { timeoutMs: this.r.timeoutMs });
+        if (this.cannotCatchUp(reply.applied_to)) {
+          this.r.o.log.warn({ shard: this.r.o.shard, to: this.node, applied_to: reply.applied_to, rseq: this.r.streamPosition },
+            `shard ${this.r.o.shard}: replica on ${this.node} is at update ${reply.applied_to}, which this stream cannot continue (primary at ${this.r.streamPosition}); seeding it`);
+          this.reseed(this.r.streamPosition);
+          return;
+        }
         this.ack(reply.applied_to);
         // A gap (an earlier message lost): send again from what it has.
         if (reply.applied_to < this.sentTo) this.sentTo = reply.applied_to;
@@ -226,6 +241,16 @@ class ReplicationLink {
       this.flushing = false;
     }
     if (this.entries.some((e) => e.rseq > this.sentTo)) this.schedule(0);
+  }
+
+  /**
+   * The replica applied updates this primary does not have (a backup ahead
+   * of the one promoted), or lacks one the link no longer holds (a restarted
+   * replica, a gap older than what a promoted backup retained).
+   */
+  private cannotCatchUp(appliedTo: number): boolean {
+    if (appliedTo > this.r.streamPosition) return true;
+    return appliedTo < this.r.streamPosition && appliedTo < this.sentTo && !this.entries.some((e) => e.rseq === appliedTo + 1);
   }
 
   private ack(to: number): void {
@@ -273,6 +298,8 @@ export class Replica {
    * the primary is.
    */
   private primarySender: string | null = null;
+  /** Backup: the last updates it applied, so that if it is promoted it can catch up the other backups without seeding them. */
+  private recent: ReplicationEntry[] = [];
 
   constructor(readonly o: ReplicaOptions, plan: ShardPlan, role: ReplicaRole) {
     this.role = role;
@@ -285,6 +312,8 @@ export class Replica {
   }
 
   get state(): ShardState { return this.o.state; }
+  /** Primary: the last update numbered; backup: the last applied. */
+  get streamPosition(): number { return this.rseq; }
 
   /** A newer plan: the replica's role, its primary, and (as primary) the streams to its backups follow it. */
   follow(plan: ShardPlan, role: ReplicaRole): void {
@@ -295,14 +324,17 @@ export class Replica {
     this.o.state.setEpoch(plan.version);
     if (this.fenced) return;
     if (role === 'primary') {
+      let retained: ReplicationEntry[] = [];
       if (was !== 'primary') {
         this.o.log.warn({ shard: this.o.shard, node: this.o.node, epoch: plan.version, rseq: this.rseq },
           `shard ${this.o.shard}: this replica on ${this.o.node} is the primary from plan v${plan.version} (was ${was})`);
-        // A promoted backup numbers its own stream from where it applied.
+        // A promoted backup numbers its own stream from where it applied; the backups kept get what they lack from its last updates.
         this.links.clear();
+        retained = this.recent;
+        this.recent = [];
       }
       this.role = 'primary';
-      this.followLinks(plan, false);
+      this.followLinks(plan, false, retained);
       return;
     }
     if (was === 'primary') {
@@ -310,25 +342,30 @@ export class Replica {
       return;
     }
     if (primary !== this.primaryNode) {
-      // Another primary's stream starts over: wait for its seed.
       this.primaryNode = primary;
       this.primarySender = null;
-      this.seeded = false;
-      this.rseq = 0;
+      // A caught-up backup kept by a failover follows the promoted one's stream, which goes on numbering
+      // from where that one applied (it sends what this one lacks, or a seed); anything else waits for a seed.
+      if (!(role === 'backup' && was === 'backup' && this.seeded)) {
+        this.seeded = false;
+        this.rseq = 0;
+        this.recent = [];
+      }
     }
     this.role = role;
   }
 
   /** Links to every other replica of the plan: backups are waited for, seeding ones are seeded first. */
-  private followLinks(plan: ShardPlan, fromStart: boolean): void {
+  private followLinks(plan: ShardPlan, fromStart: boolean, retained: readonly ReplicationEntry[] = []): void {
     const r = plan.placement.replicas[this.o.shard]!;
     const wanted = new Set([...r.backups, ...r.seeding]);
     for (const [node, link] of this.links) if (!wanted.has(node)) { link.close(); this.links.delete(node); }
     for (const node of r.backups) {
       const link = this.links.get(node);
       if (link) link.gating = true;
-      // At the job's start every replica begins from the same initial state: no seed needed.
-      else this.links.set(node, new ReplicationLink(this, node, true, this.rseq, !fromStart));
+      // At the job's start every replica begins from the same initial state: no seed needed. A backup kept
+      // by a failover gets what it lacks from the promoted one's last updates (or a seed when that is not enough).
+      else this.links.set(node, new ReplicationLink(this, node, true, this.rseq, !fromStart && retained.length === 0 && this.rseq > 0, retained));
     }
     for (const node of r.seeding) if (!this.links.has(node)) this.links.set(node, new ReplicationLink(this, node, false, this.rseq, true));
   }
@@ -507,7 +544,9 @@ export class Replica {
       if (e.rseq !== this.rseq + 1) break;
       this.applyEntry(e);
       this.rseq = e.rseq;
+      this.recent.push(e);
     }
+    if (this.recent.length > RETAINED_ENTRIES) this.recent.splice(0, this.recent.length - RETAINED_ENTRIES);
     return { applied_to: this.rseq };
   }
 
@@ -543,6 +582,7 @@ export class Replica {
       this.trackRound(e);
     }
     this.rseq = m.base_rseq;
+    this.recent = [];
     this.seeded = true;
     this.o.log.info({ shard: this.o.shard, node: this.o.node, primary: m.primary, base_rseq: m.base_rseq, version: this.o.state.version },
       `shard ${this.o.shard}: replica on ${this.o.node} seeded from ${m.primary} (update ${m.base_rseq}, version ${this.o.state.version})`);
@@ -585,6 +625,7 @@ export function createReplicaActor(replica: Replica): ReplicaActorDefinition {
       restore: (m) => replica.restore(m.state),
       stats: (_m, ctx) => ({
         ...state.stats(ctx.stats.duplicates), node: replica.o.node, role: replica.fenced ? 'fenced' : replica.role, epoch: replica.epoch,
+        applied_rseq: replica.streamPosition,
         replica_lag: replica.linkLags(),
       }),
       replicate: (m) => replica.replicate(m),

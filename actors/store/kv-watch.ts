@@ -10,12 +10,17 @@ import { decode } from '../../runtime/mod.ts';
  * Calls `listener` with every PUT under `key` that `parse` accepts (null:
  * not a value of this store; skipped), the current value first (the watch's
  * default: last value, then updates), so nothing written before is missed.
- * A listener that throws does not end the watch. Returns the stop function.
+ * A listener that throws does not end the watch. A watch whose consumer
+ * ends (a connection lost long enough, a stream leader gone) is opened again
+ * a second later, delivering the current value again: a watcher is never
+ * left deaf, and listeners take repeats. The first open's failure rejects.
+ * Returns the stop function.
  */
 export async function watchValues<T>(kv: KV, key: string, parse: (value: unknown, e: KvEntry) => T | null, listener: (v: T) => void): Promise<() => void> {
-  const iter = await kv.watch({ key });
   let stopped = false;
-  void (async () => {
+  let iter = await kv.watch({ key });
+  let retry: ReturnType<typeof setTimeout> | null = null;
+  const consume = async (): Promise<void> => {
     for await (const e of iter) {
       if (stopped) break;
       if (e.operation !== 'PUT' || e.value.byteLength === 0) continue;
@@ -24,8 +29,28 @@ export async function watchValues<T>(kv: KV, key: string, parse: (value: unknown
       if (v === null) continue;
       try { listener(v); } catch { /* the listener's own failure; the watch goes on */ }
     }
-  })().catch(() => undefined);
-  return () => { stopped = true; iter.stop(); };
+  };
+  const follow = (): void => {
+    void consume().catch(() => undefined).finally(() => {
+      if (stopped) return;
+      const reopen = (): void => {
+        retry = null;
+        if (stopped) return;
+        kv.watch({ key }).then((next) => {
+          if (stopped) { next.stop(); return; }
+          iter = next;
+          follow();
+        }, () => { if (!stopped) retry = setTimeout(reopen, 1_000); });
+      };
+      retry = setTimeout(reopen, 1_000);
+    });
+  };
+  follow();
+  return () => {
+    stopped = true;
+    if (retry !== null) clearTimeout(retry);
+    iter.stop();
+  };
 }
 
 /** Removes the bucket of an earlier run of this job name, if there is one. */

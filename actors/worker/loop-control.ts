@@ -41,6 +41,8 @@ export interface LoopControlEnv {
 }
 
 const HELD_STATES: readonly WorkerLoopState[] = ['training', 'pausing', 'paused'];
+/** How often the job info is read besides the watch. */
+const JOB_INFO_POLL_MS = 3_000;
 
 export class LoopControl {
   private stopAsked = false;
@@ -107,7 +109,14 @@ export class LoopControl {
   /** Watches the job info (if any) and enters `training`; the loop calls `close` when it ends, however it ends. */
   async start(env: LoopControlEnv): Promise<void> {
     this.env = env;
-    if (this.o.store !== null) this.unwatch = await this.o.store.watch((info) => this.noteJobInfo(info));
+    const store = this.o.store;
+    if (store !== null) {
+      const stopWatch = await store.watch((info) => this.noteJobInfo(info));
+      // Also read it now and then: a watch that stalls across a partition must not leave a worker
+      // deaf to a pause, a regroup or its own rejoin (it would hold its batches for ever).
+      const poll = env.clock.setInterval(() => { store.get().then((i) => { if (i !== null) this.noteJobInfo(i); }, () => undefined); }, JOB_INFO_POLL_MS);
+      this.unwatch = () => { poll.cancel(); stopWatch(); };
+    }
     this.enter('training');
   }
 
@@ -239,6 +248,9 @@ export class LoopControl {
 
   private noteJobInfo(info: JobInfo): void {
     if (info.run_id !== this.o.runId) return;
+    // A read that was overtaken by a newer write (the poll beside the watch) changes nothing.
+    const l = this.latest;
+    if (l !== null && (info.groups_version < l.groups_version || (info.groups_version === l.groups_version && info.resume_version < l.resume_version))) return;
     this.latest = info;
     if (info.groups_version > this.seenValue) this.seenValue = info.groups_version;
     if (this.jobPausePending && this.state === 'training') this.o.stats.state = 'pausing';

@@ -35,10 +35,13 @@ describe('placement and the promotion rule', () => {
     assert.throws(() => placeReplicas(['a', 'b'], ['a', 'b'], 2), /backup_factor 2 needs at least 3 server nodes/);
   });
 
-  test('a dead primary is replaced by its first live backup; the other backups are seeded again; dead backups are dropped', () => {
+  test('a dead primary is replaced by the live backup that applied the most (ties: the plan\'s order); the other backups stay; dead ones are dropped', () => {
     const p = placeReplicas(['a', 'b', 'c'], ['a', 'b', 'c'], 2);
     const r = failover(p, new Set(['a']))!;
-    assert.deepEqual(r.placement.replicas.a, { primary: 'b', backups: [], seeding: ['c'] });
+    assert.deepEqual(r.placement.replicas.a, { primary: 'b', backups: ['c'], seeding: [] });
+    const byApplied = failover(p, new Set(['a']), (shard, node) => (shard === 'a' ? ({ b: 40, c: 42 } as Record<string, number>)[node] ?? null : null))!;
+    assert.deepEqual(byApplied.placement.replicas.a, { primary: 'c', backups: ['b'], seeding: [] }, 'c applied more of a\'s stream');
+    assert.deepEqual(byApplied.changes[0]!.promoted, { from: 'a', to: 'c' });
     assert.deepEqual(r.placement.replicas.b, { primary: 'b', backups: ['c'], seeding: [] });
     assert.deepEqual(r.placement.replicas.c, { primary: 'c', backups: ['b'], seeding: [] });
     assert.deepEqual(r.changes.map((c) => [c.shard, c.promoted, c.dropped]), [['a', { from: 'a', to: 'b' }, []], ['b', null, ['a']], ['c', null, ['a']]]);
@@ -229,6 +232,38 @@ describe('replicated shards', () => {
       assert.equal(after.hash, before.hash, 'the backup applied nothing from the fresh process');
       assert.equal(after.applied['after-restart'], undefined);
       assert.equal((await lab.ask<ShardStats & { role: string }>('n1', 'stats')).role, 'fenced');
+    } finally {
+      await lab.close();
+    }
+  });
+
+  test('backup_factor 2: after a failover the other backup stays a backup and follows the promoted one\'s stream without a seed; a second failover loses nothing', async () => {
+    const p1 = buildShardPlan({
+      version: 1, shards: ['s0'], servers: ['n1', 'n2', 'n3'], backupFactor: 2, partitions: 4, maxBlockBytes: 16,
+      denseParams: [{ name: 'w', size: 4 }], sparseTables: [{ name: 'emb', dim: 2 }],
+    });
+    const lab = new Lab(p1);
+    try {
+      await lab.start('n1'); await lab.start('n2'); await lab.start('n3');
+      for (let k = 0; k < 4; k++) await lab.ask('n1', 'push', push(lab.plan, { grad: k + 1, batches: [`a${k}`] }) as unknown as Record<string, unknown>);
+      await lab.kill('n1');
+      const v2 = await lab.next((p) => withPlacement(p, failover(p.placement, new Set(['n1']))!.placement));
+      assert.deepEqual(v2.placement.replicas.s0, { primary: 'n2', backups: ['n3'], seeding: [] });
+      await until(async () => (await lab.ask<ShardStats & { role: string }>('n2', 'stats')).role === 'primary', 'n2 promoted', 5_000);
+      for (let k = 0; k < 4; k++) await lab.ask('n2', 'push', push(v2, { grad: k + 5, batches: [`b${k}`] }) as unknown as Record<string, unknown>);
+      const [a, b] = await Promise.all(['n2', 'n3'].map((n) => lab.ask<IntegrityReply & { applied_rseq?: number }>(n, 'integrity')));
+      assert.equal(a!.hash, b!.hash, 'the kept backup is bit-identical to the new primary');
+      assert.equal(b!.role, 'backup');
+      const n3 = await lab.ask<ShardStats & { applied_rseq: number }>('n3', 'stats');
+      assert.equal(n3.applied_rseq, 8, 'it went on from update 4 of the first stream: 8 updates, no seed');
+      // The new primary dies too: the kept backup has every acknowledged update.
+      await lab.kill('n2');
+      const v3 = await lab.next((p) => withPlacement(p, failover(p.placement, new Set(['n1', 'n2']))!.placement));
+      assert.equal(v3.placement.replicas.s0!.primary, 'n3');
+      await until(async () => (await lab.ask<ShardStats & { role: string }>('n3', 'stats')).role === 'primary', 'n3 promoted', 5_000);
+      const c = await lab.ask<IntegrityReply>('n3', 'integrity');
+      assert.deepEqual(Object.keys(c.applied).sort(), ['a0', 'a1', 'a2', 'a3', 'b0', 'b1', 'b2', 'b3']);
+      assert.equal(c.hash, a!.hash);
     } finally {
       await lab.close();
     }
