@@ -47,7 +47,7 @@
  * every shard took (or refused) the group's update of them.
  */
 import {
-  HetpsError, groupMemberId, isRetryable, type Actor, type ActorContext, type ActorDefinition, type ActorRef, type ActorSystem, type Clock, type Logger,
+  ActorStoppedError, HetpsError, groupMemberId, isRetryable, type Actor, type ActorContext, type ActorDefinition, type ActorRef, type ActorSystem, type Clock, type Logger,
 } from '../../runtime/mod.ts';
 import { splitIdsByShard, type ShardPlan, type WorkerGroupConfig } from '../../topology/mod.ts';
 import type { Batch } from '../../native-bridge/mod.ts';
@@ -336,10 +336,13 @@ export interface GroupMailboxSink {
 
 /** The member's mailbox actor (kind `group`, id `<group>@<member>`): hands what arrives to the member. */
 export function createGroupMemberActor(o: { group: string; member: string; runId: string; sink: GroupMailboxSink }): ActorDefinition<GroupSyncMessages> {
+  // A message of another membership (run id `<run>/g<version>`) is refused, not dropped with an answer: while a
+  // member re-forms, its old and new mailboxes share one address, and a sender told "taken" by the wrong one would
+  // never send it again (its peer then waits for it for ever). Refused, the sender retries until the right one takes it.
   const ours = (m: { run_id: string }, ctx: ActorContext) => {
     if (m.run_id === o.runId) return true;
-    ctx.log.debug({ run_id: m.run_id }, 'group message of another run ignored');
-    return false;
+    ctx.log.debug({ run_id: m.run_id }, 'group message of another membership refused');
+    throw new ActorStoppedError(`group member ${o.member} of ${o.group} serves membership ${o.runId}, not ${m.run_id}: it is re-forming; send again`);
   };
   return {
     kind: 'group',
