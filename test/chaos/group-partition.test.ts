@@ -60,6 +60,7 @@ function collect(child: ChildProcess): () => string {
 }
 
 test('hps: a group member cut off for 5 s is dropped on its dead verdict, its group mate trains on, and once healed it is taken back into its group; nothing lost or applied twice', { timeout: 300_000 }, async (t) => {
+  const t0 = Date.now();
   const job = 'gpart';
   const urls = cluster!.urls;
   const cfg = await writeJobConfig(dir, { job, mode: 'hps', servers: urls, runDir: join(dir, 'runs'), samples: 4000, epochs: 2, workerRecoveryTimeoutS: 30 });
@@ -85,6 +86,8 @@ test('hps: a group member cut off for 5 s is dropped on its dead verdict, its gr
     await until(() => /ready; waiting for the job/.test(w1Out()) && others.every((w) => /ready; waiting for the job/.test(w.stderr())),
       'every worker ready', 90_000, () => `w1:\n${w1Out().slice(-2000)}`);
     const summaryFile = join(dir, 'summary.json');
+    const driverAt = Date.now();
+    t.diagnostic(`every worker ready ${((driverAt - t0) / 1000).toFixed(1)} s after the start`);
     const driver = hetps(['up', '--config', cfg, '--no-launch', '--summary', summaryFile], { timeoutMs: 290_000 });
     children.push(driver);
 
@@ -108,10 +111,11 @@ test('hps: a group member cut off for 5 s is dropped on its dead verdict, its gr
     const w1AfterHeal = byNode.get('w1') ?? 0;
 
     // The job ends within two minutes of the heal; if not, say where each node stands.
-    const ended = await Promise.race([driver.exited, sleep(120_000).then(() => null)]);
+    const ended = await Promise.race([driver.exited, sleep(120_000, null, { ref: false })]);
     assert.ok(ended !== null, `the job did not end within 120 s of the heal; acks ${JSON.stringify(Object.fromEntries(byNode))}\n`
       + `--- driver:\n${driver.stderr().slice(-4000)}\n--- w1:\n${w1Out().slice(-4000)}\n--- w2:\n${w2.stderr().slice(-3000)}`);
     const r = ended;
+    t.diagnostic(`the job ended ${((Date.now() - healedAt) / 1000).toFixed(1)} s after the heal (driver started ${((healedAt - driverAt) / 1000).toFixed(1)} s before it)`);
     assert.equal(r.code, 0, explainExit(r));
     const s = JSON.parse(await readFile(summaryFile, 'utf8')) as {
       batches: number; batches_acked: number; duplicate_acks: number; redelivered: number;
