@@ -249,6 +249,37 @@ function partition(node: string, forMs: number, affected: (n: string) => boolean
   };
 }
 
+// ---- kill while seeding -------------------------------------------------------------------
+
+/** onJob: the run's plan with its replica placement is there. */
+async function awaitPlacement(ctx: RunContext): Promise<void> {
+  let plan = await ctx.watch.plan();
+  for (let i = 0; i < 100 && plan === null; i++) { await sleep(100); plan = await ctx.watch.plan(); }
+  if (placementOf(plan) === null) throw new SkipScenario('no replica placement in the plan yet');
+}
+
+/** SIGKILLs server-1 and waits for the plan that fails its shard over and seeds a new backup of it (the new primary seeds it). */
+async function killServer1UntilSeeding(ctx: RunContext): Promise<{
+  shard: string; at: number; pid1: number; seeding: { primary: string; node: string; version: number; seen: number; replicas: ReturnType<typeof placementOf> };
+}> {
+  const before = await ctx.watch.plan();
+  const placement = placementOf(before);
+  const shard = Object.entries(placement ?? {}).find(([, r]) => r.primary === 'server-1')?.[0];
+  if (!placement || shard === undefined) throw new Error(`server-1 is the primary of no shard in plan v${before?.version}: ${JSON.stringify(before?.placement)}`);
+  const pid1 = ctx.nodePid('server-1');
+  const at = now();
+  process.kill(pid1, 'SIGKILL');
+  while (now() - at < 30_000) {
+    const p = await ctx.watch.plan();
+    const r = placementOf(p);
+    const rs = r?.[shard];
+    const node = rs?.seeding.find((n) => n !== 'server-1');
+    if (p && r && rs && node && rs.primary !== 'server-1' && p.version > before!.version) return { shard, at, pid1, seeding: { primary: rs.primary, node, version: p.version, seen: now(), replicas: r } };
+    await sleep(50);
+  }
+  throw new Error(`no plan seeded a new backup of shard ${shard} within 30 s of server-1's death`);
+}
+
 // ---- a standby scheduler (kill-scheduler) --------------------------------------------------
 type Standby = 'up --standby' | 'launch --role scheduler';
 let standbyKind: Standby | null | undefined;
@@ -322,30 +353,9 @@ const SCENARIOS: Scenario[] = [
     fault: 'SIGKILL server-1, then (≥ 300 ms later, once the plan seeds a new backup of its shard) that shard\'s new primary, which is seeding it; 4 servers, backup_factor 2',
     serverNodes: ['server-1', 'server-2', 'server-3', 'server-4'],
     faultTolerance: { backup_factor: 2 },
-    onJob: async (ctx) => {
-      let plan = await ctx.watch.plan();
-      for (let i = 0; i < 100 && plan === null; i++) { await sleep(100); plan = await ctx.watch.plan(); }
-      if (placementOf(plan) === null) throw new SkipScenario('no replica placement in the plan yet');
-    },
+    onJob: awaitPlacement,
     inject: async (ctx) => {
-      const before = await ctx.watch.plan();
-      const placement = placementOf(before);
-      const shard = Object.entries(placement ?? {}).find(([, r]) => r.primary === 'server-1')?.[0];
-      if (!placement || shard === undefined) throw new Error(`server-1 is the primary of no shard in plan v${before?.version}: ${JSON.stringify(before?.placement)}`);
-      const pid1 = ctx.nodePid('server-1');
-      const at = now();
-      process.kill(pid1, 'SIGKILL');
-      // The plan that fails server-1 over and seeds a new backup of its shard: its new primary does the seeding.
-      let seeding: { primary: string; node: string; version: number; seen: number; replicas: ReturnType<typeof placementOf> } | null = null;
-      while (seeding === null && now() - at < 30_000) {
-        const p = await ctx.watch.plan();
-        const r = placementOf(p);
-        const rs = r?.[shard];
-        const node = rs?.seeding.find((n) => n !== 'server-1');
-        if (p && r && rs && node && rs.primary !== 'server-1' && p.version > before!.version) seeding = { primary: rs.primary, node, version: p.version, seen: now(), replicas: r };
-        else await sleep(50);
-      }
-      if (seeding === null) throw new Error(`no plan seeded a new backup of shard ${shard} within 30 s of server-1's death`);
+      const { shard, at, pid1, seeding } = await killServer1UntilSeeding(ctx);
       await sleep(Math.max(0, at + 300 - now()));
       // Shards whose only caught-up replica the second kill takes (a seeding replica has not caught up).
       const onlyCaughtUp = Object.entries(seeding.replicas!)
@@ -367,29 +377,9 @@ const SCENARIOS: Scenario[] = [
     fault: 'SIGKILL server-1, then (≥ 300 ms later, once the plan names it) the node seeded as the new backup of its shard; 3 servers, backup_factor 1',
     serverNodes: ['server-1', 'server-2', 'server-3'],
     faultTolerance: { backup_factor: 1 },
-    onJob: async (ctx) => {
-      let plan = await ctx.watch.plan();
-      for (let i = 0; i < 100 && plan === null; i++) { await sleep(100); plan = await ctx.watch.plan(); }
-      if (placementOf(plan) === null) throw new SkipScenario('no replica placement in the plan yet');
-    },
+    onJob: awaitPlacement,
     inject: async (ctx) => {
-      const before = await ctx.watch.plan();
-      const placement = placementOf(before);
-      const shard = Object.entries(placement ?? {}).find(([, r]) => r.primary === 'server-1')?.[0];
-      if (!placement || shard === undefined) throw new Error(`server-1 is the primary of no shard in plan v${before?.version}: ${JSON.stringify(before?.placement)}`);
-      const pid1 = ctx.nodePid('server-1');
-      const at = now();
-      process.kill(pid1, 'SIGKILL');
-      // The plan that fails server-1 over and seeds a new backup of its shard.
-      let seeded: { node: string; version: number; seen: number; replicas: ReturnType<typeof placementOf> } | null = null;
-      while (seeded === null && now() - at < 30_000) {
-        const p = await ctx.watch.plan();
-        const r = placementOf(p);
-        const node = r?.[shard]?.seeding.find((n) => n !== 'server-1');
-        if (p && r && node && p.version > before!.version) seeded = { node, version: p.version, seen: now(), replicas: r };
-        else await sleep(50);
-      }
-      if (seeded === null) throw new Error(`no plan seeded a new backup of shard ${shard} within 30 s of server-1's death`);
+      const { shard, at, pid1, seeding: seeded } = await killServer1UntilSeeding(ctx);
       await sleep(Math.max(0, at + 300 - now()));
       // Shards whose only caught-up replica the second kill takes (a seeding replica has not caught up).
       const onlyCaughtUp = Object.entries(seeded.replicas!)
