@@ -523,7 +523,6 @@ describe('inactiveSettings', () => {
     assert.deepEqual(inactiveSettings(c), [
       'communication.compression=adaptive (not active yet: gradients are sent uncompressed)',
       'communication.compression_threshold=0.5 (not active yet: gradients are sent uncompressed)',
-      'fault_tolerance.server_recovery_timeout=60 (not active yet: clients wait for a shard with no live replica without a limit)',
     ]);
   });
 
