@@ -211,7 +211,9 @@ export function assertNothingLost(s: LossSummary, acks: ReadonlyMap<string, numb
   assert.equal(s.batches_acked, s.batches, 'every batch acknowledged');
   assert.equal(s.duplicate_acks, 0);
   for (const [b, n] of acks) assert.equal(n, 1, `batch ${b} acknowledged ${n} times`);
-  assert.equal(acks.size, s.batches);
+  // tel.batch is core NATS, at most once: on a loaded machine a watcher may miss a report (a CI run missed 8 of
+  // 292 in a fault-free run). What was acknowledged and applied is the shards' applied logs, checked below.
+  assert.ok(acks.size <= s.batches && acks.size >= s.batches * 0.9, `the watcher heard ${acks.size} of ${s.batches} acknowledgements`);
   const i = s.integrity;
   assert.ok(i, 'the summary has the integrity check');
   assert.equal(i.acked, s.batches);
