@@ -71,16 +71,33 @@ export async function createJobStores(nc: NatsConnection, job: string, s: JobSto
   const stream = batchStreamName(job);
   const replicas: Record<string, number> = {};
   replicas[stream] = (await setupStep(step(`creating the batch work queue (JetStream stream ${stream}, replicas ${wanted})`),
-    () => createBatchStream(nc, job, { ackWaitMs: s.ackWaitMs, reset: true, ...replicaOpts }))).replicas;
+    () => againOnTimeout(() => createBatchStream(nc, job, { ackWaitMs: s.ackWaitMs, reset: true, ...replicaOpts })))).replicas;
   const buckets: [string, () => Promise<{ replicas: number }>][] = [
     [planBucketName(job), () => createPlanBucket(nc, job, replicaOpts)],
     [jobInfoBucket(job), () => createJobInfoBucket(nc, job, replicaOpts)],
     [profileBucket(job), () => createProfileBucket(nc, job, replicaOpts)],
   ];
   for (const [name, create] of buckets) {
-    replicas[name] = (await setupStep(step(`creating the KV bucket ${name} (replicas ${wanted})`), create)).replicas;
+    replicas[name] = (await setupStep(step(`creating the KV bucket ${name} (replicas ${wanted})`), () => againOnTimeout(create))).replicas;
   }
   return { replicas };
+}
+
+/**
+ * Creating a stream or bucket is idempotent (the same config again is
+ * accepted), and on a busy cluster the first JetStream answer for a new
+ * replicated asset can take longer than one API timeout: try up to three
+ * times before the set-up step fails.
+ */
+async function againOnTimeout<T>(create: () => Promise<T>, attempts = 3): Promise<T> {
+  for (let k = 1; ; k++) {
+    try {
+      return await create();
+    } catch (e) {
+      const timedOut = (e as Error).name === 'TimeoutError' || /timeout/i.test((e as Error).message);
+      if (!timedOut || k >= attempts) throw e;
+    }
+  }
 }
 
 /** `target` with its method `method` run as a set-up step (other members as they are, whatever else the interface grows). */
