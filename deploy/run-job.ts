@@ -535,7 +535,14 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
     const finalPlan = await shardClient.plans.refresh();
     // The queue is the ground truth: once it is empty every batch was acknowledged, including any whose
     // worker died between its acknowledgement and its report; the shards' logs then say whether each was applied.
-    const queueEmpty = (await backend.queue.pending().catch(() => -1)) === 0;
+    // Read a few times: one JetStream answer lost on a busy cluster must not make the check fall back to telemetry (at most once).
+    let pending = -1;
+    for (let k = 0; k < 5 && pending < 0; k++) {
+      pending = await backend.queue.pending().catch(() => -1);
+      if (pending < 0) await new Promise((r) => setTimeout(r, 500));
+    }
+    const queueEmpty = pending === 0;
+    if (pending < 0) log.warn('the batch queue did not answer; the integrity check counts the acknowledgements heard as telemetry');
     const acked = queueEmpty ? new Set(prepared.descriptors.map((d) => d.batch_id)) : monitor.ackedBatches();
     const unreported = acked.size - monitor.ackedBatches().size;
     if (unreported > 0) out.line(`${unreported} batch(es) were acknowledged without a report (their worker died between the two); the integrity check counts them`);
