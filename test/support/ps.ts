@@ -199,7 +199,7 @@ export const explainExit = (r: Exited): string => `exit ${r.code ?? r.signal}; s
 /** What a run's summary says about its batches and the shards' integrity check. */
 export interface LossSummary {
   batches: number; batches_acked: number; duplicate_acks: number;
-  integrity: { acked: number; applied: number; lost: number; duplicated: number; replicas_equal: boolean | null } | null;
+  integrity: { acked: number; applied: number; lost: number; duplicated: number; replicas_equal: boolean | null; dropped_stale?: number } | null;
 }
 
 /**
@@ -211,13 +211,15 @@ export function assertNothingLost(s: LossSummary, acks: ReadonlyMap<string, numb
   assert.equal(s.batches_acked, s.batches, 'every batch acknowledged');
   assert.equal(s.duplicate_acks, 0);
   for (const [b, n] of acks) assert.equal(n, 1, `batch ${b} acknowledged ${n} times`);
-  // tel.batch is core NATS, at most once: on a loaded machine a watcher may miss a report (a CI run missed 8 of
-  // 292 in a fault-free run). What was acknowledged and applied is the shards' applied logs, checked below.
+  // tel.batch is core NATS, at most once: on a loaded machine a watcher may miss a report. What was acknowledged
+  // and applied is the shards' applied logs, checked below.
   assert.ok(acks.size <= s.batches && acks.size >= s.batches * 0.9, `the watcher heard ${acks.size} of ${s.batches} acknowledgements`);
   const i = s.integrity;
   assert.ok(i, 'the summary has the integrity check');
   assert.equal(i.acked, s.batches);
   assert.equal(i.lost, 0, `lost: ${JSON.stringify(i)}`);
   assert.equal(i.duplicated, 0, `duplicated: ${JSON.stringify(i)}`);
-  assert.equal(i.applied, s.batches);
+  // hps refuses a push staler than max_staleness: its batches are acknowledged and dropped, not applied (on a
+  // loaded machine a CI run dropped 8 of 292 this way).
+  assert.equal(i.applied + (i.dropped_stale ?? 0), s.batches, `applied ${i.applied}, dropped as too stale ${i.dropped_stale ?? 0}`);
 }
