@@ -63,9 +63,7 @@ export interface FailoverOptions {
 export class ShardFailover {
   readonly failovers: FailoverRecord[] = [];
   readonly replicas: ReplicaRecord[] = [];
-  /** Shards that lost every replica (nothing to promote). */
-  readonly lost = new Set<string>();
-  /** When each shard in `lost` lost its last live replica (monotonic ms). */
+  /** Shards that lost every replica (nothing to promote), with when they lost the last one (monotonic ms). */
   private readonly lostSince = new Map<string, number>();
   private readonly dead = new Set<string>();
   private chain: Promise<void> = Promise.resolve();
@@ -79,6 +77,8 @@ export class ShardFailover {
   }
 
   get plan(): ShardPlan | null { return this.current; }
+  /** Shards that lost every replica (nothing to promote). */
+  get lost(): Set<string> { return new Set(this.lostSince.keys()); }
 
   private onVerdict(node: string, state: HealthState): void {
     if (!this.o.servers.includes(node)) return;
@@ -141,8 +141,7 @@ export class ShardFailover {
     const result = changes as ReturnType<typeof failover>;
     if (result !== null) {
       for (const s of result.lost) {
-        if (this.lost.has(s)) continue;
-        this.lost.add(s);
+        if (this.lostSince.has(s)) continue;
         this.lostSince.set(s, death?.at ?? this.o.clock.monotonic());
         this.o.log.error({ shard: s }, `shard ${s}: every replica is dead; its updates since the last checkpoint are lost unless a server comes back`);
         publishEvent(this.o.transport, this.o.job, 'scheduler', { kind: 'shard_lost', node: null, text: `shard ${s}: no live replica` });
@@ -172,10 +171,9 @@ export class ShardFailover {
   private noteRecovered(): void {
     const plan = this.current;
     if (plan === null) return;
-    for (const s of [...this.lost]) {
+    for (const s of [...this.lostSince.keys()]) {
       const r = plan.placement.replicas[s];
       if (r === undefined || this.dead.has(r.primary)) continue;
-      this.lost.delete(s);
       this.lostSince.delete(s);
       this.o.log.warn({ shard: s, primary: r.primary }, `shard ${s}: its primary ${r.primary} is alive again; the shard is served again`);
     }
