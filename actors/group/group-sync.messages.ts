@@ -23,6 +23,10 @@
  *    pulls) only when every member has, so it never reads parameters without
  *    its group's last update.
  * `progress` and `close` (adaptive groups only) are best-effort tells.
+ *
+ * While a member is dead by the health verdicts the group is async: a member
+ * that begins a window then trains it, pushes its own gradient and tells the
+ * others `own` for that window instead of sending slices (see `own`).
  */
 import { z } from 'zod';
 import { zf32, zi32 } from '../../runtime/mod.ts';
@@ -83,6 +87,13 @@ export const groupSyncMessages = {
   progress: z.object({ ...header, steps: z.number().int().nonnegative() }),
   /** adaptive: the sender closed `window` (the progress gap or its step cap was reached, or it found no batch). */
   close: z.object({ ...header }),
+  /**
+   * degraded (a member dead by the health verdicts): the sender pushes its
+   * window `window` alone and sends no slices for it, so no round of that
+   * window can start; a member that began the window in sync pushes its own
+   * gradient too instead of waiting for the round.
+   */
+  own: z.object({ ...header }),
   /** forming: the sender's mailbox is up; answered, so the sender knows this member's is too. */
   join: z.object({ run_id: z.string().min(1), member: z.string().min(1) }),
 };

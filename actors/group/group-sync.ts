@@ -35,11 +35,18 @@
  * acknowledged (counted as dropped stale) and the next window pulls fresh
  * parameters.
  *
- * A member the group waits for that stays silent for `lostAfterMs` is
- * reported lost (`degraded`); if it is not heard from within the recovery
- * timeout the machine drops it and the group goes on without it (the round
- * is dealt anew among the others; the dead worker's unacknowledged batches
- * come back from the queue). A member dropped after it took the slices of
+ * A member dead by the health actor's verdict degrades the group to async
+ * (`degraded`): a round already under way finishes among the others (the
+ * round is dealt anew; the dead worker's unacknowledged batches come back
+ * from the queue), and every window that starts afterwards is pushed by its
+ * member alone, the others told `own` (a member that began the window in
+ * sync then pushes alone too). The driver re-forms the group when the
+ * member is alive again (a fresh pull, sync again) or when the recovery
+ * timeout passes with it still dead (the others form without it).
+ * Without health verdicts, a member the group waits for that stays silent
+ * for `lostAfterMs` is reported lost (`degraded`, no rounds); if it is not
+ * heard from within the recovery timeout the machine drops it and the group
+ * goes on in sync without it. A member dropped after it took the slices of
  * a round but before it reported its push takes that part of the round's
  * update with it (`lostShards`, logged).
  *
@@ -284,6 +291,8 @@ interface WindowInbox {
   /** By sender; a slice re-sent under other owners replaces the earlier one. */
   slices: Map<string, SliceMessage>;
   pushed: Map<string, PushedMessage>;
+  /** Members that push this window alone (`own`: the group is degraded by a dead member). */
+  own: Set<string>;
 }
 
 /** What a member's mailbox has received, by window; waiters are woken on every arrival (and on `poke`). */
@@ -295,12 +304,13 @@ export class GroupInbox {
 
   window(w: number): WindowInbox {
     let x = this.windows.get(w);
-    if (x === undefined) { x = { slices: new Map(), pushed: new Map() }; this.windows.set(w, x); }
+    if (x === undefined) { x = { slices: new Map(), pushed: new Map(), own: new Set() }; this.windows.set(w, x); }
     return x;
   }
 
   addSlice(m: SliceMessage): void { if (m.window >= this.floor) { this.window(m.window).slices.set(m.member, m); this.poke(); } }
   addPushed(m: PushedMessage): void { if (m.window >= this.floor) { this.window(m.window).pushed.set(m.member, m); this.poke(); } }
+  addOwn(member: string, window: number): void { if (window >= this.floor) { this.window(window).own.add(member); this.poke(); } }
 
   /** Forgets windows up to `w`. */
   finish(w: number): void {
@@ -331,6 +341,7 @@ export interface GroupMailboxSink {
   pushed(m: PushedMessage): void;
   progress(member: string, steps: number): void;
   close(member: string, window: number): void;
+  own(member: string, window: number): void;
   join(member: string): void;
 }
 
@@ -349,12 +360,13 @@ export function createGroupMemberActor(o: { group: string; member: string; runId
     id: groupMemberId(o.group, o.member),
     messages: groupSyncMessages,
     idempotent: true,
-    idempotentTypes: ['slice', 'pushed'],
+    idempotentTypes: ['slice', 'pushed', 'own'],
     handlers: {
       slice: (m, ctx) => { if (ours(m, ctx)) o.sink.slice(m); return {}; },
       pushed: (m, ctx) => { if (ours(m, ctx)) o.sink.pushed(m); return {}; },
       progress: (m, ctx) => { if (ours(m, ctx)) o.sink.progress(m.member, m.steps); return {}; },
       close: (m, ctx) => { if (ours(m, ctx)) o.sink.close(m.member, m.window); return {}; },
+      own: (m, ctx) => { if (ours(m, ctx)) o.sink.own(m.member, m.window); return {}; },
       join: (m, ctx) => { if (ours(m, ctx)) o.sink.join(m.member); return {}; },
     },
   };
@@ -486,6 +498,8 @@ export class GroupMember {
   /** Peers reported lost and not heard from since. */
   private readonly reportedLost = new Set<string>();
   private stopped = false;
+  /** The last window was pushed alone (to say so once when it starts). */
+  private wasAlone = false;
   private unwatchHealth: (() => void) | null = null;
 
   constructor(private readonly o: GroupMemberOptions) {
@@ -548,10 +562,19 @@ export class GroupMember {
         pushed: (m) => { this.heard(m.member); this.inbox.addPushed(m); },
         progress: (member, steps) => { this.heard(member); this.machine.send(groupEvents.stepCompleted(member, steps)); },
         close: (member, window) => { this.heard(member); this.machine.send(groupEvents.syncRequested(member, window + 1)); },
+        own: (member, window) => { this.heard(member); this.inbox.addOwn(member, window); },
         join: (member) => { this.heard(member); },
       },
     }));
     for (const peer of this.o.group.nodes) if (peer !== me) void this.join(peer);
+    // Dead already (a re-form after the driver's recovery timeout): not waited for.
+    for (const peer of this.o.group.nodes) if (peer !== me && this.o.health?.stateOf(peer) === 'dead') this.onHealth(peer, 'dead');
+  }
+
+  /** The group is degraded by a member dead by the verdicts: windows that start now are pushed alone (see `own`). */
+  get alone(): boolean {
+    const snap = this.machine.getSnapshot();
+    return this.reduces && snap.status === 'active' && groupStateOf(snap) === 'degraded' && snap.context.cut.length > 0;
   }
 
   /** A regroup pauses this member: its replica shows `regrouping` until `stop`. */
@@ -611,6 +634,14 @@ export class GroupMember {
   async runWindow(source: WindowSource): Promise<WindowOutcome> {
     const w = this.windowValue;
     const round = w + 1;
+    // Decided once, here: a member either sends its slices of a window or pushes it alone, never both.
+    const alone = this.alone;
+    if (alone && !this.wasAlone) {
+      const c = this.machine.getSnapshot().context;
+      this.o.log.warn({ group: this.o.group.name, window: w, dead: c.cut },
+        `group ${this.o.group.name}: degraded to async while ${c.cut.join(', ')} ${c.cut.length > 1 ? 'are' : 'is'} dead: ${this.o.member} pushes its windows on its own until the group is re-formed (it comes back, or the recovery timeout passes)`);
+    }
+    this.wasAlone = alone;
     const acc = this.acc;
     acc.reset();
     const steps: WindowStep[] = [];
@@ -633,7 +664,7 @@ export class GroupMember {
       source.stepped?.(st);
       this.stepCounter++;
       this.machine.send(groupEvents.stepCompleted(this.o.member, this.stepCounter));
-      if (this.adaptive) this.announce('progress', { window: w, steps: this.stepCounter });
+      if (this.adaptive && !alone) this.announce('progress', { window: w, steps: this.stepCounter });
     };
     try {
       for (;;) {
@@ -655,7 +686,7 @@ export class GroupMember {
       // On a stop the batch fetched ahead is given back with the window's others.
       if (ahead !== null) await (ahead as Promise<PreparedStep | null>).catch(() => null);
     }
-    if (this.adaptive) {
+    if (this.adaptive && !alone) {
       this.announce('close', { window: w });
       this.machine.send(groupEvents.syncRequested(this.o.member, round));
     }
@@ -663,16 +694,44 @@ export class GroupMember {
     const drained = idle ? await source.drained() : false;
     if (!idle) source.prefetch?.();
     phases.steps = this.clock.monotonic() - t0;
-    const out = this.reduces
-      ? await this.exchange(w, steps.length, idle, drained, phases)
-      : { ...(await this.pushOwn(idle, drained, phases)), groupsVersion: this.seenVersion(), members: [this.o.member], lostShards: [] };
+    const out = !this.reduces ? await this.ownWindow(idle, drained, phases)
+      : alone ? await this.aloneWindow(w, idle, drained, phases)
+        : await this.exchange(w, steps.length, idle, drained, phases);
     this.windowValue++;
     return { window: w, steps, phases, ...out };
   }
 
-  /** async: this member's gradient to every shard it touched. */
-  private async pushOwn(idle: boolean, drained: boolean, phases: WindowPhases): Promise<Pick<WindowOutcome, 'droppedStale' | 'staleness' | 'done'>> {
-    if (idle) return { droppedStale: false, staleness: 0, done: drained };
+  /** A window pushed by this member alone (async groups; a degraded group's member). */
+  private async ownWindow(idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases'>> {
+    const { version: _version, ...r } = await this.pushOwn(idle, drained, phases);
+    return { ...r, groupsVersion: this.seenVersion(), members: [this.o.member], lostShards: [] };
+  }
+
+  /**
+   * degraded by a dead member: tell the others this window is pushed alone
+   * (a member that began it in sync stops waiting for its round), push it,
+   * and close the window here (the machine's round of it, should a peer's
+   * request have started one, ends).
+   */
+  private async aloneWindow(w: number, idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases'>> {
+    const peers = this.active().filter((m) => m !== this.o.member);
+    const [pushed] = await Promise.all([
+      this.pushOwn(idle, drained, phases),
+      ...peers.map((to) => this.send(to, 'own', { run_id: this.o.runId, window: w, member: this.o.member })),
+    ]);
+    return this.closeAlone(w, pushed);
+  }
+
+  private closeAlone(w: number, pushed: Awaited<ReturnType<GroupMember['pushOwn']>>): Omit<WindowOutcome, 'window' | 'steps' | 'phases'> {
+    this.inbox.finish(w);
+    this.machine.send(groupEvents.syncCompleted(w + 1, pushed.version));
+    const { version: _version, ...r } = pushed;
+    return { ...r, groupsVersion: this.seenVersion(), members: [this.o.member], lostShards: [] };
+  }
+
+  /** This member's gradient to every shard it touched. */
+  private async pushOwn(idle: boolean, drained: boolean, phases: WindowPhases): Promise<Pick<WindowOutcome, 'droppedStale' | 'staleness' | 'done'> & { version: number }> {
+    if (idle) return { droppedStale: false, staleness: 0, done: drained, version: 0 };
     const t0 = this.clock.monotonic();
     const acc = this.acc;
     const parts = acc.parts().map((p) => ({ tensors: p.sums.byShard(new Set(this.o.plan.shards), 1 / p.weight) }));
@@ -680,8 +739,11 @@ export class GroupMember {
       const body = this.pushBody(shard, parts.map((p) => p.tensors.get(shard) ?? null), acc.weight, acc.baseVersion(shard), this.windowBatches);
       return body === null ? [] : [this.o.stepper.push(shard, body)];
     }));
-    phases.push = this.clock.monotonic() - t0;
-    return { droppedStale: results.some((r) => r.refused), staleness: maxPushStaleness(results), done: false };
+    phases.push += this.clock.monotonic() - t0;
+    return {
+      droppedStale: results.some((r) => r.refused), staleness: maxPushStaleness(results), done: false,
+      version: Math.max(0, ...results.flatMap((r) => (r.refused ? [] : [r.reply.version]))),
+    };
   }
 
   /** This window's slices for `to` under `owners`. */
@@ -727,8 +789,17 @@ export class GroupMember {
     this.machine.send(groupEvents.memberReady(member, round));
     lap('slices');
 
-    const roundMembers = await this.waitUntil(w, 'the group to start its round', () => this.dues.get(round) ?? null,
+    // A member that pushes this window alone never sends its slices: no round of the window can start, so this one pushes alone too.
+    const anyAlone = () => owners.some((m) => m !== member && this.inbox.window(w).own.has(m));
+    const fallBack = async (phase: 'round' | 'gather') => {
+      lap(phase);
+      this.o.log.info({ group: this.o.group.name, window: w, alone: owners.filter((m) => this.inbox.window(w).own.has(m)) },
+        `group ${this.o.group.name} window ${w}: a member pushes this window alone (the group is degraded by a dead member); ${member} pushes its own gradient too`);
+      return this.closeAlone(w, await this.pushOwn(idle, drained, phases));
+    };
+    const roundMembers = await this.waitUntil(w, 'the group to start its round', () => this.dues.get(round) ?? (anyAlone() ? 'alone' as const : null),
       () => owners.filter((m) => !this.inbox.window(w).slices.has(m)));
+    if (roundMembers === 'alone') return fallBack('round');
     lap('round');
     if (!sameMembers(roundMembers, owners)) {
       // The round has other members than this member assumed (one was dropped, or joined late): the shards are dealt anew.
@@ -736,7 +807,8 @@ export class GroupMember {
       await this.sendSlices(w, owners, steps, idle, drained);
       lap('slices');
     }
-    const slices = await this.waitUntil(w, 'the gradient slices', () => {
+    const slices = await this.waitUntil(w, 'the gradient slices', (): SliceMessage[] | 'alone' | null => {
+      if (anyAlone()) return 'alone';
       const got = this.inbox.window(w).slices;
       const out: SliceMessage[] = [];
       for (const m of owners) {
@@ -750,6 +822,7 @@ export class GroupMember {
       }
       return out;
     }, () => owners.filter((m) => !sameMembers(this.inbox.window(w).slices.get(m)?.owners ?? [], owners)));
+    if (slices === 'alone') return fallBack('gather');
 
     lap('gather');
     // Reduce this member's shards: per part, Σ over members of Σ samples·grad, divided by the part's samples.
@@ -842,8 +915,8 @@ export class GroupMember {
     return r;
   }
 
-  /** A slice or pushed message, re-sent (same seq: applied once) until the member's mailbox takes it, or the member is dropped. */
-  private async send(to: string, type: 'slice' | 'pushed', fields: SliceMessage | PushedMessage): Promise<void> {
+  /** A slice, pushed or own message, re-sent (same seq: applied once) until the member's mailbox takes it, or the member is dropped or dead. */
+  private async send(to: string, type: 'slice' | 'pushed' | 'own', fields: SliceMessage | PushedMessage | { run_id: string; window: number; member: string }): Promise<void> {
     const seq = this.o.system.nextSeq();
     const started = this.clock.monotonic();
     let lastNote = started;
@@ -851,6 +924,9 @@ export class GroupMember {
     let onDropped!: () => void;
     const dropped = new Promise<'dropped'>((resolve) => { onDropped = () => resolve('dropped'); });
     const watch = this.machine.on('members.dropped', (e) => { if (e.members.includes(to)) onDropped(); });
+    // Dead by the verdicts (the group degrades to async): nobody waits for what it would have sent.
+    const cut = this.machine.subscribe((snap) => { if (snap.context.cut.includes(to)) onDropped(); });
+    if (this.machine.getSnapshot().context.cut.includes(to)) onDropped();
     try {
       for (let attempt = 0; ; attempt++) {
         try {
@@ -875,6 +951,7 @@ export class GroupMember {
       }
     } finally {
       watch.unsubscribe();
+      cut.unsubscribe();
     }
   }
 
@@ -948,7 +1025,8 @@ export class GroupMember {
     if (state === 'dead') {
       // The verdict is the decision: the member leaves now, and the round goes on without it.
       this.reportedLost.add(node);
-      this.o.log.warn({ group: this.o.group.name, member: node }, `group ${this.o.group.name}: ${node} is dead by the health actor's verdict; the group goes on without it`);
+      this.o.log.warn({ group: this.o.group.name, member: node }, `group ${this.o.group.name}: ${node} is dead by the health actor's verdict; the group goes on without it`
+        + (groupStateOf(this.machine.getSnapshot()) === 'forming' ? '' : ' (async: each member pushes its own windows until the driver re-forms the group)'));
       this.machine.send(groupEvents.memberDead(node));
       this.inbox.poke();
     } else if (state === 'alive' && this.reportedLost.delete(node)) {

@@ -36,7 +36,10 @@ import { activeMembers, shouldSync, usesSyncRounds, validateSyncPolicy, type Syn
  * - `running.sync.stepping`: members take local steps; a round starts as soon as `shouldSync` holds.
  * - `running.sync.reducing`: round `startedRound` is in flight (`sync.due` emitted); waits for its `sync.completed`.
  * - `running.async`: members push to the servers on their own; no rounds.
- * - `degraded`: some members are lost or partitioned away; no rounds; waits for them to rejoin, or for the recovery timeout to go on without them.
+ * - `degraded`: some members are lost or partitioned away. Silent ones (`member.lost`, `group.partitioned`): no rounds; waits for them to
+ *   rejoin, or for the recovery timeout to go on without them. Dead by the health actor's verdict (`member.dead`, kept in `cut`): the
+ *   group is async — a round already under way among the others is finished (`degraded.reducing`), and every window that starts
+ *   here is pushed by its member alone — until the driver re-forms the group (it comes back, or the driver's recovery timeout).
  * - `resyncing`: bringing every active member to one parameter version (`resync.due` emitted); waits for `resync.completed`.
  * - `regrouping`: the scheduler is recomputing groups; waits for `regroup.completed` (new membership, or none: dissolved).
  * - `stopped`: final; reached by `group.stop` from anywhere, or when a regroup dissolves the group.
@@ -78,6 +81,14 @@ export interface GroupContext {
   joined: string[];
   /** Members lost or partitioned away (non-empty only in `degraded`). */
   lost: string[];
+  /**
+   * The lost members that are dead by the health actor's verdict. While there
+   * is one the group is async (`degraded`, members push on their own) and
+   * stays so until a regroup re-forms it: windows taken alone leave the
+   * members' window counters apart, so only a re-form brings them back to
+   * one round again.
+   */
+  cut: string[];
   /** Last step counter each member reported; kept across regroups, so a returning member's old reports stay repeats. */
   lastStep: Record<string, number>;
   /** Steps each member did since the last common point (see the file comment). */
@@ -131,6 +142,7 @@ function initialContext(input: GroupMachineInput): GroupContext {
     members: sorted(input.members),
     joined: [],
     lost: [],
+    cut: [],
     lastStep: {},
     stepsSinceSync: {},
     readyFor: {},
@@ -174,6 +186,13 @@ const groupSetup = setup({
     allJoined: ({ context }) => context.members.every((m) => context.joined.includes(m)),
     someJoined: ({ context }) => context.joined.length > 0,
     syncDue: ({ context }) => shouldSync(context) || roundReady(context),
+    /** degraded by a dead member: the round of a window every other member began in sync (their slices are out) still runs. */
+    cutRoundReady: ({ context }) => context.cut.length > 0 && roundReady(context),
+    /** The recovery timeout applies to silent members only; a dead one waits for the driver's re-form. */
+    noCut: ({ context }) => context.cut.length === 0,
+    hasCut: ({ context }) => context.cut.length > 0,
+    /** forming: a dead expected member is not waited for (the others still form). */
+    isDeadExpected: ({ context, event }) => event.type === 'member.dead' && context.members.includes(event.member) && context.members.some((m) => m !== event.member),
     isExpectedNotJoined: ({ context, event }) =>
       (event.type === 'member.joined' || event.type === 'member.rejoined') && context.members.includes(event.member) && !context.joined.includes(event.member),
     isJoined: ({ context, event }) => (event.type === 'member.lost' || event.type === 'member.dead') && context.joined.includes(event.member),
@@ -184,8 +203,8 @@ const groupSetup = setup({
     isDeadMember: ({ context, event }) => event.type === 'member.dead' && context.members.includes(event.member) && context.members.some((m) => m !== event.member && !context.lost.includes(m)),
     partitionHitsActive: ({ context, event }) => event.type === 'group.partitioned' && activeAmong(context, event.members).length > 0,
     completesRound: ({ context, event }) => event.type === 'sync.completed' && event.round === context.startedRound,
-    isLost: ({ context, event }) => event.type === 'member.rejoined' && context.lost.includes(event.member),
-    isLastLost: ({ context, event }) => event.type === 'member.rejoined' && context.lost.length === 1 && context.lost[0] === event.member,
+    isLost: ({ context, event }) => event.type === 'member.rejoined' && context.lost.includes(event.member) && !context.cut.includes(event.member),
+    isLastLost: ({ context, event }) => event.type === 'member.rejoined' && context.lost.length === 1 && context.lost[0] === event.member && context.cut.length === 0,
     someActive: ({ context }) => activeMembers(context).length > 0,
     dissolves: ({ event }) => event.type === 'regroup.completed' && event.members.length === 0,
   },
@@ -247,17 +266,26 @@ const groupSetup = setup({
         : event.type === 'group.partitioned' ? sorted([...context.lost, ...activeAmong(context, event.members)])
         : context.lost,
     }),
+    markCut: assign({
+      cut: ({ context, event }) => (event.type === 'member.dead' && !context.cut.includes(event.member) ? sorted([...context.cut, event.member]) : context.cut),
+    }),
+    /** forming: a member dead by the verdicts leaves the expected membership at once. */
+    emitExpectedDeadDropped: emit(({ event, context }) => ({
+      type: 'members.dropped' as const, group: context.group, members: event.type === 'member.dead' ? [event.member] : [], reason: 'dead' as const,
+    })),
+    dropExpectedDead: assign(({ context, event }) => (event.type === 'member.dead'
+      ? { members: without(context.members, [event.member]), joined: without(context.joined, [event.member]) }
+      : {})),
     markRejoined: assign({
       lost: ({ context, event }) => (event.type === 'member.rejoined' ? without(context.lost, [event.member]) : context.lost),
     }),
     /** Recovery timeout: the lost members leave the membership. */
     emitLostDropped: emit(({ context }) => ({ type: 'members.dropped' as const, group: context.group, members: [...context.lost], reason: 'recovery-timeout' as const })),
-    /** A dead verdict: the dead member (and any lost with it) leave at once. */
-    emitDeadDropped: emit(({ context }) => ({ type: 'members.dropped' as const, group: context.group, members: [...context.lost], reason: 'dead' as const })),
     dropLost: assign(({ context }) => ({
       members: without(context.members, context.lost),
       joined: without(context.joined, context.lost),
       lost: [],
+      cut: [],
     })),
     emitResyncDue: emit(({ context }) => ({ type: 'resync.due' as const, group: context.group, version: context.version, members: activeMembers(context) })),
     completeResync: assign(({ context, event }) => (event.type === 'resync.completed'
@@ -271,13 +299,14 @@ const groupSetup = setup({
         members,
         joined: [],
         lost: [],
+        cut: [],
         policy: { ...event.policy },
         stepsSinceSync: {},
         readyFor: {},
         regroupReason: null,
       };
     }),
-    recordDissolved: assign({ members: [], joined: [], lost: [], stopReason: 'dissolved' }),
+    recordDissolved: assign({ members: [], joined: [], lost: [], cut: [], stopReason: 'dissolved' }),
     recordStopReason: assign({ stopReason: ({ event }) => (event.type === 'group.stop' ? event.reason : null) }),
   },
 });
@@ -313,7 +342,7 @@ function buildGroupMachine(context: GroupContext) {
           'member.joined': { guard: 'isExpectedNotJoined', actions: 'markJoined' },
           'member.rejoined': { guard: 'isExpectedNotJoined', actions: 'markJoined' },
           'member.lost': { guard: 'isJoined', actions: 'unmarkJoined' },
-          'member.dead': { guard: 'isJoined', actions: 'unmarkJoined' },
+          'member.dead': { guard: 'isDeadExpected', actions: ['emitExpectedDeadDropped', 'dropExpectedDead'] },
           'group.partitioned': { guard: 'partitionHitsJoined', actions: 'unmarkJoined' },
           'group.regroup': regroupTransition,
         },
@@ -321,7 +350,7 @@ function buildGroupMachine(context: GroupContext) {
       running: {
         initial: 'sync',
         on: {
-          'member.dead': { guard: 'isDeadMember', target: 'resyncing', actions: ['markLost', 'emitDeadDropped', 'dropLost'] },
+          'member.dead': { guard: 'isDeadMember', target: 'degraded', actions: ['markLost', 'markCut'] },
           'member.lost': { guard: 'isActiveMember', target: 'degraded', actions: 'markLost' },
           'group.partitioned': { guard: 'partitionHitsActive', target: 'degraded', actions: 'markLost' },
           'group.regroup': regroupTransition,
@@ -345,12 +374,13 @@ function buildGroupMachine(context: GroupContext) {
         },
       },
       degraded: {
-        // Counted from the first loss; later losses do not extend it.
+        initial: 'stepping',
+        // Counted from the first loss; later losses do not extend it. Only silent members are dropped by it.
         after: {
           recoveryTimeout: [
-            { guard: 'someActive', target: 'resyncing', actions: ['emitLostDropped', 'dropLost'] },
+            { guard: and(['noCut', 'someActive']), target: 'resyncing', actions: ['emitLostDropped', 'dropLost'] },
             // Everyone is gone: wait another period rather than drop the whole group.
-            { target: 'degraded', reenter: true },
+            { guard: 'noCut', target: 'degraded', reenter: true },
           ],
         },
         on: {
@@ -359,9 +389,19 @@ function buildGroupMachine(context: GroupContext) {
             { guard: 'isLost', actions: 'markRejoined' },
           ],
           'member.lost': { guard: 'isActiveMember', actions: 'markLost' },
-          'member.dead': { guard: 'isDeadMember', target: 'resyncing', actions: ['markLost', 'emitDeadDropped', 'dropLost'] },
+          'member.dead': { guard: 'isDeadMember', actions: ['markLost', 'markCut'] },
           'group.partitioned': { guard: 'partitionHitsActive', actions: 'markLost' },
+          // A round under way when the verdict came (or started here since) finishes among the others.
+          'sync.completed': { guard: and(['completesRound', 'hasCut']), target: '.stepping', actions: 'completeRound' },
           'group.regroup': regroupTransition,
+        },
+        states: {
+          stepping: {
+            always: { guard: 'cutRoundReady', target: 'reducing' },
+          },
+          reducing: {
+            entry: ['startRound', 'emitSyncDue'],
+          },
         },
       },
       resyncing: {
@@ -372,7 +412,7 @@ function buildGroupMachine(context: GroupContext) {
             { target: 'running.async', actions: 'completeResync' },
           ],
           'member.lost': { guard: 'isActiveMember', target: 'degraded', actions: 'markLost' },
-          'member.dead': { guard: 'isDeadMember', target: 'resyncing', reenter: true, actions: ['markLost', 'emitDeadDropped', 'dropLost'] },
+          'member.dead': { guard: 'isDeadMember', target: 'degraded', actions: ['markLost', 'markCut'] },
           'group.partitioned': { guard: 'partitionHitsActive', target: 'degraded', actions: 'markLost' },
           'group.regroup': regroupTransition,
         },
@@ -416,7 +456,8 @@ export function groupStateOf(snapshot: Pick<GroupSnapshot, 'value'>): GroupState
     value = child;
   }
   if (typeof value === 'string') path.push(value);
-  const state = path.join('.');
+  // degraded's inner steps (a round finishing among the others) are one state to the outside.
+  const state = path[0] === 'degraded' ? 'degraded' : path.join('.');
   if (!(GROUP_STATES as readonly string[]).includes(state)) throw new Error(`not a group state: ${state}`);
   return state as GroupState;
 }

@@ -76,7 +76,7 @@ export interface RegroupRecord {
    * `rejoin`: the groups unchanged, re-formed to take back workers alive again after their group dropped them;
    * `standby`: a standby worker took a dead member's place.
    */
-  trigger: 'command' | 'automatic' | 'rejoin' | 'standby';
+  trigger: 'command' | 'automatic' | 'rejoin' | 'standby' | 'recovery-timeout';
   groups_version: number;
   groups: WorkerGroupConfig[];
   /** Nodes whose group changed. */
@@ -157,6 +157,10 @@ export class RegroupController {
   private readonly returning = new Set<string>();
   /** Dead workers a standby should replace (not yet done). */
   private readonly toReplace = new Set<string>();
+  /** Dead members of reducing groups whose group runs async without them, with the timer of their recovery timeout. */
+  private readonly cutTimers = new Map<string, Timer>();
+  /** Dead past the recovery timeout: their groups re-form without them (not yet done). */
+  private readonly toReform = new Set<string>();
   private rejoinLoop: Promise<void> | null = null;
   private readonly unwatchHealth: (() => void) | null;
 
@@ -207,6 +211,8 @@ export class RegroupController {
     if (this.disposed) return;
     this.disposed = true;
     this.timer?.cancel();
+    for (const t of this.cutTimers.values()) t.cancel();
+    this.cutTimers.clear();
     this.unwatchHealth?.();
     this.wake();
     await this.rejoinLoop?.catch(() => undefined);
@@ -272,11 +278,25 @@ export class RegroupController {
     if (state === 'dead') {
       this.deadSeen.add(node);
       this.returning.delete(node);
-      if (this.info.mode !== 'hps' || this.info.standbys.length === 0 || !this.info.workers.includes(node)) return;
+      if (this.info.mode !== 'hps' || !this.info.workers.includes(node)) return;
+      // Its group runs async without it; past the recovery timeout the group re-forms without it, in sync again.
+      if (needsRejoin(this.groups, node) && !this.cutTimers.has(node)) {
+        const ms = this.info.recovery_timeout_ms ?? this.info.ack_wait_ms;
+        this.cutTimers.set(node, this.o.clock.setTimeout(() => {
+          this.cutTimers.delete(node);
+          if (this.disposed || !this.deadSeen.has(node)) return;
+          this.toReform.add(node);
+          this.rejoinLoop ??= this.rejoin().finally(() => { this.rejoinLoop = null; });
+        }, ms));
+      }
+      if (this.info.standbys.length === 0) return;
       this.toReplace.add(node);
     } else {
       if (state !== 'alive' || !this.deadSeen.delete(node)) return;
       this.toReplace.delete(node);
+      this.toReform.delete(node);
+      this.cutTimers.get(node)?.cancel();
+      this.cutTimers.delete(node);
       if (this.info.mode !== 'hps' || !needsRejoin(this.groups, node)) return;
       this.returning.add(node);
     }
@@ -286,11 +306,12 @@ export class RegroupController {
   /** Re-forms the groups unchanged for the workers in `returning`, once no regroup or pause is in the way. */
   private async rejoin(): Promise<void> {
     const { log } = this.o;
-    while ((this.returning.size > 0 || this.toReplace.size > 0) && !this.disposed) {
+    while ((this.returning.size > 0 || this.toReplace.size > 0 || this.toReform.size > 0) && !this.disposed) {
       if (this.inProgress !== null) { await this.inProgress.catch(() => undefined); continue; }
       // An operator's pause: the rejoin follows the resume.
       if (this.pausedAt !== null) { await this.changed(1_000); continue; }
       if (this.toReplace.size > 0) { await this.replaceDead(); continue; }
+      if (this.toReform.size > 0) { await this.reformWithoutDead(); continue; }
       const nodes = [...this.returning].sort();
       this.returning.clear();
       // Still alive (a verdict may have come and gone meanwhile), and still in a group that reduces.
@@ -304,6 +325,28 @@ export class RegroupController {
       } catch (e) {
         log.warn({ err: (e as Error).message, rejoining: back }, `rejoin of ${back.join(', ')} failed: could not write the job info; they stay out of their group's rounds`);
       }
+    }
+  }
+
+  /**
+   * The workers in `toReform` stayed dead past the recovery timeout: their
+   * groups, async meanwhile, re-form unchanged; each member forms without the
+   * dead (by the verdicts) and syncs again. Should one come back, it is taken
+   * back like any dead member alive again (a rejoin).
+   */
+  private async reformWithoutDead(): Promise<void> {
+    const { log } = this.o;
+    const dead = [...this.toReform].sort().filter((n) => (this.o.isDead?.(n) ?? true) && needsRejoin(this.groups, n));
+    this.toReform.clear();
+    if (dead.length === 0) return;
+    const s = ((this.info.recovery_timeout_ms ?? this.info.ack_wait_ms) / 1000).toFixed(1);
+    const reason = `${dead.join(', ')} dead for longer than the worker recovery timeout (${s} s)`;
+    try {
+      const v = await this.writeGroups(this.groups, []);
+      log.warn({ groups_version: v, dead }, `regroup to groups v${v} (${reason}): ${dead.length > 1 ? 'their groups re-form' : 'its group re-forms'} without ${dead.length > 1 ? 'them' : 'it'} and syncs again; should ${dead.length > 1 ? 'they' : 'it'} come back, ${dead.length > 1 ? 'they are' : 'it is'} taken back`);
+      this.startCompletion({ v, reason, trigger: 'recovery-timeout', groups: this.groups, moved: [], groupedBy: 'unchanged', rejoined: [], replaced: [] });
+    } catch (e) {
+      log.warn({ err: (e as Error).message, dead }, `re-forming the groups of ${dead.join(', ')} failed: could not write the job info; they stay async`);
     }
   }
 

@@ -4,8 +4,9 @@
  * reaching a 3-node NATS cluster over a veth link; the other nodes run on the
  * host. Mid-training the link is cut for 5 s, then healed:
  *
- * - the health actor's dead verdict for w1 arrives; its group mate w2 goes
- *   on training without it during the cut (its acknowledgements keep coming);
+ * - the health actor's dead verdict for w1 arrives; its group degrades to
+ *   async: its group mate w2 goes on training and pushes its windows on its
+ *   own during the cut (its acknowledgements keep coming);
  * - once healed, the alive verdict makes the driver take w1 back (a regroup
  *   with the groups unchanged and w1 in `rejoining`): w1 gives up the window
  *   it was stuck in (its batches go back to the queue), both re-form, pull
@@ -59,7 +60,7 @@ function collect(child: ChildProcess): () => string {
   return () => text;
 }
 
-test('hps: a group member cut off for 5 s is dropped on its dead verdict, its group mate trains on, and once healed it is taken back into its group; nothing lost or applied twice', { timeout: 300_000 }, async (t) => {
+test('hps: a group member cut off for 5 s degrades its group to async on its dead verdict, its group mate trains on alone, and once healed it is taken back into its group; nothing lost or applied twice', { timeout: 300_000 }, async (t) => {
   const t0 = Date.now();
   const job = 'gpart';
   const urls = cluster!.urls;
@@ -134,6 +135,7 @@ test('hps: a group member cut off for 5 s is dropped on its dead verdict, its gr
     assert.deepEqual([s.integrity.lost, s.integrity.duplicated, s.integrity.replicas_equal], [0, 0, true], JSON.stringify(s.integrity));
     assert.equal(s.integrity.applied + (s.integrity.dropped_stale ?? 0), s.batches, 'every batch applied once, or acknowledged and dropped as too stale');
     assert.match(w2.stderr(), /w1 is dead by the health actor's verdict; the group goes on without it/);
+    assert.match(w2.stderr(), /group g1: degraded to async while w1 is dead: w2 pushes its windows on its own until the group is re-formed/);
     assert.match(w1Out(), /given up: the driver takes w1 back into group g1/);
     assert.match(w1Out(), /regrouped \(groups v\d+\): now sync inside group g1 \(w1, w2\)/);
     t.diagnostic(`rejoin paused training ${rejoin.pause_s} s; per worker ${JSON.stringify(Object.fromEntries(byNode))}; ${s.redelivered} redelivered`);

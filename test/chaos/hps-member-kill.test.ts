@@ -2,9 +2,11 @@
  * hps over a real 3-node NATS cluster: a member of a sync group is
  * SIGKILLed mid-training. The health actor's `dead` verdict for it arrives
  * within 1.5 s (heard by a plain nats.js client on tel.health); its group
- * drops it on that verdict, without waiting for the recovery timeout, and
- * goes on without it; its unacknowledged batches come back from the queue
- * after ack_wait; every batch is acknowledged exactly once.
+ * degrades to async on that verdict (its group mate pushes its windows on
+ * its own); once the worker recovery timeout (3 s) passes with it still
+ * dead, the driver re-forms the group without it and the mate syncs again;
+ * its unacknowledged batches come back from the queue after ack_wait;
+ * every batch is acknowledged exactly once.
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -32,7 +34,7 @@ after(async () => {
   if (dir) await rm(dir, { recursive: true, force: true });
 });
 
-test('hps: a sync-group member SIGKILLed mid-training leaves its group on the dead verdict; its group goes on; every batch acknowledged once', { timeout: 120_000 }, async (t) => {
+test('hps: a sync-group member SIGKILLed mid-training degrades its group to async on the dead verdict; after the recovery timeout the group re-forms without it; every batch acknowledged once', { timeout: 120_000 }, async (t) => {
   const job = 'hpskill';
   // g1 [w1, w2] and g2 [w3, w4], sync every 4 steps; worker_recovery_timeout 3 s.
   const cfg = await writeJobConfig(dir, { job, mode: 'hps', servers: nats.urls, runDir: join(dir, 'runs'), samples: 3200, epochs: 1, workerRecoveryTimeoutS: 3 });
@@ -80,7 +82,10 @@ test('hps: a sync-group member SIGKILLed mid-training leaves its group on the de
 
     const r = await driver.exited;
     assert.equal(r.code, 0, explain(r));
-    const s = JSON.parse(await readFile(summaryFile, 'utf8')) as { batches: number; batches_acked: number; duplicate_acks: number; redelivered: number; integrity: { lost: number; duplicated: number; replicas_equal: boolean | null } };
+    const s = JSON.parse(await readFile(summaryFile, 'utf8')) as {
+      batches: number; batches_acked: number; duplicate_acks: number; redelivered: number; integrity: { lost: number; duplicated: number; replicas_equal: boolean | null };
+      regroups: { trigger: string; reason: string; at_s: number; pause_s: number }[];
+    };
     assert.deepEqual([s.integrity.lost, s.integrity.duplicated, s.integrity.replicas_equal], [0, 0, true], 'nothing lost or applied twice on the shards');
     t.diagnostic(`w1 killed after ${killedAt} acks; per worker ${JSON.stringify(Object.fromEntries(byNode))}; ${s.redelivered} redelivered`);
     assert.equal(s.batches_acked, s.batches);
@@ -91,8 +96,15 @@ test('hps: a sync-group member SIGKILLed mid-training leaves its group on the de
     assert.ok((byNode.get('w2') ?? 0) > w2Before + 4, 'its group mate went on training without it');
     const e2 = await w2.exited;
     assert.equal(e2.code, 0, explain(e2));
-    assert.match(e2.stderr, /w1 is dead by the health actor's verdict; the group goes on without it/);
+    assert.match(e2.stderr, /w1 is dead by the health actor's verdict; the group goes on without it \(async/);
+    assert.match(e2.stderr, /group g1: degraded to async while w1 is dead: w2 pushes its windows on its own/);
+    const reform = s.regroups.find((g) => g.trigger === 'recovery-timeout');
+    assert.ok(reform, `the driver re-formed g1 without w1 after the recovery timeout: ${JSON.stringify(s.regroups)}`);
+    assert.match(reform.reason, /w1 dead for longer than the worker recovery timeout \(3\.0 s\)/);
+    // Re-formed: w2 forms without the dead w1 at once (no forming timeout) and syncs again.
     assert.match(e2.stderr, /w1 left the group \(dead by the health actor's verdict\); the group goes on without them/);
+    assert.match(e2.stderr, /regrouped \(groups v\d+\): now sync inside group g1 \(w1, w2\)/);
+    t.diagnostic(`re-formed ${reform.at_s} s into the run, paused ${reform.pause_s} s`);
   } finally {
     await plain.close();
     await watch.close();

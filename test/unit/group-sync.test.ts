@@ -13,6 +13,7 @@ import { modelAndData, startServerNode, type ModelAndData } from '../../actors/n
 import { memoryPlanStore } from '../../actors/store/plan-store.ts';
 import { GroupMember, reduceOwners, windowStepLimit, type GroupMemberOptions, type WindowOutcome, type WindowSource } from '../../actors/group/group-sync.ts';
 import type { GroupState } from '../../actors/group/group.machine.ts';
+import type { HealthState, HealthView } from '../../actors/health/health.types.ts';
 import { allocateDense, assemblePull, planExchange, pullRequest, pushRequest } from '../../actors/worker/param-exchange.ts';
 import { ShardClient } from '../../actors/worker/shard-client.ts';
 import { WorkerStepper } from '../../actors/worker/step.ts';
@@ -369,6 +370,54 @@ test('the group machine drives membership: a member that dies is reported lost, 
       assert.ok(statesOfA.includes(st), `a's replica went through ${st} (saw ${statesOfA.join(' → ')})`);
     }
   }, [union([b1!, b2!, b3!]), union([b4!, b5!])], uniqueIdsOf(union([b1!, b2!, b3!, b4!, b5!])));
+});
+
+/** A member's view of the health verdicts, set by the test. */
+function verdicts(): HealthView & { set(node: string, state: HealthState): void } {
+  const states = new Map<string, HealthState>();
+  const listeners = new Set<(node: string, state: HealthState) => void>();
+  return {
+    stateOf: (node) => states.get(node) ?? null,
+    onChange: (f) => { listeners.add(f); return () => { listeners.delete(f); }; },
+    set(node, state) { states.set(node, state); for (const f of listeners) f(node, state); },
+  };
+}
+
+test('a dead verdict degrades the group to async: windows are pushed alone, and a member that began its window in sync pushes alone too', { timeout: 60_000 }, async () => {
+  const [b1, b2, b3, b4, b5, b6] = batches;
+  const timeouts = { lostAfterMs: 60_000, recoveryTimeoutMs: 60_000, stallNoteMs: 60_000 };
+  const [ha, hb, hc] = [verdicts(), verdicts(), verdicts()];
+  await sameAsReference(async (c) => {
+    const g = group('sync', ['a', 'b', 'c'], 1);
+    const ma = await member(c, g, 'a', sessions[0]!, { ...timeouts, health: ha });
+    const mb = await member(c, g, 'b', sessions[1]!, { ...timeouts, health: hb });
+    const mc = await member(c, g, 'c', sessions[2]!, { ...timeouts, health: hc });
+    const w0 = await Promise.all([ma.runWindow(source([b1!])), mb.runWindow(source([b2!])), mc.runWindow(source([b3!]))]);
+    assert.deepEqual(w0.map((o) => o.members), [['a', 'b', 'c'], ['a', 'b', 'c'], ['a', 'b', 'c']]);
+    await mc.stop('killed');
+    // The verdict reaches b first: b's next window is its own, and b tells a so.
+    hb.set('c', 'dead');
+    assert.equal(mb.state, 'degraded');
+    assert.ok(mb.alone);
+    const ob = await mb.runWindow(source([b5!]));
+    assert.deepEqual([ob.members, ob.steps.length], [['b'], 1]);
+    // a has no verdict yet: it begins window 1 in sync, sends its slices (c's is given up with the verdict), then
+    // finds b pushed the window alone, so no round of it can start: it pushes its own gradient.
+    assert.equal(ma.alone, false);
+    const oa = ma.runWindow(source([b4!]));
+    await new Promise((r) => setTimeout(r, 300));
+    ha.set('c', 'dead');
+    const o1 = await oa;
+    assert.deepEqual([o1.members, o1.steps.length, o1.lostShards], [['a'], 1, []]);
+    assert.equal(ma.state, 'degraded');
+    // From now on a's windows are its own.
+    assert.ok(ma.alone);
+    const o2 = await ma.runWindow(source([b6!]));
+    assert.deepEqual(o2.members, ['a']);
+    assert.deepEqual(ma.members, ['a', 'b', 'c'], 'the dead member is not dropped by the replica: the driver re-forms the group');
+    await ma.stop();
+    await mb.stop();
+  }, [union([b1!, b2!, b3!]), b5!, b4!, b6!], uniqueIdsOf(union([b1!, b2!, b3!, b4!, b5!, b6!])));
 });
 
 test('forming: a member that never starts is dropped after the forming timeout; the others train without it', async () => {
