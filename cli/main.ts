@@ -32,6 +32,7 @@ async function loadCommands(): Promise<void> {
     import('./launch.ts').catch(missingModule),
     import('./up.ts').catch(missingModule),
     import('./plan.ts').catch(missingModule),
+    import('./checkpoint.ts').catch(missingModule),
   ]);
   for (const m of mods) if (m && typeof m.register === 'function') commandRegistry.push(m.register as Register);
 }

@@ -36,8 +36,9 @@ for await (const batch of hps.shardDataloader({ dataset: hps.dataset, batchSize:
   if (++steps % 20 === 0) console.log(`${hps.node}: step ${steps}, ${batch.desc.batch_id}, loss ${loss.toFixed(4)}`);
 }
 
-const path = process.env.HETPS_CHECKPOINT ?? join(hps.config.job.run_dir, 'api-checkpoint');
+// A checkpoint directory must not exist yet: one per run.
+const path = process.env.HETPS_CHECKPOINT ?? join(hps.config.job.run_dir, 'checkpoints', `api-${new Date().toISOString().replace(/[:.]/g, '-')}`);
 const manifest = await hps.saveCheckpoint({ path, sync: true });
-console.log(`${hps.node}: trained ${steps} batches; checkpoint of ${manifest!.shards.length} shards in ${path}`);
+console.log(`${hps.node}: trained ${steps} batches; checkpoint of ${manifest!.plan.shards.length} shards in ${path} (${manifest!.bytes} bytes, SHA-256 per file in its manifest.json)`);
 await hps.close();
 process.exit(0);

@@ -22,7 +22,7 @@
  * `close` takes part in the group's last windows until it agrees the job
  * is done.
  */
-import { mkdir, writeFile } from 'node:fs/promises';
+import { writeCheckpointAt, type CheckpointManifest } from '../store/checkpoint.ts';
 import { join, resolve } from 'node:path';
 import {
   ActorSystem, ConfigError, SeededRandom, connectTransport, controlSubject, createLogger, decode, encode, hashString, systemClock,
@@ -89,13 +89,7 @@ export interface DistributedOptimizer {
   step(batch: WorkBatch): Promise<number>;
 }
 
-export interface CheckpointManifest {
-  format: 1;
-  job: string;
-  plan_version: number;
-  created_at: string;
-  shards: { shard: string; file: string; version: number; round: number; bytes: number }[];
-}
+export type { CheckpointManifest };
 
 export class HeterogeneousParameterServer {
   private cfg: HetpsConfig | null = null;
@@ -312,9 +306,12 @@ export class HeterogeneousParameterServer {
   }
 
   /**
-   * Asks every shard for a snapshot and writes `<path>/<shard>.msgpack` plus
-   * `manifest.json`. `sync: true` resolves once every file is written;
-   * `sync: false` returns at once (`close` waits for it).
+   * Asks every shard for a snapshot and writes the checkpoint directory
+   * `path` (it must not exist): `<shard>.msgpack` per shard plus
+   * `manifest.json` with each file's size and SHA-256, fsynced and renamed
+   * into place (actors/store/checkpoint.ts; `hetps checkpoint verify path`
+   * checks it). `sync: true` resolves once it is written; `sync: false`
+   * returns at once (`close` waits for it).
    */
   async saveCheckpoint(o: { path: string; sync?: boolean }): Promise<CheckpointManifest | null> {
     const work = this.writeCheckpoint(resolve(o.path));
@@ -326,16 +323,15 @@ export class HeterogeneousParameterServer {
   private async writeCheckpoint(dir: string): Promise<CheckpointManifest> {
     const plan = this.need(this.plan, 'plan');
     const client = this.need(this.client, 'client');
-    await mkdir(dir, { recursive: true });
-    const shards = await Promise.all(plan.shards.map(async (shard) => {
-      const snap: ShardSnapshot = await client.snapshot(shard);
-      const bytes = encode(snap);
-      const file = `${shard}.msgpack`;
-      await writeFile(join(dir, file), bytes);
-      return { shard, file, version: snap.version, round: snap.round, bytes: bytes.byteLength };
-    }));
-    const manifest: CheckpointManifest = { format: 1, job: this.config.job.name, plan_version: plan.version, created_at: new Date().toISOString(), shards };
-    await writeFile(join(dir, 'manifest.json'), `${JSON.stringify(manifest, null, 2)}\n`);
+    const snaps = await Promise.all(plan.shards.map(async (shard) => ({ shard, snap: await client.snapshot(shard) })));
+    const cfg = this.config;
+    const { manifest } = await writeCheckpointAt(dir, {
+      files: snaps.map(({ shard, snap }) => ({ name: `${shard}.msgpack`, bytes: encode(snap), shard, version: snap.version, round: snap.round })),
+      manifest: {
+        job: cfg.job.name, run_id: this.info?.run_id ?? null, trigger: 'api', plan: { version: plan.version, shards: [...plan.shards], placement: plan.placement ?? null },
+        groups: this.info?.groups ?? null, optimizer: snaps[0] ? { dense: snaps[0].snap.dense_optimizer, sparse: snaps[0].snap.sparse_optimizer } : null, data: null,
+      },
+    });
     return manifest;
   }
 

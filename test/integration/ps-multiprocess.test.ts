@@ -12,6 +12,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { startTestCluster, type TestCluster } from '../support/cluster.ts';
 import { hetps, lastJson, node, watchAcks, writeJobConfig, type Child, type Exited } from '../support/ps.ts';
+import { verifyCheckpoint } from '../../actors/store/checkpoint.ts';
 
 const SAMPLES = 1200;
 const EPOCHS = 2;
@@ -112,6 +113,8 @@ test('asp: nodes started before the driver, one worker SIGKILLed mid-epoch — e
     assert.equal(v.signal, 'SIGKILL');
     assert.match((await api.exited).stdout, /checkpoint of 2 shards/);
     assert.ok(existsSync(join(checkpoint, 'manifest.json')) && existsSync(join(checkpoint, 's1.msgpack')), 'the API wrote the checkpoint');
+    const manifest = await verifyCheckpoint(checkpoint);
+    assert.deepEqual([manifest.trigger, manifest.files.map((f) => f.shard).sort()], ['api', ['s1', 's2']], 'every file matches its size and SHA-256');
   } finally {
     await watch.close();
     for (const c of children) c.kill('SIGKILL');

@@ -1,0 +1,278 @@
+/**
+ * Checkpoint directories: one directory per checkpoint under a root, written
+ * so that a crash at any moment leaves either the whole checkpoint or none
+ * of it, and checked file by file before anything reads it back.
+ *
+ * Writing (`writeCheckpoint`):
+ * 1. every file goes into a hidden temporary directory `.tmp-<name>-<pid>`
+ *    under the root, each one fsynced;
+ * 2. `manifest.json` last, naming every file with its size and SHA-256;
+ * 3. the temporary directory is fsynced and renamed to `<name>` (atomic on
+ *    one file system), then the root is fsynced.
+ *
+ * A directory without a manifest, or whose files do not match it, is not a
+ * checkpoint: `verifyCheckpoint` says which file and what differs, and
+ * `newestValidCheckpoint` skips it for the one before, saying why.
+ * Temporary directories left by a crash are ignored and removed by
+ * `pruneCheckpoints`.
+ */
+import { createHash } from 'node:crypto';
+import { mkdir, open, readdir, readFile, rename, rm, stat } from 'node:fs/promises';
+import { basename, dirname, join } from 'node:path';
+import { z } from 'zod';
+import { HetpsError } from '../../runtime/mod.ts';
+
+/** The manifest format written here (the API's first checkpoints, without checksums, were format 1). */
+export const CHECKPOINT_FORMAT = 2;
+const MANIFEST = 'manifest.json';
+const NAME = /^ckpt-(\d{6,})-/;
+const plainName = (n: string) => n.length > 0 && !n.includes('/') && !n.includes('\\') && n !== MANIFEST && !n.startsWith('.');
+
+const fileEntry = z.object({
+  /** File name inside the checkpoint directory. */
+  name: z.string().min(1).refine((n) => plainName(n), 'a plain file name'),
+  bytes: z.number().int().nonnegative(),
+  sha256: z.string().regex(/^[0-9a-f]{64}$/),
+  /** The shard whose state the file holds (null: some other part of the checkpoint). */
+  shard: z.string().min(1).nullable().default(null),
+  /** The shard's version and round in the file. */
+  version: z.number().int().nonnegative().nullable().default(null),
+  round: z.number().int().nonnegative().nullable().default(null),
+});
+
+export const checkpointManifestSchema = z.object({
+  format: z.literal(CHECKPOINT_FORMAT),
+  /** The directory name: `ckpt-<sequence>-<time>` under a checkpoint root, or the name a caller chose (the API's `saveCheckpoint({ path })`). */
+  name: z.string().min(1),
+  /** Its number under the root (0: written at a path the caller chose). */
+  sequence: z.number().int().nonnegative(),
+  job: z.string().min(1),
+  run_id: z.string().min(1).nullable(),
+  created_at: z.string().min(1),
+  /** What took it: a control command, the periodic timer, the end of the job, the API. */
+  trigger: z.enum(['command', 'periodic', 'end', 'api']),
+  /** The shard plan at the cut: its version (epoch), shards and placement. */
+  plan: z.object({ version: z.number().int().nonnegative(), shards: z.array(z.string().min(1)), placement: z.unknown().nullable().default(null) }),
+  /** hps: the groups at the cut (null: another mode). */
+  groups: z.array(z.unknown()).nullable().default(null),
+  optimizer: z.object({ dense: z.string().min(1), sparse: z.string().min(1) }).nullable().default(null),
+  /** Where the data stood: batches acknowledged before the cut (by id) and the job's total. */
+  data: z.object({ total_batches: z.number().int().nonnegative().nullable(), acked: z.array(z.string().min(1)) }).nullable().default(null),
+  files: z.array(fileEntry),
+  /** Σ bytes of the files. */
+  bytes: z.number().int().nonnegative(),
+});
+export type CheckpointManifest = z.output<typeof checkpointManifestSchema>;
+export type CheckpointFile = z.output<typeof fileEntry>;
+
+/** A checkpoint that cannot be used: `problems` names each file and what is wrong with it. */
+export class CheckpointError extends HetpsError {
+  constructor(message: string, readonly path: string, readonly problems: string[]) {
+    super(message, { data: { path, problems } });
+  }
+}
+
+export const sha256 = (bytes: Uint8Array): string => createHash('sha256').update(bytes).digest('hex');
+
+async function writeSynced(path: string, bytes: Uint8Array): Promise<void> {
+  const fh = await open(path, 'wx');
+  try {
+    await fh.writeFile(bytes);
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+}
+
+async function syncDir(path: string): Promise<void> {
+  const fh = await open(path, 'r');
+  try { await fh.sync(); } finally { await fh.close(); }
+}
+
+/** The next sequence number under `root` (1 when it holds none). */
+export async function nextSequence(root: string): Promise<number> {
+  let max = 0;
+  for (const e of await readdir(root).catch(() => [] as string[])) {
+    const m = NAME.exec(e);
+    if (m !== null) max = Math.max(max, Number(m[1]));
+  }
+  return max + 1;
+}
+
+export interface CheckpointContent {
+  files: { name: string; bytes: Uint8Array; shard?: string | null; version?: number | null; round?: number | null }[];
+  manifest: Omit<CheckpointManifest, 'format' | 'name' | 'sequence' | 'files' | 'bytes' | 'created_at'> & { created_at?: string };
+}
+
+/**
+ * Writes one checkpoint under `root` atomically (see the module comment);
+ * returns its path and manifest. Throws if a file name repeats.
+ */
+export async function writeCheckpoint(root: string, content: CheckpointContent): Promise<{ path: string; manifest: CheckpointManifest }> {
+  checkNames(content);
+  await mkdir(root, { recursive: true });
+  const sequence = await nextSequence(root);
+  const createdAt = content.manifest.created_at ?? new Date().toISOString();
+  const name = `ckpt-${String(sequence).padStart(6, '0')}-${createdAt.replace(/[:.]/g, '-')}`;
+  return writeInto(root, name, sequence, createdAt, content);
+}
+
+/**
+ * Writes one checkpoint at exactly `path` (the API's `saveCheckpoint({ path
+ * })`), as atomically as `writeCheckpoint`; refuses a path that exists.
+ */
+export async function writeCheckpointAt(path: string, content: CheckpointContent): Promise<{ path: string; manifest: CheckpointManifest }> {
+  checkNames(content);
+  if (await stat(path).catch(() => null)) throw new HetpsError(`checkpoint: ${path} exists already; choose another path or remove it first`);
+  const parent = dirname(path);
+  await mkdir(parent, { recursive: true });
+  return writeInto(parent, basename(path), 0, content.manifest.created_at ?? new Date().toISOString(), content);
+}
+
+function checkNames(content: CheckpointContent): void {
+  const names = content.files.map((f) => f.name);
+  if (new Set(names).size !== names.length) throw new HetpsError(`checkpoint: file names repeat (${names.join(', ')})`);
+  for (const n of names) if (!plainName(n)) throw new HetpsError(`checkpoint: ${JSON.stringify(n)} is not a plain file name (no path, not ${MANIFEST}, not hidden)`);
+}
+
+async function writeInto(parent: string, name: string, sequence: number, createdAt: string, content: CheckpointContent): Promise<{ path: string; manifest: CheckpointManifest }> {
+  const tmp = join(parent, `.tmp-${name}-${process.pid}`);
+  await rm(tmp, { recursive: true, force: true });
+  await mkdir(tmp);
+  try {
+    const files: CheckpointFile[] = [];
+    for (const f of content.files) {
+      await writeSynced(join(tmp, f.name), f.bytes);
+      files.push({ name: f.name, bytes: f.bytes.byteLength, sha256: sha256(f.bytes), shard: f.shard ?? null, version: f.version ?? null, round: f.round ?? null });
+    }
+    const manifest = checkpointManifestSchema.parse({
+      ...content.manifest, format: CHECKPOINT_FORMAT, name, sequence, created_at: createdAt, files, bytes: files.reduce((n, f) => n + f.bytes, 0),
+    });
+    await writeSynced(join(tmp, MANIFEST), new TextEncoder().encode(`${JSON.stringify(manifest, null, 2)}\n`));
+    await syncDir(tmp);
+    const path = join(parent, name);
+    await rename(tmp, path);
+    await syncDir(parent);
+    return { path, manifest };
+  } catch (e) {
+    await rm(tmp, { recursive: true, force: true }).catch(() => undefined);
+    throw e;
+  }
+}
+
+/** Reads and checks `path`'s manifest; throws CheckpointError naming what is wrong. */
+export async function readManifest(path: string): Promise<CheckpointManifest> {
+  let text: string;
+  try {
+    text = await readFile(join(path, MANIFEST), 'utf8');
+  } catch (e) {
+    throw new CheckpointError(`checkpoint ${path}: no ${MANIFEST} (an incomplete checkpoint): ${(e as Error).message}`, path, [`${MANIFEST}: missing`]);
+  }
+  let raw: unknown;
+  try { raw = JSON.parse(text); } catch (e) {
+    throw new CheckpointError(`checkpoint ${path}: ${MANIFEST} is not JSON: ${(e as Error).message}`, path, [`${MANIFEST}: not JSON`]);
+  }
+  const r = checkpointManifestSchema.safeParse(raw);
+  if (!r.success) {
+    const problems = r.error.issues.map((i) => `${MANIFEST}: ${i.path.join('.') || '(root)'}: ${i.message}`);
+    throw new CheckpointError(`checkpoint ${path}: ${MANIFEST} is not a format-${CHECKPOINT_FORMAT} manifest: ${problems.join('; ')}`, path, problems);
+  }
+  return r.data;
+}
+
+/**
+ * Checks every file of the checkpoint at `path` against its manifest (size,
+ * SHA-256). Resolves with the manifest; throws CheckpointError listing each
+ * file that is missing or differs, with the expected and the actual checksum.
+ */
+export async function verifyCheckpoint(path: string): Promise<CheckpointManifest> {
+  const manifest = await readManifest(path);
+  const problems: string[] = [];
+  for (const f of manifest.files) {
+    let bytes: Uint8Array;
+    try { bytes = await readFile(join(path, f.name)); } catch {
+      problems.push(`${f.name}: missing`);
+      continue;
+    }
+    if (bytes.byteLength !== f.bytes) problems.push(`${f.name}: ${bytes.byteLength} bytes, the manifest says ${f.bytes}`);
+    const sum = sha256(bytes);
+    if (sum !== f.sha256) problems.push(`${f.name}: SHA-256 ${sum}, the manifest says ${f.sha256}`);
+  }
+  if (problems.length > 0) throw new CheckpointError(`checkpoint ${path} fails its checks: ${problems.join('; ')}`, path, problems);
+  return manifest;
+}
+
+/** Reads one file of a verified checkpoint, checking it again (it may have changed since). */
+export async function readCheckpointFile(path: string, f: CheckpointFile): Promise<Uint8Array> {
+  const bytes = await readFile(join(path, f.name));
+  const sum = sha256(bytes);
+  if (sum !== f.sha256) throw new CheckpointError(`checkpoint ${path}: ${f.name} has SHA-256 ${sum}, the manifest says ${f.sha256}`, path, [`${f.name}: checksum`]);
+  return bytes;
+}
+
+export interface CheckpointListing {
+  name: string;
+  path: string;
+  sequence: number;
+  /** null when the manifest cannot be read (see `error`). */
+  manifest: CheckpointManifest | null;
+  /** Why it is not usable; null for one whose manifest reads (files are checked by `verifyCheckpoint`). */
+  error: string | null;
+}
+
+/** The checkpoints under `root`, oldest first (temporary directories of unfinished writes are left out). */
+export async function listCheckpoints(root: string): Promise<CheckpointListing[]> {
+  const out: CheckpointListing[] = [];
+  for (const e of await readdir(root).catch(() => [] as string[])) {
+    const m = NAME.exec(e);
+    if (m === null) continue;
+    const path = join(root, e);
+    if (!(await stat(path).catch(() => null))?.isDirectory()) continue;
+    try {
+      out.push({ name: e, path, sequence: Number(m[1]), manifest: await readManifest(path), error: null });
+    } catch (err) {
+      out.push({ name: e, path, sequence: Number(m[1]), manifest: null, error: (err as Error).message });
+    }
+  }
+  return out.sort((a, b) => a.sequence - b.sequence);
+}
+
+/**
+ * The newest checkpoint under `root` that passes `verifyCheckpoint`, and the
+ * newer ones refused on the way (each with its reason). null when none is usable.
+ */
+export async function newestValidCheckpoint(root: string): Promise<{ path: string; manifest: CheckpointManifest; refused: { path: string; reason: string }[] } | null> {
+  const refused: { path: string; reason: string }[] = [];
+  for (const c of (await listCheckpoints(root)).reverse()) {
+    try {
+      return { path: c.path, manifest: await verifyCheckpoint(c.path), refused };
+    } catch (e) {
+      refused.push({ path: c.path, reason: (e as Error).message });
+    }
+  }
+  return null;
+}
+
+/** Keeps the newest `keep` checkpoints under `root`, removes older ones and temporary directories of writes that did not finish; returns what it removed. */
+export async function pruneCheckpoints(root: string, keep: number): Promise<string[]> {
+  if (!(Number.isInteger(keep) && keep >= 1)) throw new HetpsError(`checkpoint.keep must be an integer ≥ 1, got ${keep}`);
+  const removed: string[] = [];
+  const all = await listCheckpoints(root);
+  for (const c of all.slice(0, Math.max(0, all.length - keep))) {
+    await rm(c.path, { recursive: true, force: true });
+    removed.push(c.path);
+  }
+  for (const e of await readdir(root).catch(() => [] as string[])) {
+    if (!e.startsWith('.tmp-ckpt-')) continue;
+    // Another process's write in progress ends with its pid; only ours, or a dead one's, are removed.
+    const pid = Number(/-(\d+)$/.exec(e)?.[1] ?? NaN);
+    if (pid !== process.pid && Number.isFinite(pid) && processAlive(pid)) continue;
+    await rm(join(root, e), { recursive: true, force: true });
+    removed.push(join(root, e));
+  }
+  return removed;
+}
+
+function processAlive(pid: number): boolean {
+  try { process.kill(pid, 0); return true; } catch (e) { return (e as NodeJS.ErrnoException).code === 'EPERM'; }
+}
