@@ -15,6 +15,7 @@ import { loadConfig } from '../topology/mod.ts';
 import type { JobPrinter } from '../deploy/job-backend.ts';
 import { runJob, runStandby, type ControlCommand, type UpSummary } from '../deploy/run-job.ts';
 import { natsServersFrom, withJobName } from './launch.ts';
+import { checkpointRoot, loadResumePoint, type ResumePoint } from '../actors/store/checkpoint.ts';
 
 export { notActiveReport, type UpSummary } from '../deploy/run-job.ts';
 
@@ -42,6 +43,8 @@ export interface UpFlags {
   standby: boolean;
   /** NATS URLs, comma-separated, instead of nats.servers (a standby needs one or the other). */
   nats?: string;
+  /** `latest` (the newest checkpoint under checkpoint.dir that verifies) or a checkpoint directory. */
+  resume?: string;
 }
 
 const ctlScriptSchema = z.array(z.object({
@@ -98,10 +101,18 @@ export async function runUp(flags: UpFlags): Promise<UpSummary | null> {
   if (flags.standby) {
     if (flags.embedded) throw new ConfigError('--standby and --embedded do not go together: an embedded job lives in one process, with nothing to take over', { data: { field: '--standby' } });
     if (flags.ctlScript !== undefined) throw new ConfigError('--ctl-script is for the driver that starts the job, not a standby', { data: { field: '--ctl-script' } });
+    if (flags.resume !== undefined) throw new ConfigError('--resume is for the driver that starts the job, not a standby (it takes the running job over as it is)', { data: { field: '--resume' } });
     return runStandby({ config, configPath, configArg: flags.config, summaryPath: flags.summary ?? null, evalEveryS, evalSamples }, new Console());
   }
   const ctlScript = flags.ctlScript === undefined ? null : await readCtlScript(flags.ctlScript);
+  let resume: ResumePoint | null = null;
+  if (flags.resume !== undefined) {
+    resume = await loadResumePoint(flags.resume, checkpointRoot(config), config.job.name);
+    for (const r of resume.refused) process.stderr.write(`resume: refused checkpoint ${r.path}: ${r.reason}; trying the one before it\n`);
+    process.stderr.write(`resume: from ${resume.path} (${resume.manifest.trigger}, ${resume.manifest.created_at}): ${resume.done.size}/${resume.manifest.data?.total_batches ?? '?'} batches done\n`);
+  }
   return runJob({
+    resume,
     config, configPath, configArg: flags.config, summaryPath: flags.summary ?? null, embedded: flags.embedded, launch: flags.launch,
     skip: new Set((flags.skip ?? '').split(',').map((s) => s.trim()).filter(Boolean)), evalEveryS, evalSamples, ctlScript,
   }, new Console());
@@ -125,6 +136,7 @@ export function register(program: Command): void {
     .option('--ctl-script <file>', 'JSON [{ after_batches, command, body }]: control commands the driver sends as a JSON NATS client during training (tests, demos); replies in the summary')
     .option('--standby', 'a standby driver: start no cluster and no nodes, wait on the job\'s scheduler lease and take the job over if its driver dies (needs --nats or nats.servers)', false)
     .option('--nats <urls>', 'NATS URLs, comma-separated, instead of nats.servers')
+    .option('--resume <latest|dir>', 'start from a checkpoint: latest (the newest under checkpoint.dir that verifies; newer ones that do not are refused by name) or a checkpoint directory; the shards are restored and only the batches not done are queued')
     .action(async (flags: UpFlags) => {
       let s: UpSummary | null;
       try {

@@ -28,9 +28,9 @@ import { performance } from 'node:perf_hooks';
 import { randomUUID } from 'node:crypto';
 import { findNatsServer, startLocalCluster, type LocalCluster } from './local-cluster.ts';
 import {
-  ConfigError, HetpsError, JSON_CONTENT_TYPE, MissingDependencyError, controlSubject, systemClock, type Actor, type NatsAuth, type NatsTls,
+  ConfigError, HetpsError, JSON_CONTENT_TYPE, decode, MissingDependencyError, controlSubject, systemClock, type Actor, type NatsAuth, type NatsTls,
 } from '../runtime/mod.ts';
-import { allWorkerNodes, groupsMeasuredAtStart, inactiveSettings, natsConnection, type HetpsConfig, type NodeProfile } from '../topology/mod.ts';
+import { allWorkerNodes, groupsMeasuredAtStart, inactiveSettings, natsConnection, type HetpsConfig, type NodeProfile, type ShardPlan } from '../topology/mod.ts';
 import type { Evaluation } from '../native-bridge/mod.ts';
 import { replicaId } from '../actors/shard/replica.ts';
 import { ackWaitFromConfig } from '../actors/store/batch-queue.ts';
@@ -51,13 +51,15 @@ import { checkIntegrity, type IntegrityReport } from '../actors/scheduler/integr
 import { PlanView } from '../actors/store/plan-view.ts';
 import { natsPlanStore } from '../actors/store/plan-store.ts';
 import { publishEvent } from '../actors/monitor/monitor.messages.ts';
-import { ShardClient, shardStalenessSummary, type StalenessSummary } from '../actors/worker/shard-client.ts';
+import { ShardClient, shardStalenessSummary, waitForShards, type StalenessSummary } from '../actors/worker/shard-client.ts';
 import { lineLogger } from './node-processes.ts';
 import { cpuBetween, cpuSnapshot, type CpuReport, type CpuSnapshot } from './process-cpu.ts';
 import type { JobBackend, JobContext, JobPrinter } from './job-backend.ts';
 import { connectDriver, natsBackend, natsStandbyBackend } from './nats-backend.ts';
 import { embeddedBackend } from './embedded-backend.ts';
 import { setupStep } from './setup-step.ts';
+import { Checkpointer, type CheckpointTaken } from '../actors/scheduler/checkpointer.ts';
+import { checkpointRoot, type ResumePoint } from '../actors/store/checkpoint.ts';
 
 /** A control command the driver sends itself during training, as any NATS client would. */
 export interface ControlCommand {
@@ -86,6 +88,8 @@ export interface JobRunOptions {
   evalSamples: number;
   /** null: no control script (and no `control_replies` in the summary). */
   ctlScript: ControlCommand[] | null;
+  /** `--resume`: the checkpoint the job starts from (its shards restored, its done batches not queued). */
+  resume?: ResumePoint | null;
   /** Log level; default HETPS_LOG_LEVEL, else logging.level of the config. */
   level?: string;
 }
@@ -157,6 +161,10 @@ export interface UpSummary {
   staleness: StalenessSummary | null;
   /** hps: the regroups during training (ctl.regroup commands and automatic ones), in order. */
   regroups: RegroupRecord[];
+  /** The checkpoints taken (ctl.checkpoint, checkpoint.every_s, the end of the job), in order. */
+  checkpoints: CheckpointTaken[];
+  /** `--resume`: the checkpoint the job started from and the batches done before it (counted in `batches`, not in `batches_acked`). */
+  resumed_from?: { checkpoint: string; batches_done: number };
   /** hps: batches acknowledged per worker per group it trained them in. */
   per_worker_group: Record<string, Record<string, number>>;
   /** --ctl-script: each command sent and the reply it got (absent without the flag). */
@@ -295,12 +303,37 @@ async function startNodesAndPlanGroups(ctx: JobContext, backend: JobBackend, ser
   return grouping;
 }
 
+/**
+ * --resume: every shard's state from the checkpoint, before a batch is
+ * queued (the shards' primaries restore it and seed their backups again).
+ * The plan must have the checkpoint's shards: re-sharding rows onto another
+ * number of servers is not built.
+ */
+async function restoreShards(ctx: JobContext, backend: JobBackend, plan: ShardPlan, resume: ResumePoint): Promise<void> {
+  const { out, log } = ctx;
+  const want = [...plan.shards].sort();
+  const have = [...resume.shardFiles.keys()].sort();
+  if (JSON.stringify(want) !== JSON.stringify(have)) {
+    throw new ConfigError(`--resume: checkpoint ${resume.path} holds shards ${have.join(', ')}, this config plans ${want.join(', ')}; `
+      + 'resuming onto another set of shards (re-sharding) is not built yet: resume with the cluster.server_nodes and model of the checkpointed job', { data: { field: '--resume' } });
+  }
+  await waitForShards(backend.system, plan, { timeoutMs: DEFAULT_NODE_WAIT_MS, log });
+  const client = new ShardClient(backend.system, { requestTimeoutMs: 60_000, log, shouldStop: () => false, plans: plan });
+  for (const shard of plan.shards) {
+    const state = decode(resume.shardFiles.get(shard)!) as Record<string, unknown>;
+    const r = await client.restore(shard, state);
+    out.line(`resume: shard ${shard} restored from ${resume.manifest.name} (version ${r.version})`);
+  }
+}
+
 /** The shard plan, the queued batches and the job info (each store write a named set-up step in the NATS backend). */
-async function createJob(ctx: JobContext, backend: JobBackend, grouping: JobGrouping | null): Promise<PreparedJob> {
+async function createJob(ctx: JobContext, backend: JobBackend, grouping: JobGrouping | null, resumePoint: ResumePoint | null): Promise<PreparedJob> {
   const { config, out } = ctx;
+  const resume = resumePoint;
   const prepared = await prepareJob({
     config, runId: ctx.runId, maxPayload: backend.transport.bus.maxPayload, md: ctx.md, planStore: backend.planStore, jobStore: backend.jobStore,
     queue: backend.queue, ackWaitMs: ctx.ackWaitMs, groups: grouping?.criterion === 'config' ? null : grouping?.groups ?? null,
+    ...(resume === null ? {} : { beforeQueue: (plan: ShardPlan) => restoreShards(ctx, backend, plan, resume), done: resume.done }),
   });
   out.line(`job created: plan v${prepared.plan.version} (${prepared.plan.dense.length} dense blocks, ${prepared.plan.partitions} sparse partitions over ${prepared.plan.shards.join(', ')}), `
     + `${prepared.descriptors.length} batches of ${config.data.batch_size} over ${config.data.epochs} epoch(s) queued`
@@ -461,6 +494,7 @@ interface Conducted {
   failover: ShardFailover | null;
   regroups: RegroupRecord[];
   shardClient: ShardClient;
+  checkpoints: CheckpointTaken[];
 }
 
 /**
@@ -482,6 +516,7 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
   let failoverActor: Actor<never> | null = null;
   let periodic: ShardEvaluator | null = null;
   let regrouper: RegroupController | null = null;
+  let stopCheckpoints = () => {};
   try {
     if (o.nats) {
       // Failover acts on the health actor's verdicts; the embedded mode has one process, nothing to fail over to.
@@ -520,11 +555,38 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
     if (o.pausedAtStart) await regrouper.pause('paused before this scheduler took over');
     const controller = regrouper;
     plane.monitor.setTotalBatches(info.total_batches);
-    plane.scheduler.attach({ info: () => controller.jobInfo, plan: () => shardClient.plans.current, controller });
+    const ck = config.checkpoint;
+    const checkpointer = new Checkpointer({
+      root: checkpointRoot(config), keep: ck.keep, job, controller, plan: () => shardClient.plans.current,
+      snapshot: (shard) => shardClient.snapshot(shard), clock: systemClock, log,
+      acked: () => [...(prepared.done ?? []), ...monitor.ackedBatches()], totalBatches: prepared.descriptors.length + (prepared.done?.size ?? 0),
+    });
+    plane.scheduler.attach({ info: () => controller.jobInfo, plan: () => shardClient.plans.current, controller, checkpointer });
+    // checkpoint.every_s: one after each interval of training, counted from the end of the last one.
+    let periodicTimer: NodeJS.Timeout | null = null;
+    const schedule = () => {
+      if (ck.every_s <= 0) return;
+      periodicTimer = setTimeout(() => {
+        void checkpointer.take('periodic')
+          .catch((e: unknown) => { log.warn({ err: (e as Error).message }, `periodic checkpoint failed: ${(e as Error).message}; the next one is tried in ${ck.every_s} s`); })
+          .finally(schedule);
+      }, ck.every_s * 1000);
+    };
+    schedule();
+    const stopPeriodic = () => { if (periodicTimer !== null) clearTimeout(periodicTimer); periodicTimer = null; };
+    stopCheckpoints = stopPeriodic;
     // A shard with no live replica for server_recovery_timeout ends the job with the reason (it would wait forever).
     const serverRecoveryMs = config.fault_tolerance.server_recovery_timeout * 1000;
     const check = () => failover?.overdue(serverRecoveryMs) ?? o.check();
     const trained = await supervise(ctx, backend, monitor, prepared, ctx.emulated, periodic, o.evalEveryS, o.control, check);
+    stopPeriodic();
+    if (ck.at_end) {
+      // The state the job ends with, resumable and exportable; a failure is reported, not fatal (training is done).
+      await checkpointer.take('end').then(
+        (r) => out.line(`checkpoint ${r.path}: ${r.files} shard files, ${(r.bytes / 2 ** 20).toFixed(2)} MiB (checkpoint.at_end)`),
+        (e: unknown) => { log.warn({ err: (e as Error).message }, `the end-of-job checkpoint failed: ${(e as Error).message}`); },
+      );
+    }
     plane.scheduler.setEnded('stopping');
     await o.control.settled();
     await regrouper.dispose();
@@ -551,8 +613,9 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
       + `${integrity.dropped_stale ? `, ${integrity.dropped_stale} dropped as too stale` : ''}; replicas ${integrity.replicas_equal === null ? 'not all checked' : integrity.replicas_equal ? 'equal' : 'DIFFER'}`
       + ` (plan v${finalPlan.version}${failover && failover.failovers.length ? `, ${failover.failovers.length} failover(s)` : ''})`);
     if (integrity.lost || integrity.duplicated) log.warn({ lost: integrity.lost_examples, duplicated: integrity.duplicated_examples }, 'integrity check found lost or duplicated batches');
-    return { trained, evaluated, integrity, failover, regroups: regrouper.records, shardClient };
+    return { trained, evaluated, integrity, failover, regroups: regrouper.records, shardClient, checkpoints: checkpointer.taken };
   } finally {
+    stopCheckpoints();
     failover?.dispose();
     if (failoverActor) await backend.system.despawn(failoverActor).catch(() => undefined);
     await regrouper?.dispose().catch(() => undefined);
@@ -564,6 +627,7 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
 function summaryOf(ctx: RunContext, c: Conducted, o: {
   t0: number; embedded: boolean; servers: string[] | null; evalEveryS: number; evalSamples: number;
   controlReplies: ControlReply[] | null; grouping: JobGrouping | null; scheduler: SchedulerReport;
+  resumedFrom?: { checkpoint: string; batches_done: number } | null;
 }): UpSummary {
   const { config, md } = ctx;
   const { report, cpu } = c.trained;
@@ -578,8 +642,10 @@ function summaryOf(ctx: RunContext, c: Conducted, o: {
     ...(evaluation.kind === 'mlp' ? { test_accuracy: evaluation.accuracy } : {}),
     wall_s: (performance.now() - o.t0) / 1000,
     transport: o.embedded ? 'embedded' : 'nats',
-    batches: report.batches,
+    // A resumed job's batches include those done before its checkpoint (resumed_from.batches_done).
+    batches: report.batches + (o.resumedFrom?.batches_done ?? 0),
     batches_acked: report.batches_acked,
+    ...(o.resumedFrom ? { resumed_from: o.resumedFrom } : {}),
     duplicate_acks: report.duplicate_acks,
     job: ctx.job, run_id: ctx.runId, run_dir: ctx.runDir,
     train_s: report.train_s,
@@ -596,6 +662,7 @@ function summaryOf(ctx: RunContext, c: Conducted, o: {
     cpu,
     staleness,
     regroups: c.regroups,
+    checkpoints: c.checkpoints,
     per_worker_group: report.per_worker_group,
     ...(o.controlReplies !== null ? { control_replies: o.controlReplies } : {}),
     grouping: o.grouping,
@@ -687,7 +754,7 @@ export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSumma
     const p = plane;
     backend.onNodeExit((node, how) => p.nodeExited(node, how));
     grouping = await startNodesAndPlanGroups(ctx, backend, servers ?? []);
-    const prepared = await createJob(ctx, backend, grouping);
+    const prepared = await createJob(ctx, backend, grouping, o.resume ?? null);
     conducted = await conductJob(ctx, backend, plane, prepared, {
       nats: servers !== null, evalEveryS: o.evalEveryS, evalSamples: o.evalSamples, control, check, profiles: grouping?.profiles ?? [], pausedAtStart: false,
     });
@@ -705,6 +772,7 @@ export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSumma
   const summary = summaryOf(ctx, conducted, {
     t0, embedded, servers, evalEveryS: o.evalEveryS, evalSamples: o.evalSamples, controlReplies: o.ctlScript !== null ? control.replies : null, grouping,
     scheduler: { lease_ms: lease?.leaseMs ?? null, holder: lease?.holder ?? null, takeovers: lease?.takeovers ?? [], acks_seen_from: 'job_start' },
+    resumedFrom: o.resume ? { checkpoint: o.resume.path, batches_done: o.resume.done.size } : null,
   });
   await writeSummary(summary, ctx.runDir, o.summaryPath);
   return summary;

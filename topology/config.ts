@@ -475,6 +475,18 @@ const configSchema = section({
     /** Seconds an imbalance must last before shards move; the article: a minute. */
     sustain_seconds: posNum().default(60),
   }).prefault({}),
+  checkpoint: section({
+    /** Root of the job's checkpoints, one directory per checkpoint; null: <job.run_dir>/checkpoints/<job.name>. */
+    dir: text().nullable().default(null),
+    /** A coordinated checkpoint every this many seconds of training; 0: only on ctl.checkpoint, the API and the end of the job. */
+    every_s: nonNegNum().default(0),
+    /** Checkpoints kept under dir; older ones are removed once a newer one is written. */
+    keep: posInt().default(3),
+    /** One at the end of the job. */
+    at_end: bool().default(true),
+    /** A full checkpoint every N, deltas (changed rows only) between them. */
+    full_every: posInt().default(1),
+  }).prefault({}),
   monitoring: section({
     enabled: bool().default(true),
     port: z.number({ error: mustBe('a port number from 0 to 65535') }).int().min(0).max(65535).default(8888),
@@ -575,6 +587,7 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   { path: 'load_balancing.sustain_seconds', when: () => true, instead: 'shards stay where the initial plan put them' },
   { path: 'server.use_gpu', when: (c) => c.server.use_gpu, instead: 'server-side optimizers run on the CPU' },
   { path: 'server.gpu_id', when: () => true, instead: 'server-side optimizers run on the CPU' },
+  { path: 'checkpoint.full_every', when: (c) => c.checkpoint.full_every > 1, instead: 'every checkpoint is a full one (delta checkpoints are not built yet)' },
   { path: 'monitoring.enabled', when: (c) => c.monitoring.enabled, instead: 'no dashboard' },
   { path: 'monitoring.port', when: () => true, instead: 'no dashboard' },
 ];

@@ -405,8 +405,8 @@ export interface WindowOutcome {
   done: boolean;
   /**
    * The newest groups_version seen (reducing modes: the largest over the
-   * window's slices, the same at every member): above the member's own, the
-   * worker pauses for a regroup after this window.
+   * window's slices only, so the same at every member): above the member's
+   * own, the worker pauses for a regroup after this window.
    */
   groupsVersion: number;
   /** Members of the round that reduced this window (reducing modes; [member] otherwise). */
@@ -714,12 +714,14 @@ export class GroupMember {
    * request have started one, ends).
    */
   private async aloneWindow(w: number, idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases'>> {
-    const peers = this.active().filter((m) => m !== this.o.member);
-    const [pushed] = await Promise.all([
-      this.pushOwn(idle, drained, phases),
-      ...peers.map((to) => this.send(to, 'own', { run_id: this.o.runId, window: w, member: this.o.member })),
-    ]);
-    return this.closeAlone(w, pushed);
+    // Not waited for: only a peer still in a window it began in sync needs it (its mailbox is up then); one that
+    // went on alone, paused or re-formed meanwhile never takes it, and this member must not wait for that.
+    for (const to of this.active().filter((m) => m !== this.o.member)) {
+      void this.send(to, 'own', { run_id: this.o.runId, window: w, member: this.o.member }, OWN_NOTICE_MS).catch((e: unknown) => {
+        this.o.log.debug({ group: this.o.group.name, to, window: w, err: (e as Error).message }, 'own notice not delivered');
+      });
+    }
+    return this.closeAlone(w, await this.pushOwn(idle, drained, phases));
   }
 
   private closeAlone(w: number, pushed: Awaited<ReturnType<GroupMember['pushOwn']>>): Omit<WindowOutcome, 'window' | 'steps' | 'phases'> {
@@ -890,7 +892,10 @@ export class GroupMember {
       droppedStale: reports.some((p) => p.refused.length > 0),
       staleness: Math.max(0, ...reports.map((p) => p.staleness)),
       done: slices.every((s) => s.drained),
-      groupsVersion: Math.max(this.seenVersion(), ...slices.map((s) => s.groups_version)),
+      // Only what the slices say (this member's own among them): every member of the round decides on the same
+      // values, so all pause after the same window. A version seen here after this member's slice went out waits
+      // for the next window's slices; deciding on it alone would pause this member while the others go on.
+      groupsVersion: Math.max(0, ...slices.map((s) => s.groups_version)),
       members: [...owners],
       lostShards,
     };
@@ -916,7 +921,7 @@ export class GroupMember {
   }
 
   /** A slice, pushed or own message, re-sent (same seq: applied once) until the member's mailbox takes it, or the member is dropped or dead. */
-  private async send(to: string, type: 'slice' | 'pushed' | 'own', fields: SliceMessage | PushedMessage | { run_id: string; window: number; member: string }): Promise<void> {
+  private async send(to: string, type: 'slice' | 'pushed' | 'own', fields: SliceMessage | PushedMessage | { run_id: string; window: number; member: string }, giveUpAfterMs: number | null = null): Promise<void> {
     const seq = this.o.system.nextSeq();
     const started = this.clock.monotonic();
     let lastNote = started;
@@ -939,7 +944,9 @@ export class GroupMember {
           if (this.o.shouldStop()) throw new StopRequestedError(`stopped while sending ${type} to ${to}`, { cause: e });
           this.checkStop(fields.window);
           if (!this.machine.getSnapshot().context.members.includes(to)) return; // dropped from the group: nobody waits for it
+          if (this.stopped) return; // this member re-forms or ends: its messages are of a membership that is over
           const now = this.clock.monotonic();
+          if (giveUpAfterMs !== null && now - started >= giveUpAfterMs) return;
           this.checkSilent(to, started, now);
           if (now - lastNote >= (this.o.stallNoteMs ?? 10_000)) {
             lastNote = now;
@@ -1045,6 +1052,8 @@ export class GroupMember {
 
 /** One attempt of a slice or pushed message (re-sent with the same seq until taken, or the member is dropped). */
 const SEND_ATTEMPT_MS = 2_000;
+/** How long an `own` notice is offered to a peer that does not take it (it went on alone, paused or re-formed). */
+const OWN_NOTICE_MS = 30_000;
 
 function tensorBytes(t: ShardTensors): number {
   let n = 0;

@@ -21,8 +21,11 @@ import { nodeProfileOf, subscribeTelemetry, type ProfileTelemetry } from '../mon
 
 export interface PreparedJob {
   plan: ShardPlan;
+  /** The batches queued (a resume leaves out those done before it). */
   descriptors: BatchDescriptor[];
   info: JobInfo;
+  /** Batches done before a resume (empty otherwise). */
+  done?: ReadonlySet<string>;
 }
 
 /**
@@ -117,6 +120,10 @@ export async function prepareJob(o: {
   ackWaitMs?: number;
   /** The groups measured at start (`planJobGroups`); absent: the YAML's worker_groups. */
   groups?: WorkerGroupConfig[] | null;
+  /** A resume: run once the plan is written and before any batch is queued (the shards' state restored). */
+  beforeQueue?: (plan: ShardPlan) => Promise<void>;
+  /** A resume: batches done before it (left out of the queue and of total_batches). */
+  done?: ReadonlySet<string>;
 }): Promise<PreparedJob> {
   const { config } = o;
   let plan = shardPlanFromConfig(config, o.md.model, o.maxPayload);
@@ -127,7 +134,9 @@ export async function prepareJob(o: {
     plan = shardPlanFromConfig(config, o.md.model, o.maxPayload, same ? existing.version : existing.version + 1);
   }
   await o.planStore.put(plan);
-  const descriptors = batchDescriptors(config, o.md.source);
+  await o.beforeQueue?.(plan);
+  const done = o.done ?? new Set<string>();
+  const descriptors = batchDescriptors(config, o.md.source).filter((d) => !done.has(d.batch_id));
   await o.queue.publish(descriptors);
   const workers = allWorkerNodes(config).map((n) => n.name);
   const info: JobInfo = {
@@ -150,6 +159,6 @@ export async function prepareJob(o: {
     standbys: [...config.fault_tolerance.standby_workers],
   };
   await o.jobStore.put(info);
-  return { plan, descriptors, info };
+  return { plan, descriptors, info, done };
 }
 

@@ -76,7 +76,7 @@ export interface RegroupRecord {
    * `rejoin`: the groups unchanged, re-formed to take back workers alive again after their group dropped them;
    * `standby`: a standby worker took a dead member's place.
    */
-  trigger: 'command' | 'automatic' | 'rejoin' | 'standby' | 'recovery-timeout';
+  trigger: 'command' | 'automatic' | 'rejoin' | 'standby' | 'recovery-timeout' | 'recover';
   groups_version: number;
   groups: WorkerGroupConfig[];
   /** Nodes whose group changed. */
@@ -250,6 +250,22 @@ export class RegroupController {
       + 'workers pause at their next window boundary');
     this.startCompletion({ v, reason, trigger, groups: next, moved, groupedBy, rejoined: [], replaced: [] });
     return { accepted: true, groups_version: v, groups: next };
+  }
+
+  /**
+   * `ctl.recover` (`hetps recover --force-sync`): every group re-forms with
+   * the groups unchanged — each member gives up nothing, pauses at its
+   * window boundary, pulls fresh parameters and syncs again (a group
+   * degraded to async included; a member dead by the verdicts is left out).
+   */
+  async recover(reason: string): Promise<RegroupReply> {
+    if (this.info.mode !== 'hps') throw new HetpsError(`recover: training.mode ${this.info.mode} has no groups to re-form (hps only)`);
+    if (this.pausedAt !== null) throw new HetpsError('recover: the job is paused; resume it first (the groups re-form on the resume anyway)');
+    while (this.inProgress !== null) await this.inProgress.catch(() => undefined);
+    const v = await this.writeGroups(this.groups, []);
+    this.o.log.info({ groups_version: v, reason }, `recover (groups v${v}, ${reason}): every group re-forms unchanged at its next window boundary: a fresh pull, then synchronous rounds`);
+    this.startCompletion({ v, reason, trigger: 'recover', groups: this.groups, moved: [], groupedBy: 'unchanged', rejoined: [], replaced: [] });
+    return { accepted: true, groups_version: v, groups: this.groups };
   }
 
   /** Writes `groups` as the next groups_version (the workers pause for it), naming the workers taken back. */
@@ -472,6 +488,30 @@ export class RegroupController {
     return { state: this.state, groups_version: v, already: false };
   }
 
+  /**
+   * Pauses the job and resolves once every live worker has paused (a
+   * regroup in progress is let finish first). `already`: a pause was in
+   * force before (the caller must not resume it). Throws after `timeoutMs`
+   * naming the workers that did not pause, with the pause undone.
+   */
+  async pauseUntilPaused(reason: string, timeoutMs: number): Promise<{ already: boolean; groups_version: number }> {
+    const started = this.o.clock.monotonic();
+    while (this.inProgress !== null) await this.inProgress.catch(() => undefined);
+    const r = await this.pause(reason);
+    for (;;) {
+      if (this.pauseDone) return { already: r.already, groups_version: r.groups_version };
+      if (this.pausedAt === null) throw new HetpsError(`${reason}: the pause was lifted (ctl.resume) before every worker paused`);
+      const waited = this.o.clock.monotonic() - started;
+      if (waited >= timeoutMs) {
+        const ready = this.ready.get(this.info.groups_version) ?? new Set<string>();
+        const missing = this.live().filter((w) => !ready.has(w));
+        if (!r.already) await this.resume().catch(() => undefined);
+        throw new HetpsError(`${reason}: ${missing.join(', ')} did not pause within ${Math.round(timeoutMs / 1000)} s; training goes on (try again, or look at those workers)`);
+      }
+      await this.changed(Math.min(250, timeoutMs - waited));
+    }
+  }
+
   /** `ctl.resume`: the paused workers continue (each hps group pulls fresh parameters first). */
   async resume(): Promise<{ state: string; groups_version: number; paused_s: number }> {
     if (this.pausedAt === null) throw new HetpsError(`resume: the job is not paused (it is ${this.state})`);
@@ -494,6 +534,7 @@ export class RegroupController {
       if (missing.length === 0) {
         this.pauseDone = true;
         this.o.onPaused?.(v, [...ready]);
+        this.wake();
         return;
       }
       await this.changed(1_000);

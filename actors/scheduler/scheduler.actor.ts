@@ -22,6 +22,7 @@ import { publishEvent, type JobEvent } from '../monitor/monitor.messages.ts';
 import type { LiveFigures } from '../monitor/training-monitor.ts';
 import type { RegroupController } from './regroup.ts';
 import { schedulerMessages, type JobStatus, type SchedulerMessages } from './scheduler.messages.ts';
+import type { Checkpointer } from './checkpointer.ts';
 
 export const SCHEDULER_ACTOR_ID = 'main';
 
@@ -30,6 +31,8 @@ export interface AttachedJob {
   /** The current shard plan (it changes with failovers). */
   plan: () => ShardPlan;
   controller: RegroupController;
+  /** Coordinated checkpoints (ctl.checkpoint); absent: the job takes none. */
+  checkpointer?: Checkpointer;
 }
 
 export interface SchedulerActorOptions {
@@ -131,6 +134,18 @@ export function createSchedulerActor(o: SchedulerActorOptions): SchedulerActorDe
         const r = await need('regroup').controller.regroup(m.groups, m.reason, 'command');
         if (r.accepted) event(c, 'regroup', `regroup to groups v${r.groups_version} (${m.reason})`);
         return r;
+      },
+      recover: async (m, c) => {
+        const r = await need('recover').controller.recover(m.reason);
+        event(c, 'regroup', `recover: every group re-forms (groups v${r.groups_version}, ${m.reason})`);
+        return r;
+      },
+      checkpoint: async (_m, c) => {
+        const k = need('checkpoint').checkpointer;
+        if (k === undefined) throw new HetpsError('checkpoint: this job takes no checkpoints');
+        const r = await k.take('command');
+        event(c, 'checkpoint', `checkpoint ${r.name}: ${r.files} shard files, ${r.bytes} bytes, ${r.batches_done} batches done; paused ${r.pause_ms} ms`);
+        return { ...r };
       },
       shutdown: (m, c) => {
         // The driver's own end-of-job shutdown reaches its scheduler too: nothing to do then.

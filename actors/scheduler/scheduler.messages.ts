@@ -17,6 +17,10 @@ export const schedulerMessages = {
   resume: z.object({}),
   /** Move workers between groups (hps): `{ groups: [...] | null, reason }`. */
   regroup: regroupRequestSchema,
+  /** hps: every group re-forms unchanged — a fresh pull, then synchronous rounds (the article's `hetps recover --force-sync`). */
+  recover: z.object({ reason: z.string().min(1).default('ctl.recover') }),
+  /** A coordinated checkpoint now (a pause for the cut, the files written after the resume); replies `{ path, name, bytes, files, batches_done, pause_ms, write_ms }`. */
+  checkpoint: z.object({}),
   /** End the job: every node stops (the nodes listen on this subject too). */
   shutdown: z.object({ run_id: z.string().nullable().default(null), reason: z.string().default('ctl.shutdown') }),
 };

@@ -18,9 +18,14 @@
  */
 import { createHash } from 'node:crypto';
 import { mkdir, open, readdir, readFile, rename, rm, stat } from 'node:fs/promises';
-import { basename, dirname, join } from 'node:path';
+import { basename, dirname, join, resolve } from 'node:path';
 import { z } from 'zod';
 import { HetpsError } from '../../runtime/mod.ts';
+
+/** The job's checkpoint root: checkpoint.dir, or <job.run_dir>/checkpoints/<job.name>; absolute. */
+export function checkpointRoot(config: { job: { name: string; run_dir: string }; checkpoint: { dir: string | null } }): string {
+  return resolve(config.checkpoint.dir ?? join(config.job.run_dir, 'checkpoints', config.job.name));
+}
 
 /** The manifest format written here (the API's first checkpoints, without checksums, were format 1). */
 export const CHECKPOINT_FORMAT = 2;
@@ -275,4 +280,46 @@ export async function pruneCheckpoints(root: string, keep: number): Promise<stri
 
 function processAlive(pid: number): boolean {
   try { process.kill(pid, 0); return true; } catch (e) { return (e as NodeJS.ErrnoException).code === 'EPERM'; }
+}
+
+/** A checkpoint chosen for a resume, its shard files read and checked. */
+export interface ResumePoint {
+  path: string;
+  manifest: CheckpointManifest;
+  /** Per shard, the file's bytes (a msgpack ShardSnapshot). */
+  shardFiles: Map<string, Uint8Array>;
+  /** Batch ids done (acknowledged) at the cut. */
+  done: Set<string>;
+  /** Newer checkpoints refused on the way, each with its reason (`latest` only). */
+  refused: { path: string; reason: string }[];
+}
+
+/**
+ * `hetps up --resume latest|DIR`: `latest` is the newest checkpoint under
+ * `root` that verifies (newer ones that do not are refused, by name and
+ * reason); a DIR must verify itself. Throws CheckpointError saying what to do
+ * when none can be used, or when it belongs to another job.
+ */
+export async function loadResumePoint(which: string, root: string, job: string): Promise<ResumePoint> {
+  let path: string;
+  let manifest: CheckpointManifest;
+  let refused: ResumePoint['refused'] = [];
+  if (which === 'latest') {
+    const pick = await newestValidCheckpoint(root);
+    if (pick === null) {
+      const all = await listCheckpoints(root);
+      throw new CheckpointError(all.length === 0
+        ? `--resume latest: no checkpoints in ${root} (checkpoint.dir); take one with ctl.checkpoint or checkpoint.every_s, or start without --resume`
+        : `--resume latest: none of the ${all.length} checkpoints in ${root} verifies (run hetps checkpoint verify ${root}); start without --resume`, root, []);
+    }
+    ({ path, manifest, refused } = pick);
+  } else {
+    path = resolve(which);
+    manifest = await verifyCheckpoint(path);
+  }
+  if (manifest.job !== job) throw new CheckpointError(`checkpoint ${path} is of job ${manifest.job}, not ${job}; give a checkpoint of this job (or --job ${manifest.job})`, path, []);
+  if (manifest.data === null) throw new CheckpointError(`checkpoint ${path} records no data position (a checkpoint saved by the API); a resume needs one taken by the driver (ctl.checkpoint, checkpoint.every_s, the end of a job)`, path, []);
+  const shardFiles = new Map<string, Uint8Array>();
+  for (const f of manifest.files) if (f.shard !== null) shardFiles.set(f.shard, await readCheckpointFile(path, f));
+  return { path, manifest, shardFiles, done: new Set(manifest.data.acked), refused };
 }

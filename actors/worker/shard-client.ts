@@ -15,7 +15,7 @@ import {
   HetpsError, TimeoutError, isRetryable, type ActorRef, type ActorSystem, type Logger,
 } from '../../runtime/mod.ts';
 import type { ShardPlan } from '../../topology/mod.ts';
-import type { PullReply, PullRequest, PushReply, PushRequest, ShardSnapshot, ShardStats } from '../shard/shard.messages.ts';
+import type { PullReply, PullRequest, PushReply, PushRequest, RestoreReply, ShardSnapshot, ShardStats } from '../shard/shard.messages.ts';
 import { primaryReplicaId } from '../shard/replica.ts';
 import { PlanView } from '../store/plan-view.ts';
 
@@ -168,6 +168,11 @@ export class ShardClient {
 
   snapshot(shard: string, timeoutMs = 60_000): Promise<ShardSnapshot> {
     return this.ref(shard).request<ShardSnapshot & Record<string, unknown>>('snapshot', {}, { timeoutMs, retries: 2 });
+  }
+
+  /** Replaces the shard's state (its primary's; the backups are seeded again from it). */
+  restore(shard: string, state: Record<string, unknown>, timeoutMs = 60_000): Promise<RestoreReply> {
+    return this.ref(shard).request<RestoreReply & Record<string, unknown>>('restore', { state }, { timeoutMs, retries: 2 });
   }
 }
 

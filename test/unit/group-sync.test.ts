@@ -45,7 +45,7 @@ before(async () => {
   plan = shardPlanFromConfig(config, md.model, 4096 + 16 * 1024);
   assert.equal(new Set(plan.dense.map((b) => b.shard)).size, 2);
   layout = sparseLayoutFromConfig(config, md.model);
-  batches = [...md.source.batchesSync(streamOptions('train', BATCH, { epoch: 0 }))].slice(0, 6) as CtrBatch[];
+  batches = [...md.source.batchesSync(streamOptions('train', BATCH, { epoch: 0 }))].slice(0, 7) as CtrBatch[];
   for (let i = 0; i < 4; i++) sessions.push(await StepSession.create(md.model, { graph: 'step', intraOpNumThreads: 1 }));
 });
 
@@ -384,7 +384,7 @@ function verdicts(): HealthView & { set(node: string, state: HealthState): void 
 }
 
 test('a dead verdict degrades the group to async: windows are pushed alone, and a member that began its window in sync pushes alone too', { timeout: 60_000 }, async () => {
-  const [b1, b2, b3, b4, b5, b6] = batches;
+  const [b1, b2, b3, b4, b5, b6, b7] = batches;
   const timeouts = { lostAfterMs: 60_000, recoveryTimeoutMs: 60_000, stallNoteMs: 60_000 };
   const [ha, hb, hc] = [verdicts(), verdicts(), verdicts()];
   await sameAsReference(async (c) => {
@@ -415,9 +415,14 @@ test('a dead verdict degrades the group to async: windows are pushed alone, and 
     const o2 = await ma.runWindow(source([b6!]));
     assert.deepEqual(o2.members, ['a']);
     assert.deepEqual(ma.members, ['a', 'b', 'c'], 'the dead member is not dropped by the replica: the driver re-forms the group');
+    // b pauses for a re-form (its mailbox is gone): a's next window alone does not wait for b to take its notice.
+    await mb.stop('regrouped');
+    const t0 = Date.now();
+    const o3 = await ma.runWindow(source([b7!]));
+    assert.deepEqual(o3.members, ['a']);
+    assert.ok(Date.now() - t0 < 5_000, `a window alone waited ${Date.now() - t0} ms for a peer that left`);
     await ma.stop();
-    await mb.stop();
-  }, [union([b1!, b2!, b3!]), b5!, b4!, b6!], uniqueIdsOf(union([b1!, b2!, b3!, b4!, b5!, b6!])));
+  }, [union([b1!, b2!, b3!]), b5!, b4!, b6!, b7!], uniqueIdsOf(union([b1!, b2!, b3!, b4!, b5!, b6!, b7!])));
 });
 
 test('forming: a member that never starts is dropped after the forming timeout; the others train without it', async () => {

@@ -1,0 +1,117 @@
+/**
+ * Coordinated checkpoints (the driver's): a consistent cut of every shard.
+ *
+ * 1. The job is paused through the control plane's pause (the same as
+ *    ctl.pause): every worker stops at its window (hps) or step boundary, its
+ *    last pushes applied and its batches acknowledged.
+ * 2. Every shard's primary is asked for a snapshot (dense blocks and sparse
+ *    rows with their optimizer state, version and round, the dedup table and
+ *    the applied-batch log), and the acknowledged batch ids are read.
+ * 3. Training resumes; the snapshots are encoded and written after it, as
+ *    one checkpoint directory (actors/store/checkpoint.ts: fsynced, a
+ *    manifest of sizes and SHA-256, renamed into place), and checkpoints
+ *    beyond `keep` are removed.
+ *
+ * One checkpoint at a time: a request while one is being taken waits for it.
+ * A pause already in force (ctl.pause) is used as it is and not lifted.
+ */
+import { encode } from '../../runtime/mod.ts';
+import type { Clock, Logger } from '../../runtime/mod.ts';
+import type { ShardPlan } from '../../topology/mod.ts';
+import type { ShardSnapshot } from '../shard/shard.messages.ts';
+import type { JobInfo } from '../store/job-info.ts';
+import { pruneCheckpoints, writeCheckpoint, type CheckpointManifest } from '../store/checkpoint.ts';
+
+export type CheckpointTrigger = CheckpointManifest['trigger'];
+
+export interface CheckpointTaken {
+  path: string;
+  name: string;
+  trigger: CheckpointTrigger;
+  bytes: number;
+  files: number;
+  /** Batches acknowledged at the cut. */
+  batches_done: number;
+  /** Training stood still this long for the cut (0 when a ctl.pause was in force already). */
+  pause_ms: number;
+  /** Encoding and writing the files, after training resumed. */
+  write_ms: number;
+  /** Checkpoints removed to keep `keep`. */
+  pruned: number;
+}
+
+export interface CheckpointerOptions {
+  /** The checkpoint root (checkpoint.dir). */
+  root: string;
+  keep: number;
+  job: string;
+  controller: {
+    pauseUntilPaused(reason: string, timeoutMs: number): Promise<{ already: boolean }>;
+    resume(): Promise<unknown>;
+    readonly jobInfo: JobInfo;
+  };
+  plan: () => ShardPlan;
+  snapshot: (shard: string) => Promise<ShardSnapshot>;
+  /** Batch ids acknowledged so far (a resumed job: with those done before it). */
+  acked: () => Iterable<string>;
+  /** Every batch of the job (a resumed job: with those done before it). */
+  totalBatches: number;
+  clock: Clock;
+  log: Logger;
+  /** How long the workers may take to pause. Default 60 s. */
+  pauseTimeoutMs?: number;
+}
+
+export class Checkpointer {
+  readonly taken: CheckpointTaken[] = [];
+  private chain: Promise<unknown> = Promise.resolve();
+
+  constructor(private readonly o: CheckpointerOptions) {}
+
+  /** Takes one checkpoint (after any in progress). */
+  take(trigger: CheckpointTrigger): Promise<CheckpointTaken> {
+    const run = this.chain.catch(() => undefined).then(() => this.cut(trigger));
+    this.chain = run;
+    return run;
+  }
+
+  private async cut(trigger: CheckpointTrigger): Promise<CheckpointTaken> {
+    const { clock, log, controller } = this.o;
+    const t0 = clock.monotonic();
+    const paused = await controller.pauseUntilPaused(`checkpoint (${trigger})`, this.o.pauseTimeoutMs ?? 60_000);
+    let snaps: { shard: string; snap: ShardSnapshot }[];
+    let acked: string[];
+    let plan: ShardPlan;
+    let info: JobInfo;
+    let pauseMs: number;
+    try {
+      plan = this.o.plan();
+      info = controller.jobInfo;
+      snaps = await Promise.all(plan.shards.map(async (shard) => ({ shard, snap: await this.o.snapshot(shard) })));
+      acked = [...this.o.acked()].sort();
+    } finally {
+      if (!paused.already) await controller.resume();
+      pauseMs = paused.already ? 0 : clock.monotonic() - t0;
+    }
+    const t1 = clock.monotonic();
+    const { path, manifest } = await writeCheckpoint(this.o.root, {
+      files: snaps.map(({ shard, snap }) => ({ name: `${shard}.msgpack`, bytes: encode(snap), shard, version: snap.version, round: snap.round })),
+      manifest: {
+        job: this.o.job, run_id: info.run_id, trigger,
+        plan: { version: plan.version, shards: [...plan.shards], placement: plan.placement ?? null },
+        groups: info.groups ?? null,
+        optimizer: snaps[0] ? { dense: snaps[0].snap.dense_optimizer, sparse: snaps[0].snap.sparse_optimizer } : null,
+        data: { total_batches: this.o.totalBatches, acked },
+      },
+    });
+    const pruned = await pruneCheckpoints(this.o.root, this.o.keep);
+    const taken: CheckpointTaken = {
+      path, name: manifest.name, trigger, bytes: manifest.bytes, files: manifest.files.length, batches_done: acked.length,
+      pause_ms: Math.round(pauseMs), write_ms: Math.round(clock.monotonic() - t1), pruned: pruned.length,
+    };
+    this.taken.push(taken);
+    log.info(taken, `checkpoint ${manifest.name} (${trigger}): ${manifest.files.length} shard files, ${(manifest.bytes / 2 ** 20).toFixed(2)} MiB, `
+      + `${acked.length}/${this.o.totalBatches} batches done; training paused ${Math.round(pauseMs)} ms for the cut, written in ${taken.write_ms} ms`);
+    return taken;
+  }
+}

@@ -1,0 +1,46 @@
+/**
+ * `hetps recover --force-sync`: the reference article's recovery after a
+ * partition — every hps group of a running job re-forms with its groups
+ * unchanged: each member pauses at its window boundary, pulls fresh
+ * parameters and syncs again (a group degraded to async included). Sent as
+ * `hps.<job>.ctl.recover` like any NATS client would.
+ */
+import type { Command } from 'commander';
+import { ConfigError, HetpsError, JSON_CONTENT_TYPE, connectTransport, controlSubject } from '../runtime/mod.ts';
+import { loadConfig, natsConnection } from '../topology/mod.ts';
+import { natsServersFrom, withJobName } from './launch.ts';
+
+interface RecoverFlags { config: string; forceSync: boolean; nats?: string; job?: string; reason: string; json: boolean }
+
+export function register(program: Command): void {
+  program
+    .command('recover')
+    .description('re-form every hps group of a running job: a fresh pull of the parameters, then synchronous rounds again (after a partition)')
+    .requiredOption('--config <file>', 'the job\'s config (its job name and NATS servers)')
+    .option('--force-sync', 're-form every group now (the only recovery there is; the flag says so explicitly, as in the reference article)', false)
+    .option('--nats <urls>', 'NATS URLs, comma-separated, instead of nats.servers')
+    .option('--job <name>', 'job name (default: job.name of the config)')
+    .option('--reason <text>', 'why, for the job\'s log and events', 'hetps recover --force-sync')
+    .option('--json', 'print the reply as JSON', false)
+    .action(async (flags: RecoverFlags) => {
+      if (!flags.forceSync) throw new ConfigError('hetps recover needs --force-sync (every group re-forms: a fresh pull, then synchronous rounds)', { data: { field: '--force-sync' } });
+      const config = withJobName(await loadConfig(flags.config), flags.job);
+      const conn = natsConnection(config);
+      const transport = await connectTransport({ servers: natsServersFrom(flags.nats, config), name: 'hetps-recover', auth: conn.auth, tls: conn.tls });
+      try {
+        let m;
+        try {
+          m = await transport.request(controlSubject(config.job.name, 'recover'), new TextEncoder().encode(JSON.stringify({ reason: flags.reason })),
+            { timeoutMs: 30_000, headers: { 'Content-Type': JSON_CONTENT_TYPE } });
+        } catch (e) {
+          throw new HetpsError(`no answer from the scheduler of job ${config.job.name} (${(e as Error).message}); is the job running on these NATS servers?`, { cause: e });
+        }
+        const reply = JSON.parse(new TextDecoder().decode(m.data)) as { type: string; result?: { groups_version: number; groups: { name: string; nodes: string[] }[] }; error?: { message: string } };
+        if (reply.type !== 'reply' || reply.result === undefined) throw new HetpsError(`recover refused: ${reply.error?.message ?? JSON.stringify(reply)}`);
+        if (flags.json) process.stdout.write(`${JSON.stringify(reply.result)}\n`);
+        else process.stdout.write(`recover: groups v${reply.result.groups_version}: ${reply.result.groups.map((g) => `${g.name} [${g.nodes.join(', ')}]`).join('; ')} re-form at their next window boundary (a fresh pull, then synchronous rounds)\n`);
+      } finally {
+        await transport.close();
+      }
+    });
+}

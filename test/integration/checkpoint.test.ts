@@ -1,0 +1,185 @@
+/**
+ * Coordinated checkpoints on the quick start over a real 3-node NATS
+ * cluster (`hetps up`, every node its own process), seen by a plain nats.js
+ * client: with `checkpoint.every_s: 2` the driver takes periodic ones, a
+ * `ctl.checkpoint` request takes one at once and answers with its path and
+ * size, and the end of the job takes a last one. Each is a directory whose
+ * files match their manifest's sizes and SHA-256; the acknowledged batches
+ * they record only grow, and the last one records every batch. One flipped
+ * byte makes the newest refused by name, and the one before it is the newest
+ * usable; `hetps checkpoint verify` fails naming the file, `ls` lists them.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFile, writeFile } from 'node:fs/promises';
+import { spawnSync } from 'node:child_process';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { join } from 'node:path';
+import { connect, headers, type NatsConnection } from '@nats-io/transport-node';
+import { decode } from '@msgpack/msgpack';
+import { type Child, clusterAndDirForFile, explainExit, hetps, ROOT } from '../support/ps.ts';
+import { until } from '../support/until.ts';
+import { listCheckpoints, newestValidCheckpoint, verifyCheckpoint } from '../../actors/store/checkpoint.ts';
+
+const env = clusterAndDirForFile('hetps-ckpt-');
+const JOB = 'ckptq';
+/** The uninterrupted run's test AUC (the first test), for the resumed run to be compared with. */
+let uninterruptedAuc: number | null = null;
+
+/** The quick start as shipped, on the test cluster, with a checkpoint section. */
+async function quickstartWith(job: string, file: string, extra: string): Promise<string> {
+  const quick = await readFile(join(ROOT, 'examples', 'quickstart.yaml'), 'utf8');
+  const cfg = join(env.dir(), file);
+  await writeFile(cfg, quick.replace('name: quickstart', `name: ${job}\n  run_dir: ${join(env.dir(), 'runs')}`)
+    + `\nnats:\n  servers: [${env.nats().urls.join(', ')}]\n${extra}`);
+  return cfg;
+}
+
+async function ctl(nc: NatsConnection, command: string, body: unknown = {}): Promise<{ type: string; result?: any; error?: { message: string } }> {
+  const h = headers();
+  h.set('Content-Type', 'application/json');
+  const m = await nc.request(`hps.${JOB}.ctl.${command}`, JSON.stringify(body), { timeout: 60_000, headers: h });
+  return JSON.parse(new TextDecoder().decode(m.data));
+}
+
+interface Taken { path: string; name: string; trigger: string; bytes: number; files: number; batches_done: number; pause_ms: number; write_ms: number }
+
+test('quick start with checkpoint.every_s 2: periodic, ctl.checkpoint and end-of-job checkpoints that verify; a corrupted one is refused by name', { timeout: 300_000 }, async (t) => {
+  const root = join(env.dir(), 'ckpts');
+  const cfg = await quickstartWith(JOB, 'quickstart.yaml', `checkpoint:\n  dir: ${root}\n  every_s: 2\n  keep: 1000\n`);
+  const nc = await connect({ servers: env.nats().urls, name: 'plain-nats-client', noAsyncTraces: true });
+  const acks = new Set<string>();
+  const sub = nc.subscribe(`hps.${JOB}.tel.batch.*`, { callback: (_e, m) => {
+    const b = decode(m.data) as { batch_id: string; ack_confirmed: boolean };
+    if (b.ack_confirmed) acks.add(b.batch_id);
+  } });
+  await nc.flush();
+  const children: Child[] = [];
+  try {
+    const summaryFile = join(env.dir(), 'summary.json');
+    const driver = hetps(['up', '--config', cfg, '--summary', summaryFile], { timeoutMs: 280_000 });
+    children.push(driver);
+    await until(() => acks.size >= 100, '100 acknowledged batches', 150_000, () => driver.stderr().slice(-3000));
+    const asked = await ctl(nc, 'checkpoint');
+    assert.equal(asked.type, 'reply', JSON.stringify(asked));
+    const mine = asked.result as Taken;
+    assert.equal(mine.trigger, 'command');
+    assert.ok(mine.bytes > 0 && mine.files === 2, JSON.stringify(mine));
+    assert.ok(mine.batches_done >= 100, `the cut counts the batches acknowledged so far (${mine.batches_done})`);
+    await verifyCheckpoint(mine.path);
+
+    const r = await driver.exited;
+    assert.equal(r.code, 0, explainExit(r));
+    const s = JSON.parse(await readFile(summaryFile, 'utf8')) as { batches: number; batches_acked: number; checkpoints: Taken[]; test_auc: number };
+    uninterruptedAuc = s.test_auc;
+    const triggers = new Set(s.checkpoints.map((c) => c.trigger));
+    assert.deepEqual([...triggers].sort(), ['command', 'end', 'periodic'], JSON.stringify(s.checkpoints.map((c) => c.trigger)));
+    const last = s.checkpoints.at(-1)!;
+    assert.equal(last.trigger, 'end');
+    assert.equal(last.batches_done, s.batches, 'the end-of-job checkpoint records every batch as done');
+    let before = new Set<string>();
+    for (const c of s.checkpoints) {
+      const m = await verifyCheckpoint(c.path);
+      assert.equal(m.data?.acked.length, c.batches_done);
+      assert.equal(m.data?.total_batches, s.batches);
+      const now = new Set(m.data!.acked);
+      assert.ok([...before].every((id) => now.has(id)), `${c.name}: every batch done at the previous checkpoint is still done`);
+      assert.deepEqual(m.files.map((f) => f.shard).sort(), m.plan.shards.slice().sort());
+      before = now;
+    }
+    const pauses = s.checkpoints.filter((c) => c.trigger !== 'end').map((c) => c.pause_ms).sort((a, b) => a - b);
+    t.diagnostic(`${s.checkpoints.length} checkpoints (${[...triggers].join(', ')}); ${(last.bytes / 2 ** 20).toFixed(2)} MiB each at the end; `
+      + `pause for the cut: median ${pauses[Math.floor(pauses.length / 2)]} ms, max ${pauses.at(-1)} ms`);
+
+    // The newest one corrupted: refused by name, the one before it is used.
+    const newest = (await listCheckpoints(root)).at(-1)!;
+    assert.equal(newest.path, last.path);
+    const file = join(last.path, newest.manifest!.files[0]!.name);
+    const bytes = await readFile(file);
+    bytes[Math.floor(bytes.length / 2)] = bytes[Math.floor(bytes.length / 2)]! ^ 0xff;
+    await writeFile(file, bytes);
+    const pick = await newestValidCheckpoint(root);
+    assert.equal(pick?.path, s.checkpoints.at(-2)!.path);
+    assert.equal(pick?.refused.length, 1);
+    assert.match(pick!.refused[0]!.reason, new RegExp(`${newest.manifest!.files[0]!.name.replace('.', '\\.')}: SHA-256 [0-9a-f]{64}, the manifest says ${newest.manifest!.files[0]!.sha256}`));
+    const verify = await hetps(['checkpoint', 'verify', root], { timeoutMs: 60_000 }).exited;
+    assert.equal(verify.code, 2, explainExit(verify));
+    assert.match(verify.stdout, new RegExp(`${newest.name}  FAILED: ${newest.manifest!.files[0]!.name.replace('.', '\\.')}: SHA-256`));
+    assert.match(verify.stderr, /1 of \d+ checkpoints failed verification/);
+    const ls = await hetps(['checkpoint', 'ls', root, '--json'], { timeoutMs: 60_000 }).exited;
+    assert.equal(ls.code, 0, explainExit(ls));
+    assert.equal((JSON.parse(ls.stdout) as unknown[]).length, s.checkpoints.length);
+  } finally {
+    sub.unsubscribe();
+    await nc.close();
+    for (const c of children) c.kill('SIGKILL');
+  }
+});
+
+test('crash and resume: the driver and every node SIGKILLed mid-run; --resume latest refuses a corrupted newest checkpoint by name, resumes from the one before, queues only the batches not done, and reaches the uninterrupted AUC', { timeout: 420_000 }, async (t) => {
+  const job = 'ckptr';
+  const root = join(env.dir(), 'ckpts-resume');
+  const cfg = await quickstartWith(job, 'resume.yaml', `checkpoint:\n  dir: ${root}\n  every_s: 2\n  keep: 3\n`);
+  const nc = await connect({ servers: env.nats().urls, name: 'plain-nats-client', noAsyncTraces: true });
+  const acks = new Map<string, number>();
+  const sub = nc.subscribe(`hps.${job}.tel.batch.*`, { callback: (_e, m) => {
+    const b = decode(m.data) as { batch_id: string; ack_confirmed: boolean };
+    if (b.ack_confirmed) acks.set(b.batch_id, (acks.get(b.batch_id) ?? 0) + 1);
+  } });
+  await nc.flush();
+  const children: Child[] = [];
+  try {
+    const first = hetps(['up', '--config', cfg], { timeoutMs: 280_000 });
+    children.push(first);
+    // Mid-run, with at least two complete checkpoints: kill the driver and every node it started, all at once.
+    // (the quick start has 292 batches)
+    await until(async () => acks.size >= 100 && (await listCheckpoints(root)).filter((c) => c.manifest !== null).length >= 2,
+      '100 acknowledged batches and two checkpoints', 200_000, () => first.stderr().slice(-3000));
+    const killed = spawnSync('pkill', ['-KILL', '-f', cfg]);
+    assert.equal(killed.status, 0, `pkill found no process of ${cfg}`);
+    const r1 = await first.exited;
+    assert.equal(r1.signal, 'SIGKILL');
+    await sleep(500);
+    assert.equal(spawnSync('pgrep', ['-f', cfg]).status, 1, 'no process of the first run is left');
+    const ackedFirst = acks.size;
+
+    // The newest complete checkpoint gets one byte flipped: the resume must refuse it by name and use the one before.
+    const complete = (await listCheckpoints(root)).filter((c) => c.manifest !== null);
+    const newest = complete.at(-1)!;
+    const previous = complete.at(-2)!;
+    const f = newest.manifest!.files[0]!;
+    const bytes = await readFile(join(newest.path, f.name));
+    bytes[7] = bytes[7]! ^ 0x10;
+    await writeFile(join(newest.path, f.name), bytes);
+
+    const summaryFile = join(env.dir(), 'resumed-summary.json');
+    acks.clear();
+    const second = hetps(['up', '--config', cfg, '--resume', 'latest', '--summary', summaryFile], { timeoutMs: 280_000 });
+    children.push(second);
+    const r2 = await second.exited;
+    assert.equal(r2.code, 0, explainExit(r2));
+    assert.match(r2.stderr, new RegExp(`resume: refused checkpoint ${newest.path.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: .*${f.name.replace('.', '\\.')}: SHA-256 [0-9a-f]{64}, the manifest says ${f.sha256}; trying the one before it`));
+    assert.match(r2.stderr, /resume: shard \S+ restored from ckpt-/);
+    const s = JSON.parse(await readFile(summaryFile, 'utf8')) as {
+      batches: number; batches_acked: number; duplicate_acks: number; test_auc: number; resumed_from: { checkpoint: string; batches_done: number };
+      integrity: { lost: number; duplicated: number; replicas_equal: boolean | null };
+    };
+    assert.equal(s.resumed_from.checkpoint, previous.path);
+    const done = new Set(previous.manifest!.data!.acked);
+    assert.equal(s.resumed_from.batches_done, done.size);
+    assert.equal(s.resumed_from.batches_done + s.batches_acked, s.batches, 'batches done before the checkpoint + acknowledged after the resume = every batch');
+    assert.equal(s.duplicate_acks, 0);
+    assert.deepEqual([...acks.keys()].filter((id) => done.has(id)), [], 'no batch done at the checkpoint is trained again');
+    assert.deepEqual([...acks.entries()].filter(([, n]) => n !== 1), [], 'every batch of the resumed run acknowledged once');
+    assert.deepEqual([s.integrity.lost, s.integrity.duplicated, s.integrity.replicas_equal], [0, 0, true]);
+    t.diagnostic(`first run: ${ackedFirst} batches acknowledged before the kill; resumed from ${previous.name} with ${done.size} done; `
+      + `AUC ${s.test_auc} (uninterrupted ${uninterruptedAuc})`);
+    assert.ok(uninterruptedAuc !== null, 'the uninterrupted run (the first test) gave its AUC');
+    assert.ok(Math.abs(s.test_auc - uninterruptedAuc) <= 0.003, `resumed AUC ${s.test_auc} vs uninterrupted ${uninterruptedAuc}`);
+  } finally {
+    sub.unsubscribe();
+    await nc.close();
+    for (const c of children) c.kill('SIGKILL');
+    spawnSync('pkill', ['-KILL', '-f', cfg]);
+  }
+});
