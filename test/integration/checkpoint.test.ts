@@ -8,6 +8,12 @@
  * they record only grow, and the last one records every batch. One flipped
  * byte makes the newest refused by name, and the one before it is the newest
  * usable; `hetps checkpoint verify` fails naming the file, `ls` lists them.
+ * `hetps recover --force-sync` re-forms every group meanwhile.
+ *
+ * Then a crash: the driver and every node SIGKILLed mid-run, the newest
+ * checkpoint corrupted; `hetps up --resume latest` refuses it by name,
+ * restores the shards from the one before, queues only the batches not done
+ * and ends with every batch accounted for once and the uninterrupted AUC.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -67,11 +73,22 @@ test('quick start with checkpoint.every_s 2: periodic, ctl.checkpoint and end-of
     assert.ok(mine.bytes > 0 && mine.files === 2, JSON.stringify(mine));
     assert.ok(mine.batches_done >= 100, `the cut counts the batches acknowledged so far (${mine.batches_done})`);
     await verifyCheckpoint(mine.path);
+    // The article's recovery after a partition, from the command line: every group re-forms (a fresh pull, sync again).
+    const noFlag = await hetps(['recover', '--config', cfg], { timeoutMs: 30_000 }).exited;
+    assert.equal(noFlag.code, 2);
+    assert.match(noFlag.stderr, /hetps recover needs --force-sync/);
+    const recovered = await hetps(['recover', '--force-sync', '--config', cfg, '--json'], { timeoutMs: 60_000 }).exited;
+    assert.equal(recovered.code, 0, explainExit(recovered));
+    const rv = JSON.parse(recovered.stdout.trim().split('\n').at(-1)!) as { accepted: boolean; groups_version: number };
+    assert.equal(rv.accepted, true);
 
     const r = await driver.exited;
     assert.equal(r.code, 0, explainExit(r));
-    const s = JSON.parse(await readFile(summaryFile, 'utf8')) as { batches: number; batches_acked: number; checkpoints: Taken[]; test_auc: number };
+    const s = JSON.parse(await readFile(summaryFile, 'utf8')) as {
+      batches: number; batches_acked: number; checkpoints: Taken[]; test_auc: number; regroups: { trigger: string; groups_version: number }[];
+    };
     uninterruptedAuc = s.test_auc;
+    assert.ok(s.regroups.some((g) => g.trigger === 'recover' && g.groups_version === rv.groups_version), `hetps recover re-formed the groups: ${JSON.stringify(s.regroups)}`);
     const triggers = new Set(s.checkpoints.map((c) => c.trigger));
     assert.deepEqual([...triggers].sort(), ['command', 'end', 'periodic'], JSON.stringify(s.checkpoints.map((c) => c.trigger)));
     const last = s.checkpoints.at(-1)!;

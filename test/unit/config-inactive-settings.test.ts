@@ -25,6 +25,7 @@ const NOT_ACTIVE = [
   'load_balancing.sustain_seconds',
   'server.use_gpu',
   'server.gpu_id',
+  'checkpoint.full_every',
   'monitoring.enabled',
   'monitoring.port',
 ];
@@ -46,6 +47,7 @@ ${mode === 'hps' ? '  preheat_backup: true\n  standby_workers: [w9]\n' : ''}  re
   dead_after_ms: 400
 load_balancing: { enabled: true, imbalance_threshold: 0.5, sustain_seconds: 10 }
 server: { use_gpu: true, gpu_id: 1 }
+checkpoint: { dir: ckpts, every_s: 5, keep: 2, at_end: false, full_every: 4 }
 monitoring: { enabled: true, port: 9000 }
 logging: { level: debug }
 `;

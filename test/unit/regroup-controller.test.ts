@@ -251,3 +251,75 @@ test('standby: a dead member\'s place goes to the first live standby (a regroup)
     await workerT.close();
   }
 });
+
+test('recovery timeout: a member of a reducing group dead for recovery_timeout_ms makes the driver re-form the groups unchanged; one alive again before it is a rejoin instead', async () => {
+  const broker = new InProcessBroker();
+  const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
+  const workerT = await connectTransport({ servers: null, broker, name: 'worker' });
+  const store = memoryJobInfoStore();
+  const short = { ...info, recovery_timeout_ms: 300 };
+  await store.put(short);
+  const health = verdicts();
+  const ctl = new RegroupController({
+    transport: driverT, job: JOB, jobStore: store, info: short, clock: systemClock, log: silentLogger(), autoEveryMs: 0,
+    isDead: (n) => health.stateOf(n) === 'dead', health,
+  });
+  try {
+    for (const w of info.workers) { publishTelemetry(workerT, JOB, 'start', w, { node: w, group: 'x', mode: 'hps', emulated_speed: null }); health.set(w, 'alive'); }
+    // w1 dead, back within the timeout: its group was async meanwhile; it is taken back (a rejoin), no timeout re-form.
+    health.set('w1', 'dead');
+    await new Promise((r) => setTimeout(r, 100));
+    health.set('w1', 'alive');
+    await until(async () => (await store.get())!.groups_version === 1);
+    for (const w of info.workers) publishTelemetry(workerT, JOB, 'regroup', w, { node: w, groups_version: 1, state: 'ready', group: 'x' });
+    await until(async () => ctl.records.length === 1);
+    await new Promise((r) => setTimeout(r, 400));
+    assert.deepEqual(ctl.records.map((r) => r.trigger), ['rejoin'], 'the cancelled timeout re-formed nothing');
+
+    // w2 dead for good: after the timeout its group re-forms unchanged (w2 left out by the members on the verdicts).
+    const t0 = Date.now();
+    health.set('w2', 'dead');
+    await until(async () => (await store.get())!.groups_version === 2, 'the re-form after the recovery timeout', 5_000);
+    assert.ok(Date.now() - t0 >= 290, `not before the recovery timeout (${Date.now() - t0} ms)`);
+    const written = (await store.get())!;
+    assert.deepEqual([written.groups, written.rejoining], [info.groups, []]);
+    for (const w of ['w1', 'w3', 'w4']) publishTelemetry(workerT, JOB, 'regroup', w, { node: w, groups_version: 2, state: 'ready', group: 'x' });
+    await until(async () => ctl.records.length === 2, 'the dead w2 is not waited for');
+    assert.equal(ctl.records[1]!.trigger, 'recovery-timeout');
+    assert.match(ctl.records[1]!.reason, /w2 dead for longer than the worker recovery timeout \(0\.3 s\)/);
+    // A member of an async group: nobody waits for it, nothing to re-form.
+    health.set('w3', 'dead');
+    await new Promise((r) => setTimeout(r, 500));
+    assert.equal((await store.get())!.groups_version, 2);
+  } finally {
+    await ctl.dispose();
+    await driverT.close();
+    await workerT.close();
+  }
+});
+
+test('recover (ctl.recover): every group re-forms unchanged; refused while paused and outside hps', async () => {
+  const broker = new InProcessBroker();
+  const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
+  const workerT = await connectTransport({ servers: null, broker, name: 'worker' });
+  const store = memoryJobInfoStore();
+  await store.put(info);
+  const ctl = new RegroupController({ transport: driverT, job: JOB, jobStore: store, info, clock: systemClock, log: silentLogger(), autoEveryMs: 0 });
+  const asp = new RegroupController({ transport: driverT, job: 'other', jobStore: memoryJobInfoStore(), info: { ...info, job: 'other', mode: 'asp' }, clock: systemClock, log: silentLogger(), autoEveryMs: 0 });
+  try {
+    for (const w of info.workers) publishTelemetry(workerT, JOB, 'start', w, { node: w, group: 'x', mode: 'hps', emulated_speed: null });
+    const r = await ctl.recover('after a partition');
+    assert.deepEqual([r.accepted, r.groups_version, r.groups], [true, 1, info.groups]);
+    for (const w of info.workers) publishTelemetry(workerT, JOB, 'regroup', w, { node: w, groups_version: 1, state: 'ready', group: 'x' });
+    await until(async () => ctl.records.length === 1);
+    assert.deepEqual([ctl.records[0]!.trigger, ctl.records[0]!.reason, ctl.records[0]!.grouped_by], ['recover', 'after a partition', 'unchanged']);
+    await ctl.pause('operator');
+    await assert.rejects(ctl.recover('x'), /the job is paused; resume it first/);
+    await assert.rejects(asp.recover('x'), /training\.mode asp has no groups to re-form \(hps only\)/);
+  } finally {
+    await ctl.dispose();
+    await asp.dispose();
+    await driverT.close();
+    await workerT.close();
+  }
+});
