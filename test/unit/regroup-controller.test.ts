@@ -155,19 +155,30 @@ function verdicts() {
   };
 }
 
-test('rejoin: a member of a reducing group dead and then alive again is taken back by a re-form with the groups unchanged', async () => {
+/** A controller over an in-process bus that follows `health` (set by the test), its job info in a memory store; every worker started and alive. */
+async function followingVerdicts(jobInfo: JobInfo) {
   const broker = new InProcessBroker();
   const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
   const workerT = await connectTransport({ servers: null, broker, name: 'worker' });
   const store = memoryJobInfoStore();
-  await store.put(info);
+  await store.put(jobInfo);
   const health = verdicts();
   const ctl = new RegroupController({
-    transport: driverT, job: JOB, jobStore: store, info, clock: systemClock, log: silentLogger(), autoEveryMs: 0,
+    transport: driverT, job: JOB, jobStore: store, info: jobInfo, clock: systemClock, log: silentLogger(), autoEveryMs: 0,
     isDead: (n) => health.stateOf(n) === 'dead', health,
   });
+  for (const w of jobInfo.workers) { publishTelemetry(workerT, JOB, 'start', w, { node: w, group: 'x', mode: 'hps', emulated_speed: null }); health.set(w, 'alive'); }
+  /** Every one of `workers` reports it paused for groups version `v`. */
+  const ready = (v: number, workers: readonly string[]) => {
+    for (const w of workers) publishTelemetry(workerT, JOB, 'regroup', w, { node: w, groups_version: v, state: 'ready', group: 'x' });
+  };
+  const close = async () => { await ctl.dispose(); await driverT.close(); await workerT.close(); };
+  return { store, health, ctl, ready, close };
+}
+
+test('rejoin: a member of a reducing group dead and then alive again is taken back by a re-form with the groups unchanged', async () => {
+  const { store, health, ctl, ready, close } = await followingVerdicts(info);
   try {
-    for (const w of info.workers) { publishTelemetry(workerT, JOB, 'start', w, { node: w, group: 'x', mode: 'hps', emulated_speed: null }); health.set(w, 'alive'); }
     // Alive without a dead verdict before it, or a member of an async group: nothing to re-form.
     health.set('w3', 'dead');
     health.set('w3', 'alive');
@@ -184,7 +195,7 @@ test('rejoin: a member of a reducing group dead and then alive again is taken ba
     assert.deepEqual(written.rejoining, ['w1']);
     assert.deepEqual(written.groups, info.groups, 'the groups are unchanged');
     assert.equal(written.resume_version, 0, 'not resumed before the workers are ready');
-    for (const w of info.workers) publishTelemetry(workerT, JOB, 'regroup', w, { node: w, groups_version: 1, state: 'ready', group: 'x' });
+    ready(1, info.workers);
     await until(async () => (await store.get())!.resume_version === 1);
     await until(async () => ctl.records.length === 1);
     assert.equal(ctl.records[0]!.trigger, 'rejoin');
@@ -196,26 +207,13 @@ test('rejoin: a member of a reducing group dead and then alive again is taken ba
     await ctl.pause('operator');
     assert.deepEqual((await store.get())!.rejoining, []);
   } finally {
-    await ctl.dispose();
-    await driverT.close();
-    await workerT.close();
+    await close();
   }
 });
 
 test('standby: a dead member\'s place goes to the first live standby (a regroup); the dead one becomes a standby; with none alive, nothing changes', async () => {
-  const broker = new InProcessBroker();
-  const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
-  const workerT = await connectTransport({ servers: null, broker, name: 'worker' });
-  const store = memoryJobInfoStore();
-  const withStandbys: JobInfo = { ...info, standbys: ['w5', 'w6'] };
-  await store.put(withStandbys);
-  const health = verdicts();
-  const ctl = new RegroupController({
-    transport: driverT, job: JOB, jobStore: store, info: withStandbys, clock: systemClock, log: silentLogger(), autoEveryMs: 0,
-    isDead: (n) => health.stateOf(n) === 'dead', health,
-  });
+  const { store, health, ctl, ready, close } = await followingVerdicts({ ...info, standbys: ['w5', 'w6'] });
   try {
-    for (const w of info.workers) { publishTelemetry(workerT, JOB, 'start', w, { node: w, group: 'x', mode: 'hps', emulated_speed: null }); health.set(w, 'alive'); }
     health.set('w6', 'alive'); // w5 never sent a heartbeat: not a live standby
     health.set('w2', 'dead');
     await until(async () => (await store.get())!.groups_version === 1);
@@ -225,7 +223,7 @@ test('standby: a dead member\'s place goes to the first live standby (a regroup)
     assert.deepEqual(written.standbys, ['w5', 'w2']);
     assert.deepEqual(written.rejoining, []);
     // The dead worker and the standby are not waited for: the others' ready is enough.
-    for (const w of ['w1', 'w3', 'w4']) publishTelemetry(workerT, JOB, 'regroup', w, { node: w, groups_version: 1, state: 'ready', group: 'x' });
+    ready(1, ['w1', 'w3', 'w4']);
     await until(async () => (await store.get())!.resume_version === 1);
     await until(async () => ctl.records.length === 1);
     assert.equal(ctl.records[0]!.trigger, 'standby');
@@ -238,7 +236,7 @@ test('standby: a dead member\'s place goes to the first live standby (a regroup)
     const again = (await store.get())!;
     assert.deepEqual(again.groups!.map((x) => [x.name, x.nodes]), [['fast', ['w1', 'w6']], ['slow', ['w2', 'w4']]]);
     assert.deepEqual(again.standbys, ['w5', 'w3']);
-    for (const w of ['w1', 'w6', 'w4']) publishTelemetry(workerT, JOB, 'regroup', w, { node: w, groups_version: 2, state: 'ready', group: 'x' });
+    ready(2, ['w1', 'w6', 'w4']);
     await until(async () => ctl.records.length === 2);
 
     // No live standby left: a death changes nothing.
@@ -246,32 +244,19 @@ test('standby: a dead member\'s place goes to the first live standby (a regroup)
     await new Promise((r) => setTimeout(r, 100));
     assert.equal((await store.get())!.groups_version, 2);
   } finally {
-    await ctl.dispose();
-    await driverT.close();
-    await workerT.close();
+    await close();
   }
 });
 
 test('recovery timeout: a member of a reducing group dead for recovery_timeout_ms makes the driver re-form the groups unchanged; one alive again before it is a rejoin instead', async () => {
-  const broker = new InProcessBroker();
-  const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
-  const workerT = await connectTransport({ servers: null, broker, name: 'worker' });
-  const store = memoryJobInfoStore();
-  const short = { ...info, recovery_timeout_ms: 300 };
-  await store.put(short);
-  const health = verdicts();
-  const ctl = new RegroupController({
-    transport: driverT, job: JOB, jobStore: store, info: short, clock: systemClock, log: silentLogger(), autoEveryMs: 0,
-    isDead: (n) => health.stateOf(n) === 'dead', health,
-  });
+  const { store, health, ctl, ready, close } = await followingVerdicts({ ...info, recovery_timeout_ms: 300 });
   try {
-    for (const w of info.workers) { publishTelemetry(workerT, JOB, 'start', w, { node: w, group: 'x', mode: 'hps', emulated_speed: null }); health.set(w, 'alive'); }
     // w1 dead, back within the timeout: its group was async meanwhile; it is taken back (a rejoin), no timeout re-form.
     health.set('w1', 'dead');
     await new Promise((r) => setTimeout(r, 100));
     health.set('w1', 'alive');
     await until(async () => (await store.get())!.groups_version === 1);
-    for (const w of info.workers) publishTelemetry(workerT, JOB, 'regroup', w, { node: w, groups_version: 1, state: 'ready', group: 'x' });
+    ready(1, info.workers);
     await until(async () => ctl.records.length === 1);
     await new Promise((r) => setTimeout(r, 400));
     assert.deepEqual(ctl.records.map((r) => r.trigger), ['rejoin'], 'the cancelled timeout re-formed nothing');
@@ -283,7 +268,7 @@ test('recovery timeout: a member of a reducing group dead for recovery_timeout_m
     assert.ok(Date.now() - t0 >= 290, `not before the recovery timeout (${Date.now() - t0} ms)`);
     const written = (await store.get())!;
     assert.deepEqual([written.groups, written.rejoining], [info.groups, []]);
-    for (const w of ['w1', 'w3', 'w4']) publishTelemetry(workerT, JOB, 'regroup', w, { node: w, groups_version: 2, state: 'ready', group: 'x' });
+    ready(2, ['w1', 'w3', 'w4']);
     await until(async () => ctl.records.length === 2, 'the dead w2 is not waited for');
     assert.equal(ctl.records[1]!.trigger, 'recovery-timeout');
     assert.match(ctl.records[1]!.reason, /w2 dead for longer than the worker recovery timeout \(0\.3 s\)/);
@@ -292,34 +277,24 @@ test('recovery timeout: a member of a reducing group dead for recovery_timeout_m
     await new Promise((r) => setTimeout(r, 500));
     assert.equal((await store.get())!.groups_version, 2);
   } finally {
-    await ctl.dispose();
-    await driverT.close();
-    await workerT.close();
+    await close();
   }
 });
 
 test('recover (ctl.recover): every group re-forms unchanged; refused while paused and outside hps', async () => {
-  const broker = new InProcessBroker();
-  const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
-  const workerT = await connectTransport({ servers: null, broker, name: 'worker' });
-  const store = memoryJobInfoStore();
-  await store.put(info);
-  const ctl = new RegroupController({ transport: driverT, job: JOB, jobStore: store, info, clock: systemClock, log: silentLogger(), autoEveryMs: 0 });
-  const asp = new RegroupController({ transport: driverT, job: 'other', jobStore: memoryJobInfoStore(), info: { ...info, job: 'other', mode: 'asp' }, clock: systemClock, log: silentLogger(), autoEveryMs: 0 });
+  const { ctl, ready, close } = await followingVerdicts(info);
+  const other = await followingVerdicts({ ...info, mode: 'asp' });
   try {
-    for (const w of info.workers) publishTelemetry(workerT, JOB, 'start', w, { node: w, group: 'x', mode: 'hps', emulated_speed: null });
     const r = await ctl.recover('after a partition');
     assert.deepEqual([r.accepted, r.groups_version, r.groups], [true, 1, info.groups]);
-    for (const w of info.workers) publishTelemetry(workerT, JOB, 'regroup', w, { node: w, groups_version: 1, state: 'ready', group: 'x' });
+    ready(1, info.workers);
     await until(async () => ctl.records.length === 1);
     assert.deepEqual([ctl.records[0]!.trigger, ctl.records[0]!.reason, ctl.records[0]!.grouped_by], ['recover', 'after a partition', 'unchanged']);
     await ctl.pause('operator');
     await assert.rejects(ctl.recover('x'), /the job is paused; resume it first/);
-    await assert.rejects(asp.recover('x'), /training\.mode asp has no groups to re-form \(hps only\)/);
+    await assert.rejects(other.ctl.recover('x'), /training\.mode asp has no groups to re-form \(hps only\)/);
   } finally {
-    await ctl.dispose();
-    await asp.dispose();
-    await driverT.close();
-    await workerT.close();
+    await close();
+    await other.close();
   }
 });
