@@ -28,7 +28,7 @@ import { performance } from 'node:perf_hooks';
 import { randomUUID } from 'node:crypto';
 import { findNatsServer, startLocalCluster, type LocalCluster } from './local-cluster.ts';
 import {
-  ConfigError, HetpsError, JSON_CONTENT_TYPE, decode, MissingDependencyError, controlSubject, systemClock, type Actor, type NatsAuth, type NatsTls,
+  ConfigError, HetpsError, JSON_CONTENT_TYPE, MissingDependencyError, controlSubject, systemClock, type Actor, type NatsAuth, type NatsTls,
 } from '../runtime/mod.ts';
 import { allWorkerNodes, groupsMeasuredAtStart, inactiveSettings, natsConnection, type HetpsConfig, type NodeProfile, type ShardPlan } from '../topology/mod.ts';
 import type { Evaluation } from '../native-bridge/mod.ts';
@@ -312,7 +312,7 @@ async function startNodesAndPlanGroups(ctx: JobContext, backend: JobBackend, ser
 async function restoreShards(ctx: JobContext, backend: JobBackend, plan: ShardPlan, resume: ResumePoint): Promise<void> {
   const { out, log } = ctx;
   const want = [...plan.shards].sort();
-  const have = [...resume.shardFiles.keys()].sort();
+  const have = [...resume.snapshots.keys()].sort();
   if (JSON.stringify(want) !== JSON.stringify(have)) {
     throw new ConfigError(`--resume: checkpoint ${resume.path} holds shards ${have.join(', ')}, this config plans ${want.join(', ')}; `
       + 'resuming onto another set of shards (re-sharding) is not built yet: resume with the cluster.server_nodes and model of the checkpointed job', { data: { field: '--resume' } });
@@ -320,9 +320,8 @@ async function restoreShards(ctx: JobContext, backend: JobBackend, plan: ShardPl
   await waitForShards(backend.system, plan, { timeoutMs: DEFAULT_NODE_WAIT_MS, log });
   const client = new ShardClient(backend.system, { requestTimeoutMs: 60_000, log, shouldStop: () => false, plans: plan });
   for (const shard of plan.shards) {
-    const state = decode(resume.shardFiles.get(shard)!) as Record<string, unknown>;
-    const r = await client.restore(shard, state);
-    out.line(`resume: shard ${shard} restored from ${resume.manifest.name} (version ${r.version})`);
+    const r = await client.restore(shard, resume.snapshots.get(shard)! as unknown as Record<string, unknown>);
+    out.line(`resume: shard ${shard} restored from ${resume.manifest.name}${resume.manifest.kind === 'delta' ? ` (a delta on ${resume.manifest.chain.join(' + ')})` : ''} (version ${r.version})`);
   }
 }
 
@@ -557,7 +556,7 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
     plane.monitor.setTotalBatches(info.total_batches);
     const ck = config.checkpoint;
     const checkpointer = new Checkpointer({
-      root: checkpointRoot(config), keep: ck.keep, job, controller, plan: () => shardClient.plans.current,
+      root: checkpointRoot(config), keep: ck.keep, fullEvery: ck.full_every, job, controller, plan: () => shardClient.plans.current,
       snapshot: (shard) => shardClient.snapshot(shard), clock: systemClock, log,
       acked: () => [...(prepared.done ?? []), ...monitor.ackedBatches()], totalBatches: prepared.descriptors.length + (prepared.done?.size ?? 0),
     });

@@ -484,7 +484,7 @@ const configSchema = section({
     keep: posInt().default(3),
     /** One at the end of the job. */
     at_end: bool().default(true),
-    /** A full checkpoint every N, deltas (changed rows only) between them. */
+    /** A full checkpoint every N; between them deltas: dense blocks and only the sparse rows updated since the previous checkpoint. */
     full_every: posInt().default(1),
   }).prefault({}),
   monitoring: section({
@@ -587,7 +587,6 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   { path: 'load_balancing.sustain_seconds', when: () => true, instead: 'shards stay where the initial plan put them' },
   { path: 'server.use_gpu', when: (c) => c.server.use_gpu, instead: 'server-side optimizers run on the CPU' },
   { path: 'server.gpu_id', when: () => true, instead: 'server-side optimizers run on the CPU' },
-  { path: 'checkpoint.full_every', when: (c) => c.checkpoint.full_every > 1, instead: 'every checkpoint is a full one (delta checkpoints are not built yet)' },
   { path: 'monitoring.enabled', when: (c) => c.monitoring.enabled, instead: 'no dashboard' },
   { path: 'monitoring.port', when: () => true, instead: 'no dashboard' },
 ];

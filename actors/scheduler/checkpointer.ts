@@ -21,6 +21,7 @@ import type { ShardPlan } from '../../topology/mod.ts';
 import type { ShardSnapshot } from '../shard/shard.messages.ts';
 import type { JobInfo } from '../store/job-info.ts';
 import { pruneCheckpoints, writeCheckpoint, type CheckpointManifest } from '../store/checkpoint.ts';
+import { deltaOf, rowSteps, type RowSteps } from '../store/checkpoint-delta.ts';
 
 export type CheckpointTrigger = CheckpointManifest['trigger'];
 
@@ -30,6 +31,11 @@ export interface CheckpointTaken {
   trigger: CheckpointTrigger;
   bytes: number;
   files: number;
+  /** `full`, or `delta` (only the sparse rows updated since the previous checkpoint of its chain). */
+  kind: CheckpointManifest['kind'];
+  /** Sparse rows written, of the rows the shards hold. */
+  rows: number;
+  rows_held: number;
   /** Batches acknowledged at the cut. */
   batches_done: number;
   /** Training stood still this long for the cut (0 when a ctl.pause was in force already). */
@@ -44,6 +50,8 @@ export interface CheckpointerOptions {
   /** The checkpoint root (checkpoint.dir). */
   root: string;
   keep: number;
+  /** A full checkpoint every this many (checkpoint.full_every); deltas between. Default 1: all full. */
+  fullEvery?: number;
   job: string;
   controller: {
     pauseUntilPaused(reason: string, timeoutMs: number): Promise<{ already: boolean }>;
@@ -64,14 +72,16 @@ export interface CheckpointerOptions {
 
 export class Checkpointer {
   readonly taken: CheckpointTaken[] = [];
-  private chain: Promise<unknown> = Promise.resolve();
+  private queue: Promise<unknown> = Promise.resolve();
+  /** The chain the next delta builds on: names from its full checkpoint on, and the row update counts as of the last; null: the next is full. */
+  private chain: { names: string[]; steps: Map<string, RowSteps> } | null = null;
 
   constructor(private readonly o: CheckpointerOptions) {}
 
   /** Takes one checkpoint (after any in progress). */
   take(trigger: CheckpointTrigger): Promise<CheckpointTaken> {
-    const run = this.chain.catch(() => undefined).then(() => this.cut(trigger));
-    this.chain = run;
+    const run = this.queue.catch(() => undefined).then(() => this.cut(trigger));
+    this.queue = run;
     return run;
   }
 
@@ -94,9 +104,28 @@ export class Checkpointer {
       pauseMs = paused.already ? 0 : clock.monotonic() - t0;
     }
     const t1 = clock.monotonic();
+    // A delta on the chain, unless a full one is due (or the chain is unknown: the first, or after a failed write).
+    const chain = this.chain;
+    const full = chain === null || chain.names.length >= (this.o.fullEvery ?? 1) || !snaps.every(({ shard }) => chain.steps.has(shard));
+    this.chain = null;
+    let rows = 0;
+    let held = 0;
+    const files = snaps.map(({ shard, snap }) => {
+      let out = snap;
+      if (full) {
+        for (const t of snap.sparse) { rows += t.ids.length; held += t.ids.length; }
+      } else {
+        const d = deltaOf(snap, chain!.steps.get(shard)!);
+        out = d.delta;
+        rows += d.rows;
+        held += d.of;
+      }
+      return { name: `${shard}.msgpack`, bytes: encode(out), shard, version: snap.version, round: snap.round };
+    });
     const { path, manifest } = await writeCheckpoint(this.o.root, {
-      files: snaps.map(({ shard, snap }) => ({ name: `${shard}.msgpack`, bytes: encode(snap), shard, version: snap.version, round: snap.round })),
+      files,
       manifest: {
+        kind: full ? 'full' : 'delta', chain: full ? [] : [...chain!.names],
         job: this.o.job, run_id: info.run_id, trigger,
         plan: { version: plan.version, shards: [...plan.shards], placement: plan.placement ?? null },
         groups: info.groups ?? null,
@@ -104,13 +133,17 @@ export class Checkpointer {
         data: { total_batches: this.o.totalBatches, acked },
       },
     });
+    this.chain = full
+      ? { names: [manifest.name], steps: new Map(snaps.map(({ shard, snap }) => [shard, rowSteps(snap)])) }
+      : { names: [...chain!.names, manifest.name], steps: chain!.steps };
     const pruned = await pruneCheckpoints(this.o.root, this.o.keep);
     const taken: CheckpointTaken = {
-      path, name: manifest.name, trigger, bytes: manifest.bytes, files: manifest.files.length, batches_done: acked.length,
+      path, name: manifest.name, trigger, bytes: manifest.bytes, files: manifest.files.length, kind: manifest.kind, rows, rows_held: held, batches_done: acked.length,
       pause_ms: Math.round(pauseMs), write_ms: Math.round(clock.monotonic() - t1), pruned: pruned.length,
     };
     this.taken.push(taken);
-    log.info(taken, `checkpoint ${manifest.name} (${trigger}): ${manifest.files.length} shard files, ${(manifest.bytes / 2 ** 20).toFixed(2)} MiB, `
+    log.info(taken, `checkpoint ${manifest.name} (${trigger}, ${manifest.kind}${full ? '' : ` on ${chain!.names.at(-1)}`}): ${manifest.files.length} shard files, `
+      + `${rows}/${held} sparse rows, ${(manifest.bytes / 2 ** 20).toFixed(2)} MiB, `
       + `${acked.length}/${this.o.totalBatches} batches done; training paused ${Math.round(pauseMs)} ms for the cut, written in ${taken.write_ms} ms`);
     return taken;
   }

@@ -20,7 +20,9 @@ import { createHash } from 'node:crypto';
 import { mkdir, open, readdir, readFile, rename, rm, stat } from 'node:fs/promises';
 import { basename, dirname, join, resolve } from 'node:path';
 import { z } from 'zod';
-import { HetpsError } from '../../runtime/mod.ts';
+import { HetpsError, decode } from '../../runtime/mod.ts';
+import type { ShardSnapshot } from '../shard/shard.messages.ts';
+import { overlay } from './checkpoint-delta.ts';
 
 /** The job's checkpoint root: checkpoint.dir, or <job.run_dir>/checkpoints/<job.name>; absolute. */
 export function checkpointRoot(config: { job: { name: string; run_dir: string }; checkpoint: { dir: string | null } }): string {
@@ -56,6 +58,10 @@ export const checkpointManifestSchema = z.object({
   created_at: z.string().min(1),
   /** What took it: a control command, the periodic timer, the end of the job, the API. */
   trigger: z.enum(['command', 'periodic', 'end', 'api']),
+  /** `full`: every row; `delta`: dense blocks and the sparse rows updated since the last checkpoint of `chain` (actors/store/checkpoint-delta.ts). */
+  kind: z.enum(['full', 'delta']).default('full'),
+  /** A delta: the checkpoints it builds on, oldest (the full one) first, by name, in the same root; [] for a full one. */
+  chain: z.array(z.string().min(1)).default([]),
   /** The shard plan at the cut: its version (epoch), shards and placement. */
   plan: z.object({ version: z.number().int().nonnegative(), shards: z.array(z.string().min(1)), placement: z.unknown().nullable().default(null) }),
   /** hps: the groups at the cut (null: another mode). */
@@ -106,7 +112,8 @@ export async function nextSequence(root: string): Promise<number> {
 
 export interface CheckpointContent {
   files: { name: string; bytes: Uint8Array; shard?: string | null; version?: number | null; round?: number | null }[];
-  manifest: Omit<CheckpointManifest, 'format' | 'name' | 'sequence' | 'files' | 'bytes' | 'created_at'> & { created_at?: string };
+  manifest: Omit<CheckpointManifest, 'format' | 'name' | 'sequence' | 'files' | 'bytes' | 'created_at' | 'kind' | 'chain'>
+    & { created_at?: string; kind?: CheckpointManifest['kind']; chain?: string[] };
 }
 
 /**
@@ -258,12 +265,16 @@ export async function newestValidCheckpoint(root: string): Promise<{ path: strin
   return null;
 }
 
-/** Keeps the newest `keep` checkpoints under `root`, removes older ones and temporary directories of writes that did not finish; returns what it removed. */
+/** Keeps the newest `keep` checkpoints under `root` (and the checkpoints their deltas build on), removes older ones and temporary directories of writes that did not finish; returns what it removed. */
 export async function pruneCheckpoints(root: string, keep: number): Promise<string[]> {
   if (!(Number.isInteger(keep) && keep >= 1)) throw new HetpsError(`checkpoint.keep must be an integer ≥ 1, got ${keep}`);
   const removed: string[] = [];
   const all = await listCheckpoints(root);
-  for (const c of all.slice(0, Math.max(0, all.length - keep))) {
+  const kept = all.slice(Math.max(0, all.length - keep));
+  // A kept delta needs its whole chain.
+  const needed = new Set([...kept.map((c) => c.name), ...kept.flatMap((c) => c.manifest?.chain ?? [])]);
+  for (const c of all) {
+    if (needed.has(c.name)) continue;
     await rm(c.path, { recursive: true, force: true });
     removed.push(c.path);
   }
@@ -282,12 +293,12 @@ function processAlive(pid: number): boolean {
   try { process.kill(pid, 0); return true; } catch (e) { return (e as NodeJS.ErrnoException).code === 'EPERM'; }
 }
 
-/** A checkpoint chosen for a resume, its shard files read and checked. */
+/** A checkpoint chosen for a resume, its shards' state read, checked and (a delta) applied over its chain. */
 export interface ResumePoint {
   path: string;
   manifest: CheckpointManifest;
-  /** Per shard, the file's bytes (a msgpack ShardSnapshot). */
-  shardFiles: Map<string, Uint8Array>;
+  /** Per shard, its state as of the checkpoint (a delta's chain applied in order). */
+  snapshots: Map<string, ShardSnapshot>;
   /** Batch ids done (acknowledged) at the cut. */
   done: Set<string>;
   /** Newer checkpoints refused on the way, each with its reason (`latest` only). */
@@ -295,31 +306,57 @@ export interface ResumePoint {
 }
 
 /**
- * `hetps up --resume latest|DIR`: `latest` is the newest checkpoint under
- * `root` that verifies (newer ones that do not are refused, by name and
- * reason); a DIR must verify itself. Throws CheckpointError saying what to do
- * when none can be used, or when it belongs to another job.
+ * Reads a checkpoint for a resume: it and every checkpoint of its chain
+ * verified (CheckpointError naming the file otherwise), their shard files
+ * decoded and applied in order.
  */
-export async function loadResumePoint(which: string, root: string, job: string): Promise<ResumePoint> {
-  let path: string;
-  let manifest: CheckpointManifest;
-  let refused: ResumePoint['refused'] = [];
-  if (which === 'latest') {
-    const pick = await newestValidCheckpoint(root);
-    if (pick === null) {
-      const all = await listCheckpoints(root);
-      throw new CheckpointError(all.length === 0
-        ? `--resume latest: no checkpoints in ${root} (checkpoint.dir); take one with ctl.checkpoint or checkpoint.every_s, or start without --resume`
-        : `--resume latest: none of the ${all.length} checkpoints in ${root} verifies (run hetps checkpoint verify ${root}); start without --resume`, root, []);
-    }
-    ({ path, manifest, refused } = pick);
-  } else {
-    path = resolve(which);
-    manifest = await verifyCheckpoint(path);
-  }
+async function readForResume(path: string, job: string): Promise<Omit<ResumePoint, 'refused'>> {
+  const manifest = await verifyCheckpoint(path);
   if (manifest.job !== job) throw new CheckpointError(`checkpoint ${path} is of job ${manifest.job}, not ${job}; give a checkpoint of this job (or --job ${manifest.job})`, path, []);
   if (manifest.data === null) throw new CheckpointError(`checkpoint ${path} records no data position (a checkpoint saved by the API); a resume needs one taken by the driver (ctl.checkpoint, checkpoint.every_s, the end of a job)`, path, []);
-  const shardFiles = new Map<string, Uint8Array>();
-  for (const f of manifest.files) if (f.shard !== null) shardFiles.set(f.shard, await readCheckpointFile(path, f));
-  return { path, manifest, shardFiles, done: new Set(manifest.data.acked), refused };
+  const links: { path: string; manifest: CheckpointManifest }[] = [];
+  for (const name of manifest.chain) {
+    const p = join(dirname(path), name);
+    try {
+      links.push({ path: p, manifest: await verifyCheckpoint(p) });
+    } catch (e) {
+      throw new CheckpointError(`checkpoint ${path} is a delta on ${name}, which cannot be used: ${(e as Error).message}`, path, e instanceof CheckpointError ? e.problems : []);
+    }
+  }
+  links.push({ path, manifest });
+  const perShard = new Map<string, ShardSnapshot[]>();
+  for (const l of links) {
+    for (const f of l.manifest.files) {
+      if (f.shard === null) continue;
+      const snap = decode(await readCheckpointFile(l.path, f)) as ShardSnapshot;
+      let a = perShard.get(f.shard);
+      if (a === undefined) { a = []; perShard.set(f.shard, a); }
+      a.push(snap);
+    }
+  }
+  const snapshots = new Map([...perShard].map(([shard, chain]) => [shard, overlay(chain)]));
+  return { path, manifest, snapshots, done: new Set(manifest.data.acked) };
+}
+
+/**
+ * `hetps up --resume latest|DIR`: `latest` is the newest checkpoint under
+ * `root` that verifies with its whole chain (newer ones that do not are
+ * refused, by name and reason); a DIR must verify itself. Throws
+ * CheckpointError saying what to do when none can be used, or when it
+ * belongs to another job.
+ */
+export async function loadResumePoint(which: string, root: string, job: string): Promise<ResumePoint> {
+  if (which !== 'latest') return { ...(await readForResume(resolve(which), job)), refused: [] };
+  const all = await listCheckpoints(root);
+  const refused: ResumePoint['refused'] = [];
+  for (const c of [...all].reverse()) {
+    try {
+      return { ...(await readForResume(c.path, job)), refused };
+    } catch (e) {
+      refused.push({ path: c.path, reason: (e as Error).message });
+    }
+  }
+  throw new CheckpointError(all.length === 0
+    ? `--resume latest: no checkpoints in ${root} (checkpoint.dir); take one with ctl.checkpoint or checkpoint.every_s, or start without --resume`
+    : `--resume latest: none of the ${all.length} checkpoints in ${root} can be used (${refused.map((r) => r.reason).join('; ')}); start without --resume`, root, []);
 }

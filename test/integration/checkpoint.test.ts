@@ -48,11 +48,14 @@ async function ctl(nc: NatsConnection, command: string, body: unknown = {}): Pro
   return JSON.parse(new TextDecoder().decode(m.data));
 }
 
-interface Taken { path: string; name: string; trigger: string; bytes: number; files: number; batches_done: number; pause_ms: number; write_ms: number }
+interface Taken {
+  path: string; name: string; trigger: string; kind: 'full' | 'delta'; bytes: number; files: number; rows: number; rows_held: number;
+  batches_done: number; pause_ms: number; write_ms: number;
+}
 
 test('quick start with checkpoint.every_s 2: periodic, ctl.checkpoint and end-of-job checkpoints that verify; a corrupted one is refused by name', { timeout: 300_000 }, async (t) => {
   const root = join(env.dir(), 'ckpts');
-  const cfg = await quickstartWith(JOB, 'quickstart.yaml', `checkpoint:\n  dir: ${root}\n  every_s: 2\n  keep: 1000\n`);
+  const cfg = await quickstartWith(JOB, 'quickstart.yaml', `checkpoint:\n  dir: ${root}\n  every_s: 2\n  keep: 1000\n  full_every: 3\n`);
   const nc = await connect({ servers: env.nats().urls, name: 'plain-nats-client', noAsyncTraces: true });
   const acks = new Set<string>();
   const sub = nc.subscribe(`hps.${JOB}.tel.batch.*`, { callback: (_e, m) => {
@@ -104,9 +107,22 @@ test('quick start with checkpoint.every_s 2: periodic, ctl.checkpoint and end-of
       assert.deepEqual(m.files.map((f) => f.shard).sort(), m.plan.shards.slice().sort());
       before = now;
     }
+    // full_every 3: a full checkpoint, then two deltas on it, and so on; a delta holds the rows updated since the one before.
+    assert.deepEqual(s.checkpoints.map((c) => c.kind), s.checkpoints.map((_, i) => (i % 3 === 0 ? 'full' : 'delta')));
+    for (const [i, c] of s.checkpoints.entries()) {
+      const m = await verifyCheckpoint(c.path);
+      if (c.kind === 'full') { assert.deepEqual(m.chain, []); assert.equal(c.rows, c.rows_held); continue; }
+      assert.deepEqual(m.chain, s.checkpoints.slice(i - (i % 3), i).map((x) => x.name));
+      assert.ok(c.rows < c.rows_held, `${c.name}: ${c.rows} of ${c.rows_held} rows`);
+    }
+    const fulls = s.checkpoints.filter((c) => c.kind === 'full').map((c) => c.bytes);
+    const deltas = s.checkpoints.filter((c) => c.kind === 'delta').map((c) => c.bytes);
+    assert.ok(deltas.length > 0, 'some deltas were written');
+    const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
     const pauses = s.checkpoints.filter((c) => c.trigger !== 'end').map((c) => c.pause_ms).sort((a, b) => a - b);
     t.diagnostic(`${s.checkpoints.length} checkpoints (${[...triggers].join(', ')}); ${(last.bytes / 2 ** 20).toFixed(2)} MiB each at the end; `
-      + `pause for the cut: median ${pauses[Math.floor(pauses.length / 2)]} ms, max ${pauses.at(-1)} ms`);
+      + `pause for the cut: median ${pauses[Math.floor(pauses.length / 2)]} ms, max ${pauses.at(-1)} ms; `
+      + `full ${(mean(fulls) / 2 ** 20).toFixed(2)} MiB, delta ${(mean(deltas) / 2 ** 20).toFixed(2)} MiB on average (${(mean(fulls) / mean(deltas)).toFixed(1)}× less)`);
 
     // The newest one corrupted: refused by name, the one before it is used.
     const newest = (await listCheckpoints(root)).at(-1)!;
@@ -136,7 +152,7 @@ test('quick start with checkpoint.every_s 2: periodic, ctl.checkpoint and end-of
 test('crash and resume: the driver and every node SIGKILLed mid-run; --resume latest refuses a corrupted newest checkpoint by name, resumes from the one before, queues only the batches not done, and reaches the uninterrupted AUC', { timeout: 420_000 }, async (t) => {
   const job = 'ckptr';
   const root = join(env.dir(), 'ckpts-resume');
-  const cfg = await quickstartWith(job, 'resume.yaml', `checkpoint:\n  dir: ${root}\n  every_s: 2\n  keep: 3\n`);
+  const cfg = await quickstartWith(job, 'resume.yaml', `checkpoint:\n  dir: ${root}\n  every_s: 2\n  keep: 3\n  full_every: 2\n`);
   const nc = await connect({ servers: env.nats().urls, name: 'plain-nats-client', noAsyncTraces: true });
   const acks = new Map<string, number>();
   const sub = nc.subscribe(`hps.${job}.tel.batch.*`, { callback: (_e, m) => {

@@ -25,7 +25,6 @@ const NOT_ACTIVE = [
   'load_balancing.sustain_seconds',
   'server.use_gpu',
   'server.gpu_id',
-  'checkpoint.full_every',
   'monitoring.enabled',
   'monitoring.port',
 ];
