@@ -125,6 +125,8 @@ export interface FailoverResult {
   changes: FailoverChange[];
   /** Shards whose every replica is dead: nothing could be promoted; their primary is left as it was. */
   lost: string[];
+  /** Shards with a dead primary whose live backups have not answered yet (`answered`): none promoted now; decide again later. */
+  waiting: string[];
 }
 
 /**
@@ -136,22 +138,31 @@ export interface FailoverResult {
  * live backups stay backups: every acknowledged update is on each of them,
  * and the new primary sends them what they lack of its own stream (or seeds
  * one it cannot catch up). Dead backups and seeding replicas are dropped.
+ * With `answered`, only a backup whose replica answered is promoted: one on a
+ * server that is still starting holds nothing yet, so a shard whose live
+ * backups have all not answered is left `waiting` (the caller decides again
+ * shortly) rather than handed to an empty replica.
  * Null when nothing changes.
  */
 export function failover(
   p: ReplicaPlacement, dead: ReadonlySet<string>, applied: (shard: string, node: string) => number | null = () => null,
+  answered: ((shard: string, node: string) => boolean) | null = null,
 ): FailoverResult | null {
   const next = clonePlacement(p);
   const changes: FailoverChange[] = [];
   const lost: string[] = [];
+  const waiting: string[] = [];
   for (const [shard, r] of Object.entries(next.replicas)) {
     const dropped = [...r.backups, ...r.seeding].filter((n) => dead.has(n));
     let promoted: FailoverChange['promoted'] = null;
     const liveBackups = r.backups.filter((n) => !dead.has(n));
     if (dead.has(r.primary)) {
       if (liveBackups.length === 0) { lost.push(shard); continue; }
-      let best = liveBackups[0]!;
-      for (const n of liveBackups) if ((applied(shard, n) ?? -1) > (applied(shard, best) ?? -1)) best = n;
+      // Only a backup whose replica answers holds the shard (one on a server still starting has nothing yet).
+      const candidates = answered === null ? liveBackups : liveBackups.filter((n) => answered(shard, n));
+      if (candidates.length === 0) { waiting.push(shard); continue; }
+      let best = candidates[0]!;
+      for (const n of candidates) if ((applied(shard, n) ?? -1) > (applied(shard, best) ?? -1)) best = n;
       promoted = { from: r.primary, to: best };
       r.primary = best;
       r.backups = liveBackups.filter((n) => n !== best);
@@ -161,8 +172,8 @@ export function failover(
     r.seeding = r.seeding.filter((n) => !dead.has(n));
     if (promoted !== null || dropped.length > 0) changes.push({ shard, promoted, dropped });
   }
-  if (changes.length === 0) return lost.length ? { placement: p, changes, lost } : null;
-  return { placement: next, changes, lost };
+  if (changes.length === 0) return lost.length || waiting.length ? { placement: p, changes, lost, waiting } : null;
+  return { placement: next, changes, lost, waiting };
 }
 
 /**

@@ -15,7 +15,7 @@
  * `replica_ready` from primaries, `status` for anyone.
  */
 import { z } from 'zod';
-import type { ActorDefinition, Clock, Logger, Transport } from '../../runtime/mod.ts';
+import type { ActorDefinition, Clock, Logger, Timer, Transport } from '../../runtime/mod.ts';
 import { failover, promoteSeeded, rereplicate, unprotectedShards, withPlacement, type ShardPlan } from '../../topology/mod.ts';
 import type { HealthState, HealthView } from '../health/health.types.ts';
 import { publishEvent } from '../monitor/monitor.messages.ts';
@@ -60,11 +60,17 @@ export interface FailoverOptions {
   appliedOf?: (shard: string, node: string) => Promise<number | null>;
 }
 
+/** How soon a failover waiting for a backup to answer decides again. */
+const WAITING_RETRY_MS = 500;
+
 export class ShardFailover {
   readonly failovers: FailoverRecord[] = [];
   readonly replicas: ReplicaRecord[] = [];
   /** Shards that lost every replica (nothing to promote), with when they lost the last one (monotonic ms). */
   private readonly lostSince = new Map<string, number>();
+  /** Shards with a dead primary whose backups have not answered yet, since when (monotonic ms). */
+  private readonly waitingSince = new Map<string, number>();
+  private retry: Timer | null = null;
   private readonly dead = new Set<string>();
   private chain: Promise<void> = Promise.resolve();
   private readonly unsubscribe: () => void;
@@ -134,7 +140,8 @@ export class ShardFailover {
     let changes: ReturnType<typeof failover> = null;
     const applied = await this.appliedPositions();
     const written = await this.write((plan) => {
-      changes = failover(plan.placement, this.dead, (shard, node) => applied.get(`${shard}@${node}`) ?? null);
+      changes = failover(plan.placement, this.dead, (shard, node) => applied.get(`${shard}@${node}`) ?? null,
+        this.o.appliedOf ? (shard, node) => typeof applied.get(`${shard}@${node}`) === 'number' : null);
       if (changes === null || changes.changes.length === 0) return null;
       return withPlacement(plan, changes.placement);
     });
@@ -147,6 +154,7 @@ export class ShardFailover {
         publishEvent(this.o.transport, this.o.job, 'scheduler', { kind: 'shard_lost', node: null, text: `shard ${s}: no live replica` });
       }
     }
+    this.noteWaiting(result?.waiting ?? []);
     if (written !== null && result !== null) {
       for (const c of result.changes) {
         if (c.promoted !== null) {
@@ -165,6 +173,27 @@ export class ShardFailover {
     }
     this.noteRecovered();
     await this.rereplicate();
+  }
+
+  /**
+   * Shards with a dead primary and no backup answering yet (its server still
+   * starting): nothing is promoted; the decision is taken again shortly, and
+   * the shard counts as unavailable for server_recovery_timeout meanwhile.
+   */
+  private noteWaiting(shards: readonly string[]): void {
+    const now = this.o.clock.monotonic();
+    for (const s of [...this.waitingSince.keys()]) if (!shards.includes(s)) this.waitingSince.delete(s);
+    for (const s of shards) {
+      if (this.waitingSince.has(s)) continue;
+      this.waitingSince.set(s, now);
+      this.o.log.warn({ shard: s }, `shard ${s}: its primary is dead and no backup answers yet (not started?); nothing promoted: waiting for a backup to answer or the primary to come back`);
+    }
+    if (shards.length > 0 && !this.stopped && this.retry === null) {
+      this.retry = this.o.clock.setTimeout(() => {
+        this.retry = null;
+        if (!this.stopped) void this.enqueue(() => this.reconcile(null));
+      }, WAITING_RETRY_MS);
+    }
   }
 
   /** A lost shard whose primary is alive again (a healed partition, a continued process) is served again. */
@@ -186,7 +215,7 @@ export class ShardFailover {
    */
   overdue(limitMs: number): string | null {
     const now = this.o.clock.monotonic();
-    const late = [...this.lostSince].filter(([, at]) => now - at > limitMs).map(([s]) => s).sort();
+    const late = [...new Set([...this.lostSince, ...this.waitingSince].filter(([, at]) => now - at > limitMs).map(([s]) => s))].sort();
     if (late.length === 0) return null;
     // The servers whose copy of a shard was complete (a replica still seeding is not).
     const holders = (s: string) => {
@@ -246,6 +275,8 @@ export class ShardFailover {
 
   dispose(): void {
     this.stopped = true;
+    this.retry?.cancel();
+    this.retry = null;
     this.unsubscribe();
   }
 }

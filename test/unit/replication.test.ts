@@ -49,6 +49,18 @@ describe('placement and the promotion rule', () => {
     assert.equal(failover(p, new Set()), null, 'nothing dead: no new plan');
   });
 
+  test('only a backup whose replica answered is promoted: a server still starting holds nothing, so the shard waits instead', () => {
+    const p = placeReplicas(['a', 'b', 'c'], ['a', 'b', 'c'], 2);
+    // a dies while b and c have not started their replicas of a (a slow start on a loaded machine).
+    const none = failover(p, new Set(['a']), () => null, () => false)!;
+    assert.deepEqual(none.waiting, ['a']);
+    assert.deepEqual(none.placement.replicas.a, p.replicas.a, 'nothing promoted');
+    assert.deepEqual(none.changes.map((c) => c.shard), ['b', 'c'], 'the other shards drop the dead backup as usual');
+    // c answers (even with less applied than b would have): it is the one promoted.
+    const one = failover(p, new Set(['a']), (_s, n) => (n === 'c' ? 0 : null), (_s, n) => n === 'c')!;
+    assert.deepEqual([one.waiting, one.placement.replicas.a!.primary], [[], 'c']);
+  });
+
   test('a seeding replica is never promoted, and a shard whose every backup is dead is reported lost', () => {
     const p = placeReplicas(['a', 'b'], ['a', 'b', 'c'], 1);
     p.replicas.a!.seeding = ['c'];
@@ -426,6 +438,51 @@ describe('failover on the health verdicts (simulated clock)', () => {
       await f.settled();
       assert.deepEqual([...f.lost], [], 'b holds both shards (a promoted onto it): served again');
       assert.equal(f.overdue(10_000), null);
+    } finally {
+      f.dispose();
+      await sys.stop();
+    }
+  });
+  test('a dead primary whose backup does not answer yet (its server still starting) is not replaced by it; the failover decides again and promotes once it answers, or leaves the primary when it comes back', async () => {
+    const clock = new SimulatedClock(1_000);
+    const p1 = buildShardPlan({
+      version: 1, shards: ['a', 'b'], servers: ['a', 'b'], backupFactor: 1, partitions: 4, maxBlockBytes: 16,
+      denseParams: [{ name: 'w', size: 4 }], sparseTables: [],
+    });
+    const store = memoryPlanStore(p1);
+    const health = fakeHealth();
+    const broker = new InProcessBroker();
+    const sys = new ActorSystem({ transport: new Transport(broker.client(), { clientId: 'x', clock }), job: 'fo', node: 'x', clock, random: new SeededRandom(1) });
+    let started = false;
+    const f = new ShardFailover({
+      planStore: store, health, servers: ['a', 'b'], backupFactor: 1, transport: sys.transport, job: 'fo', clock, log: silentLogger(),
+      appliedOf: async () => (started ? 0 : null),
+    });
+    try {
+      for (const n of ['a', 'b']) health.set(n, 'alive');
+      health.set('a', 'dead');
+      await f.settled();
+      assert.equal((await store.get())!.placement.replicas.a!.primary, 'a', 'b has no replica of a yet: nothing promoted');
+      clock.increment(10_001);
+      assert.match(f.overdue(10_000) ?? '', /shard\(s\) a \(last held by a, b\): no live replica/, 'unavailable meanwhile, for server_recovery_timeout');
+      started = true;
+      clock.increment(500);
+      await f.settled();
+      await until(async () => (await store.get())!.placement.replicas.a!.primary === 'b', 'b promoted once it answers', 2_000);
+      assert.equal(f.overdue(10_000), null);
+
+      // Again with b's replica of a never answering, and a back: a stays primary, nothing is written for it.
+      const f2store = memoryPlanStore(p1);
+      const g = new ShardFailover({ planStore: f2store, health, servers: ['a', 'b'], backupFactor: 1, transport: sys.transport, job: 'fo', clock, log: silentLogger(), appliedOf: async () => null });
+      health.set('a', 'dead');
+      await g.settled();
+      health.set('a', 'alive');
+      await g.settled();
+      clock.increment(600);
+      await g.settled();
+      assert.equal((await f2store.get())!.placement.replicas.a!.primary, 'a');
+      assert.equal(g.overdue(0), null, 'served again');
+      g.dispose();
     } finally {
       f.dispose();
       await sys.stop();
