@@ -7,6 +7,7 @@
  * Ctrl-C. Linux only: node processes are found through /proc.
  */
 import { NetLab } from '../deploy/netlab.ts';
+import { findNatsServer } from '../deploy/local-cluster.ts';
 import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
 import { createWriteStream, readFileSync, readdirSync, rmSync, type WriteStream } from 'node:fs';
 import { join } from 'node:path';
@@ -389,3 +390,19 @@ export async function loadNetLab(_root: string): Promise<{ module: NetLabModule 
   if (!a.ok) return { skipped: `the network lab cannot run here: ${a.reason}` };
   return { module: { NetLab } };
 }
+
+/** The checkout's commit and whether tracked files differ from it (a result file records both). */
+export function gitCommit(root: string): { commit: string | null; dirty: boolean | null } {
+  const git = (args: string[]) => execFileSync('git', ['--no-optional-locks', ...args], { cwd: root, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
+  try {
+    return { commit: git(['rev-parse', 'HEAD']), dirty: git(['status', '--porcelain', '--untracked-files=no']) !== '' };
+  } catch {
+    return { commit: null, dirty: null };
+  }
+}
+
+/** `nats-server --version` of the binary the jobs use, or null. */
+export function natsServerVersion(): string | null {
+  try { return execFileSync(findNatsServer(), ['--version'], { encoding: 'utf8' }).trim(); } catch { return null; }
+}
+

@@ -73,7 +73,7 @@ import { fileURLToPath } from 'node:url';
 import { parse as parseYaml, stringify as stringifyYaml } from 'yaml';
 import { findNatsServer, startLocalCluster, type LocalCluster, type StartLocalClusterOptions } from '../deploy/local-cluster.ts';
 import {
-  Cleanup, DEFAULT_RECOVERY_OPTIONS, JobWatch, cliHelpMatches, loadNetLab, nodePids, now, placementOf, recoveryDefinition, recoveryFromAcks,
+  Cleanup, DEFAULT_RECOVERY_OPTIONS, JobWatch, cliHelpMatches, gitCommit, natsServerVersion, loadNetLab, nodePids, now, placementOf, recoveryDefinition, recoveryFromAcks,
   followOutput, removeDir, signalGroup, sleep, spawnTracked, type NetLab, type Recovery, type Tracked,
 } from './chaos.ts';
 
@@ -652,18 +652,7 @@ function scenarioResult(s: Scenario, runs: RunResult[], aucFaultFree: number | n
 
 // ---------------------------------------------------------------- main
 
-function commit(): { commit: string | null; dirty: boolean | null } {
-  const git = (args: string[]) => execFileSync('git', ['--no-optional-locks', ...args], { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
-  try {
-    return { commit: git(['rev-parse', 'HEAD']), dirty: git(['status', '--porcelain', '--untracked-files=no']) !== '' };
-  } catch {
-    return { commit: null, dirty: null };
-  }
-}
-
-function natsServerVersion(): string | null {
-  try { return execFileSync(findNatsServer(), ['--version'], { encoding: 'utf8' }).trim(); } catch { return null; }
-}
+const commit = () => gitCommit(ROOT);
 
 async function main(): Promise<void> {
   if (flag('--list')) {

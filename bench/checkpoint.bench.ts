@@ -1,0 +1,173 @@
+/**
+ * What checkpoints cost, on the quick start (examples/quickstart.yaml as
+ * shipped, a local 3-node NATS cluster started by each `hetps up`):
+ *
+ * - throughput: runs without checkpoints and with one every 10 s
+ *   (`checkpoint.every_s: 10`, `full_every: 3`), alternated in pairs so both
+ *   sides see the same machine; `samples_per_s_*` are medians of the runs'
+ *   summaries, `throughput_ratio` = with / without;
+ * - the pause for the cut (`pause_ms`, from every checkpoint of the runs
+ *   with them): how long training stood still;
+ * - bytes: `full_bytes` / `delta_bytes` (medians per checkpoint),
+ *   `delta_ratio` = full / delta; `write_mb_per_s` = bytes written over the
+ *   time spent encoding and writing them (after training resumed);
+ * - `resume_s`: `hetps up --resume DIR` from a mid-run checkpoint of the
+ *   last run with checkpoints, from the command's start to the moment every
+ *   shard is restored (stderr `resume: shard … restored`), cluster and node
+ *   start-up included; the resumed run trains to the end, and its
+ *   `resumed_from.batches_done + batches_acked = batches` is recorded.
+ *
+ * Goals (the issue's, fixed before any run): a checkpoint every 10 s costs
+ * at most 5 % of throughput (`throughput_ratio` ≥ 0.95), and the pause for
+ * the cut is at most 200 ms.
+ *
+ *   npm run bench:checkpoint                 → bench/results/checkpoint.json
+ *   options: --pairs N (default 2)  --out FILE
+ */
+import { spawn } from 'node:child_process';
+import { mkdtempSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { availableParallelism, cpus, tmpdir, totalmem } from 'node:os';
+import { join } from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { fileURLToPath } from 'node:url';
+import { gitCommit, natsServerVersion } from './chaos.ts';
+
+const ROOT = fileURLToPath(new URL('../', import.meta.url));
+const BIN = join(ROOT, 'bin', 'hetps.mjs');
+const argv = process.argv.slice(2);
+const option = (name: string): string | null => { const i = argv.indexOf(name); return i >= 0 ? argv[i + 1] ?? null : null; };
+const PAIRS = Number(option('--pairs') ?? 2);
+const OUT = option('--out') ?? join(ROOT, 'bench', 'results', 'checkpoint.json');
+const GOALS = { throughput_ratio: 0.95, pause_ms: 200 };
+const say = (s: string) => process.stderr.write(`[checkpoint] ${s}\n`);
+
+interface Taken { name: string; path: string; kind: 'full' | 'delta'; trigger: string; bytes: number; pause_ms: number; write_ms: number; rows: number; rows_held: number }
+interface Summary {
+  samples_per_s: number; batches: number; batches_acked: number; test_auc: number | null; wall_s: number; checkpoints: Taken[];
+  resumed_from?: { checkpoint: string; batches_done: number };
+}
+
+/** One `hetps up`; resolves with its summary, its stderr and when each watched line first appeared (ms after the start). */
+function up(config: string, extra: string[], watch: RegExp | null = null): Promise<{ summary: Summary; stderr: string; watchedAt: number | null; wall_ms: number }> {
+  return new Promise((resolve, reject) => {
+    const summaryFile = `${config}.${Date.now()}.summary.json`;
+    const t0 = performance.now();
+    const child = spawn(process.execPath, [BIN, 'up', '--config', config, '--summary', summaryFile, ...extra], { cwd: ROOT, stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    let watchedAt: number | null = null;
+    let partial = '';
+    child.stderr.on('data', (d: Buffer) => {
+      const text = d.toString();
+      stderr += text;
+      partial += text;
+      const lines = partial.split('\n');
+      partial = lines.pop() ?? '';
+      if (watch !== null) for (const l of lines) if (watch.test(l)) watchedAt = performance.now() - t0;
+    });
+    child.on('error', reject);
+    child.on('exit', (code) => {
+      const wall_ms = performance.now() - t0;
+      if (code !== 0) { reject(new Error(`hetps up ${extra.join(' ')} exited ${code}:\n${stderr.split('\n').slice(-30).join('\n')}`)); return; }
+      resolve({ summary: JSON.parse(readFileSync(summaryFile, 'utf8')) as Summary, stderr, watchedAt, wall_ms });
+    });
+  });
+}
+
+const median = (xs: readonly number[]): number | null => {
+  if (xs.length === 0) return null;
+  const s = [...xs].sort((a, b) => a - b);
+  const m = Math.floor(s.length / 2);
+  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
+};
+const round = (x: number | null, d = 3) => (x === null ? null : +x.toFixed(d));
+
+async function main(): Promise<void> {
+  const dir = mkdtempSync(join(tmpdir(), 'hetps-bench-checkpoint-'));
+  const began = performance.now();
+  try {
+    const quick = readFileSync(join(ROOT, 'examples', 'quickstart.yaml'), 'utf8');
+    const config = (name: string, checkpoint: string) => {
+      const file = join(dir, `${name}.yaml`);
+      writeFileSync(file, `${quick.replace('name: quickstart', `name: ${name}\n  run_dir: ${join(dir, 'runs')}`)}\ncheckpoint:\n${checkpoint}`);
+      return file;
+    };
+    const without = config('ckb-without', '  every_s: 0\n  at_end: false\n');
+    const root = join(dir, 'ckpts');
+    mkdirSync(root, { recursive: true });
+    const withCk = config('ckb-with', `  dir: ${root}\n  every_s: 10\n  full_every: 3\n  keep: 1000\n  at_end: false\n`);
+    const runs: { side: 'with' | 'without'; pair: number; samples_per_s: number; wall_s: number; checkpoints: Taken[]; test_auc: number | null }[] = [];
+    for (let pair = 1; pair <= PAIRS; pair++) {
+      // Alternate which side goes first, so a drift of the machine's load does not favour one.
+      const order: ('with' | 'without')[] = pair % 2 ? ['without', 'with'] : ['with', 'without'];
+      for (const side of order) {
+        say(`pair ${pair}/${PAIRS}: ${side} checkpoints`);
+        const r = await up(side === 'with' ? withCk : without, []);
+        runs.push({ side, pair, samples_per_s: r.summary.samples_per_s, wall_s: r.summary.wall_s, checkpoints: r.summary.checkpoints ?? [], test_auc: r.summary.test_auc });
+        say(`  ${Math.round(r.summary.samples_per_s)} samples/s, ${r.summary.checkpoints?.length ?? 0} checkpoints, AUC ${r.summary.test_auc}`);
+      }
+    }
+    const taken = runs.filter((r) => r.side === 'with').flatMap((r) => r.checkpoints);
+    const fulls = taken.filter((c) => c.kind === 'full');
+    const deltas = taken.filter((c) => c.kind === 'delta');
+    const withRate = median(runs.filter((r) => r.side === 'with').map((r) => r.samples_per_s));
+    const withoutRate = median(runs.filter((r) => r.side === 'without').map((r) => r.samples_per_s));
+    const written = taken.reduce((n, c) => n + c.bytes, 0);
+    const writeMs = taken.reduce((n, c) => n + c.write_ms, 0);
+
+    // Resume from a mid-run checkpoint of the last run with checkpoints (the middle one: a delta when there is one).
+    const lastWith = runs.filter((r) => r.side === 'with').at(-1)!.checkpoints;
+    let resume: Record<string, unknown> | null = null;
+    if (lastWith.length > 0) {
+      const from = lastWith[Math.floor((lastWith.length - 1) / 2)]!;
+      say(`resume from ${from.name} (${from.kind})`);
+      const r = await up(withCk, ['--resume', from.path], /resume: shard \S+ restored/);
+      resume = {
+        from: from.name, kind: from.kind, restored_after_s: round(r.watchedAt === null ? null : r.watchedAt / 1000),
+        wall_s: round(r.wall_ms / 1000), batches: r.summary.batches, batches_acked: r.summary.batches_acked, resumed_from: r.summary.resumed_from ?? null,
+        accounted: (r.summary.resumed_from?.batches_done ?? 0) + r.summary.batches_acked === r.summary.batches, test_auc: r.summary.test_auc,
+      };
+    }
+    const ratio = withRate !== null && withoutRate !== null ? withRate / withoutRate : null;
+    const pauses = taken.map((c) => c.pause_ms);
+    const fullBytes = median(fulls.map((c) => c.bytes));
+    const deltaBytes = median(deltas.map((c) => c.bytes));
+    const pauseMax = pauses.length ? Math.max(...pauses) : null;
+    const { commit, dirty } = gitCommit(ROOT);
+    const result = {
+      benchmark: 'checkpoint',
+      commit, dirty, date: new Date().toISOString(),
+      machine: {
+        cpu: cpus()[0]?.model ?? null, cores: availableParallelism(), memory_gib: Math.round(totalmem() / 2 ** 30), node: process.version,
+        platform: `${process.platform} ${process.arch}`, nats_server: natsServerVersion(), shared: 'other work may run on the same machine during the bench',
+      },
+      setup: {
+        job: 'examples/quickstart.yaml as shipped (2 servers, 5 emulated workers, hps), each run its own local 3-node NATS cluster',
+        with: 'checkpoint: { every_s: 10, full_every: 3, at_end: false }', without: 'checkpoint: { every_s: 0, at_end: false }',
+        pairs: PAIRS, order: 'alternated per pair', bench_wall_s: round((performance.now() - began) / 1000, 0),
+      },
+      goals: GOALS,
+      full_bytes: fullBytes, delta_bytes: deltaBytes, delta_ratio: round(fullBytes !== null && deltaBytes ? fullBytes / deltaBytes : null, 2),
+      delta_rows_fraction: round(median(deltas.map((c) => c.rows / Math.max(1, c.rows_held)))),
+      pause_ms: { median: median(pauses), max: pauseMax },
+      write_mb_per_s: round(writeMs > 0 ? written / 1e6 / (writeMs / 1000) : null, 1),
+      resume_s: resume?.restored_after_s ?? null,
+      resume_definition: 'seconds from starting `hetps up --resume DIR` (cluster and node start-up included) to the last shard restored',
+      samples_per_s_with: withRate, samples_per_s_without: withoutRate, throughput_ratio: round(ratio),
+      met: {
+        throughput: ratio !== null && ratio >= GOALS.throughput_ratio,
+        pause: pauseMax !== null && pauseMax <= GOALS.pause_ms,
+      },
+      resume,
+      checkpoints: taken.map(({ name, kind, trigger, bytes, pause_ms, write_ms, rows, rows_held }) => ({ name, kind, trigger, bytes, pause_ms, write_ms, rows, rows_held })),
+      runs,
+    };
+    mkdirSync(join(OUT, '..'), { recursive: true });
+    writeFileSync(OUT, `${JSON.stringify(result, null, 2)}\n`);
+    say(`wrote ${OUT}: throughput ${result.samples_per_s_with} vs ${result.samples_per_s_without} samples/s (ratio ${result.throughput_ratio}); `
+      + `pause median ${result.pause_ms.median} ms, max ${result.pause_ms.max} ms; full ${fullBytes} B, delta ${deltaBytes} B (${result.delta_ratio}×); resume ${result.resume_s} s`);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+await main();
