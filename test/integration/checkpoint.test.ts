@@ -120,7 +120,7 @@ test('quick start with checkpoint.every_s 2: periodic, ctl.checkpoint and end-of
     assert.ok(deltas.length > 0, 'some deltas were written');
     const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
     const pauses = s.checkpoints.filter((c) => c.trigger !== 'end').map((c) => c.pause_ms).sort((a, b) => a - b);
-    t.diagnostic(`${s.checkpoints.length} checkpoints (${[...triggers].join(", ")}); the last (${last.kind}) ${(last.bytes / 2 ** 20).toFixed(2)} MiB; `
+    t.diagnostic(`${s.checkpoints.length} checkpoints (${[...triggers].join(', ')}); the last (${last.kind}) ${(last.bytes / 2 ** 20).toFixed(2)} MiB; `
       + `pause for the cut: median ${pauses[Math.floor(pauses.length / 2)]} ms, max ${pauses.at(-1)} ms; `
       + `full ${(mean(fulls) / 2 ** 20).toFixed(2)} MiB, delta ${(mean(deltas) / 2 ** 20).toFixed(2)} MiB on average (${(mean(fulls) / mean(deltas)).toFixed(1)}× less)`);
 
