@@ -375,6 +375,20 @@ function fakeHealth(): HealthView & { set(node: string, s: HealthState): void } 
   };
 }
 
+/** Two servers a and b, each the primary of its shard and the backup of the other's, on a simulated clock and an in-process bus. */
+function twoServers() {
+  const clock = new SimulatedClock(1_000);
+  const p1 = buildShardPlan({
+    version: 1, shards: ['a', 'b'], servers: ['a', 'b'], backupFactor: 1, partitions: 4, maxBlockBytes: 16,
+    denseParams: [{ name: 'w', size: 4 }], sparseTables: [],
+  });
+  const store = memoryPlanStore(p1);
+  const health = fakeHealth();
+  const broker = new InProcessBroker();
+  const sys = new ActorSystem({ transport: new Transport(broker.client(), { clientId: 'x', clock }), job: 'fo', node: 'x', clock, random: new SeededRandom(1) });
+  return { clock, p1, store, health, sys };
+}
+
 describe('failover on the health verdicts (simulated clock)', () => {
   test('a dead verdict writes the next plan epoch by compare-and-set; a concurrent writer makes it decide again on the newer plan', async () => {
     const clock = new SimulatedClock(1_000);
@@ -412,15 +426,7 @@ describe('failover on the health verdicts (simulated clock)', () => {
   });
 
   test('server_recovery_timeout: a shard with no live replica is overdue after the limit, and served again when its primary is back', async () => {
-    const clock = new SimulatedClock(1_000);
-    const p1 = buildShardPlan({
-      version: 1, shards: ['a', 'b'], servers: ['a', 'b'], backupFactor: 1, partitions: 4, maxBlockBytes: 16,
-      denseParams: [{ name: 'w', size: 4 }], sparseTables: [],
-    });
-    const store = memoryPlanStore(p1);
-    const health = fakeHealth();
-    const broker = new InProcessBroker();
-    const sys = new ActorSystem({ transport: new Transport(broker.client(), { clientId: 'x', clock }), job: 'fo', node: 'x', clock, random: new SeededRandom(1) });
+    const { clock, p1, store, health, sys } = twoServers();
     const f = new ShardFailover({ planStore: store, health, servers: ['a', 'b'], backupFactor: 1, transport: sys.transport, job: 'fo', clock, log: silentLogger() });
     try {
       for (const n of ['a', 'b']) health.set(n, 'alive');
@@ -444,15 +450,7 @@ describe('failover on the health verdicts (simulated clock)', () => {
     }
   });
   test('a dead primary whose backup does not answer yet (its server still starting) is not replaced by it; the failover decides again and promotes once it answers, or leaves the primary when it comes back', async () => {
-    const clock = new SimulatedClock(1_000);
-    const p1 = buildShardPlan({
-      version: 1, shards: ['a', 'b'], servers: ['a', 'b'], backupFactor: 1, partitions: 4, maxBlockBytes: 16,
-      denseParams: [{ name: 'w', size: 4 }], sparseTables: [],
-    });
-    const store = memoryPlanStore(p1);
-    const health = fakeHealth();
-    const broker = new InProcessBroker();
-    const sys = new ActorSystem({ transport: new Transport(broker.client(), { clientId: 'x', clock }), job: 'fo', node: 'x', clock, random: new SeededRandom(1) });
+    const { clock, p1, store, health, sys } = twoServers();
     let started = false;
     const f = new ShardFailover({
       planStore: store, health, servers: ['a', 'b'], backupFactor: 1, transport: sys.transport, job: 'fo', clock, log: silentLogger(),
