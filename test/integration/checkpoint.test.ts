@@ -68,6 +68,17 @@ test('quick start with checkpoint.every_s 2: periodic, ctl.checkpoint and end-of
     const summaryFile = join(env.dir(), 'summary.json');
     const driver = hetps(['up', '--config', cfg, '--summary', summaryFile], { timeoutMs: 280_000 });
     children.push(driver);
+    // Early in the run (the quick start has 292 batches, and a command takes seconds to start on a loaded machine):
+    // the article's recovery after a partition, from the command line: every group re-forms (a fresh pull, sync again).
+    await until(() => acks.size >= 20, '20 acknowledged batches', 150_000, () => driver.stderr().slice(-3000));
+    const noFlag = await hetps(['recover', '--config', cfg], { timeoutMs: 30_000 }).exited;
+    assert.equal(noFlag.code, 2);
+    assert.match(noFlag.stderr, /hetps recover needs --force-sync/);
+    const recovered = await hetps(['recover', '--force-sync', '--config', cfg, '--json'], { timeoutMs: 60_000 }).exited;
+    assert.equal(recovered.code, 0, explainExit(recovered));
+    const rv = JSON.parse(recovered.stdout.trim().split('\n').at(-1)!) as { accepted: boolean; groups_version: number };
+    assert.equal(rv.accepted, true);
+
     await until(() => acks.size >= 100, '100 acknowledged batches', 150_000, () => driver.stderr().slice(-3000));
     const asked = await ctl(nc, 'checkpoint');
     assert.equal(asked.type, 'reply', JSON.stringify(asked));
@@ -76,14 +87,6 @@ test('quick start with checkpoint.every_s 2: periodic, ctl.checkpoint and end-of
     assert.ok(mine.bytes > 0 && mine.files === 2, JSON.stringify(mine));
     assert.ok(mine.batches_done >= 100, `the cut counts the batches acknowledged so far (${mine.batches_done})`);
     await verifyCheckpoint(mine.path);
-    // The article's recovery after a partition, from the command line: every group re-forms (a fresh pull, sync again).
-    const noFlag = await hetps(['recover', '--config', cfg], { timeoutMs: 30_000 }).exited;
-    assert.equal(noFlag.code, 2);
-    assert.match(noFlag.stderr, /hetps recover needs --force-sync/);
-    const recovered = await hetps(['recover', '--force-sync', '--config', cfg, '--json'], { timeoutMs: 60_000 }).exited;
-    assert.equal(recovered.code, 0, explainExit(recovered));
-    const rv = JSON.parse(recovered.stdout.trim().split('\n').at(-1)!) as { accepted: boolean; groups_version: number };
-    assert.equal(rv.accepted, true);
 
     const r = await driver.exited;
     assert.equal(r.code, 0, explainExit(r));
