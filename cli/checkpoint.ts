@@ -7,12 +7,18 @@ import { CheckpointError, listCheckpoints, readManifest, verifyCheckpoint, type 
 
 const mib = (bytes: number) => `${(bytes / 2 ** 20).toFixed(2)} MiB`;
 
-/** DIR itself when it holds a manifest (one checkpoint), else the checkpoints under it (a checkpoint root). */
-async function checkpointsIn(dir: string): Promise<{ name: string; path: string }[]> {
+type Row = { name: string; path: string; manifest: CheckpointManifest | null; error: string | null };
+
+/** DIR itself when it holds a manifest (one checkpoint), else the checkpoints under it (a checkpoint root), each with its manifest or why it cannot be read. */
+async function checkpointsIn(dir: string): Promise<Row[]> {
   const s = await stat(dir).catch(() => null);
   if (s === null || !s.isDirectory()) throw new ConfigError(`${dir} is not a directory; give a checkpoint directory or the checkpoint root (checkpoint.dir)`);
-  if (await stat(join(dir, 'manifest.json')).catch(() => null)) return [{ name: dir, path: dir }];
-  return (await listCheckpoints(dir)).map((c) => ({ name: c.name, path: c.path }));
+  if (!(await stat(join(dir, 'manifest.json')).catch(() => null))) return listCheckpoints(dir);
+  try {
+    return [{ name: dir, path: dir, manifest: await readManifest(dir), error: null }];
+  } catch (e) {
+    return [{ name: dir, path: dir, manifest: null, error: (e as Error).message }];
+  }
 }
 
 function line(name: string, m: CheckpointManifest, state: string): string {
@@ -29,15 +35,7 @@ export function register(program: Command): void {
     .argument('<dir>', 'checkpoint root (checkpoint.dir) or one checkpoint directory')
     .option('--json', 'print [{ name, path, manifest, error }] on stdout', false)
     .action(async (dir: string, o: { json: boolean }) => {
-      const found = await checkpointsIn(dir);
-      const rows: { name: string; path: string; manifest: CheckpointManifest | null; error: string | null }[] = [];
-      for (const c of found) {
-        try {
-          rows.push({ ...c, manifest: await readManifest(c.path), error: null });
-        } catch (e) {
-          rows.push({ ...c, manifest: null, error: (e as Error).message });
-        }
-      }
+      const rows = (await checkpointsIn(dir)).map(({ name, path, manifest, error }) => ({ name, path, manifest, error }));
       if (o.json) { process.stdout.write(`${JSON.stringify(rows, null, 2)}\n`); return; }
       if (rows.length === 0) { process.stdout.write(`no checkpoints in ${dir}\n`); return; }
       for (const r of rows) process.stdout.write(`${r.manifest ? line(r.name, r.manifest, 'manifest ok (run verify to check the files)') : `${r.name}  not usable: ${r.error}`}\n`);
@@ -51,7 +49,8 @@ export function register(program: Command): void {
       const found = await checkpointsIn(dir);
       if (found.length === 0) throw new ConfigError(`no checkpoints in ${dir}`);
       const rows: { name: string; path: string; ok: boolean; problems: string[] }[] = [];
-      for (const c of found) {
+      for (const { name, path } of found) {
+        const c = { name, path };
         try {
           const m = await verifyCheckpoint(c.path);
           rows.push({ ...c, ok: true, problems: [] });

@@ -703,7 +703,11 @@ export class GroupMember {
 
   /** A window pushed by this member alone (async groups; a degraded group's member). */
   private async ownWindow(idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases'>> {
-    const { version: _version, ...r } = await this.pushOwn(idle, drained, phases);
+    return this.aloneOutcome(await this.pushOwn(idle, drained, phases));
+  }
+
+  private aloneOutcome(pushed: Awaited<ReturnType<GroupMember['pushOwn']>>): Omit<WindowOutcome, 'window' | 'steps' | 'phases'> {
+    const { version: _version, ...r } = pushed;
     return { ...r, groupsVersion: this.seenVersion(), members: [this.o.member], lostShards: [] };
   }
 
@@ -727,8 +731,7 @@ export class GroupMember {
   private closeAlone(w: number, pushed: Awaited<ReturnType<GroupMember['pushOwn']>>): Omit<WindowOutcome, 'window' | 'steps' | 'phases'> {
     this.inbox.finish(w);
     this.machine.send(groupEvents.syncCompleted(w + 1, pushed.version));
-    const { version: _version, ...r } = pushed;
-    return { ...r, groupsVersion: this.seenVersion(), members: [this.o.member], lostShards: [] };
+    return this.aloneOutcome(pushed);
   }
 
   /** This member's gradient to every shard it touched. */

@@ -262,10 +262,16 @@ export class RegroupController {
     if (this.info.mode !== 'hps') throw new HetpsError(`recover: training.mode ${this.info.mode} has no groups to re-form (hps only)`);
     if (this.pausedAt !== null) throw new HetpsError('recover: the job is paused; resume it first (the groups re-form on the resume anyway)');
     while (this.inProgress !== null) await this.inProgress.catch(() => undefined);
-    const v = await this.writeGroups(this.groups, []);
+    const v = await this.reform(reason, 'recover', []);
     this.o.log.info({ groups_version: v, reason }, `recover (groups v${v}, ${reason}): every group re-forms unchanged at its next window boundary: a fresh pull, then synchronous rounds`);
-    this.startCompletion({ v, reason, trigger: 'recover', groups: this.groups, moved: [], groupedBy: 'unchanged', rejoined: [], replaced: [] });
     return { accepted: true, groups_version: v, groups: this.groups };
+  }
+
+  /** The groups written again unchanged as the next groups_version (every group re-forms), naming the workers taken back; completed in the background. */
+  private async reform(reason: string, trigger: RegroupRecord['trigger'], rejoining: string[]): Promise<number> {
+    const v = await this.writeGroups(this.groups, rejoining);
+    this.startCompletion({ v, reason, trigger, groups: this.groups, moved: [], groupedBy: 'unchanged', rejoined: rejoining, replaced: [] });
+    return v;
   }
 
   /** Writes `groups` as the next groups_version (the workers pause for it), naming the workers taken back. */
@@ -335,9 +341,8 @@ export class RegroupController {
       if (back.length === 0) continue;
       const reason = `${back.join(', ')} alive again after ${back.length > 1 ? 'their groups' : 'its group'} dropped ${back.length > 1 ? 'them' : 'it'}`;
       try {
-        const v = await this.writeGroups(this.groups, back);
+        const v = await this.reform(reason, 'rejoin', back);
         log.info({ groups_version: v, rejoining: back }, `rejoin (groups v${v}): ${reason}; the groups re-form unchanged at the next window boundary (a fresh pull, then synchronous rounds again)`);
-        this.startCompletion({ v, reason, trigger: 'rejoin', groups: this.groups, moved: [], groupedBy: 'unchanged', rejoined: back, replaced: [] });
       } catch (e) {
         log.warn({ err: (e as Error).message, rejoining: back }, `rejoin of ${back.join(', ')} failed: could not write the job info; they stay out of their group's rounds`);
       }
@@ -358,9 +363,8 @@ export class RegroupController {
     const s = ((this.info.recovery_timeout_ms ?? this.info.ack_wait_ms) / 1000).toFixed(1);
     const reason = `${dead.join(', ')} dead for longer than the worker recovery timeout (${s} s)`;
     try {
-      const v = await this.writeGroups(this.groups, []);
+      const v = await this.reform(reason, 'recovery-timeout', []);
       log.warn({ groups_version: v, dead }, `regroup to groups v${v} (${reason}): ${dead.length > 1 ? 'their groups re-form' : 'its group re-forms'} without ${dead.length > 1 ? 'them' : 'it'} and syncs again; should ${dead.length > 1 ? 'they' : 'it'} come back, ${dead.length > 1 ? 'they are' : 'it is'} taken back`);
-      this.startCompletion({ v, reason, trigger: 'recovery-timeout', groups: this.groups, moved: [], groupedBy: 'unchanged', rejoined: [], replaced: [] });
     } catch (e) {
       log.warn({ err: (e as Error).message, dead }, `re-forming the groups of ${dead.join(', ')} failed: could not write the job info; they stay async`);
     }

@@ -254,15 +254,22 @@ export async function listCheckpoints(root: string): Promise<CheckpointListing[]
  * newer ones refused on the way (each with its reason). null when none is usable.
  */
 export async function newestValidCheckpoint(root: string): Promise<{ path: string; manifest: CheckpointManifest; refused: { path: string; reason: string }[] } | null> {
+  const r = await newestUsable(root, verifyCheckpoint);
+  return r.found === null ? null : { path: r.found.path, manifest: r.found.value, refused: r.refused };
+}
+
+/** The newest checkpoint under `root` that `use` accepts (its value), and the newer ones it refused, each with its reason. */
+async function newestUsable<T>(root: string, use: (path: string) => Promise<T>): Promise<{ found: { path: string; value: T } | null; refused: { path: string; reason: string }[]; listed: number }> {
   const refused: { path: string; reason: string }[] = [];
-  for (const c of (await listCheckpoints(root)).reverse()) {
+  const all = await listCheckpoints(root);
+  for (const c of [...all].reverse()) {
     try {
-      return { path: c.path, manifest: await verifyCheckpoint(c.path), refused };
+      return { found: { path: c.path, value: await use(c.path) }, refused, listed: all.length };
     } catch (e) {
       refused.push({ path: c.path, reason: (e as Error).message });
     }
   }
-  return null;
+  return { found: null, refused, listed: all.length };
 }
 
 /** Keeps the newest `keep` checkpoints under `root` (and the checkpoints their deltas build on), removes older ones and temporary directories of writes that did not finish; returns what it removed. */
@@ -347,16 +354,9 @@ async function readForResume(path: string, job: string): Promise<Omit<ResumePoin
  */
 export async function loadResumePoint(which: string, root: string, job: string): Promise<ResumePoint> {
   if (which !== 'latest') return { ...(await readForResume(resolve(which), job)), refused: [] };
-  const all = await listCheckpoints(root);
-  const refused: ResumePoint['refused'] = [];
-  for (const c of [...all].reverse()) {
-    try {
-      return { ...(await readForResume(c.path, job)), refused };
-    } catch (e) {
-      refused.push({ path: c.path, reason: (e as Error).message });
-    }
-  }
-  throw new CheckpointError(all.length === 0
+  const { found, refused, listed } = await newestUsable(root, (path) => readForResume(path, job));
+  if (found !== null) return { ...found.value, refused };
+  throw new CheckpointError(listed === 0
     ? `--resume latest: no checkpoints in ${root} (checkpoint.dir); take one with ctl.checkpoint or checkpoint.every_s, or start without --resume`
-    : `--resume latest: none of the ${all.length} checkpoints in ${root} can be used (${refused.map((r) => r.reason).join('; ')}); start without --resume`, root, []);
+    : `--resume latest: none of the ${listed} checkpoints in ${root} can be used (${refused.map((r) => r.reason).join('; ')}); start without --resume`, root, []);
 }
