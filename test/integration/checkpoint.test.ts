@@ -116,7 +116,8 @@ test('quick start with checkpoint.every_s 2: periodic, ctl.checkpoint and end-of
       const m = await verifyCheckpoint(c.path);
       if (c.kind === 'full') { assert.deepEqual(m.chain, []); assert.equal(c.rows, c.rows_held); continue; }
       assert.deepEqual(m.chain, s.checkpoints.slice(i - (i % 3), i).map((x) => x.name));
-      assert.ok(c.rows < c.rows_held, `${c.name}: ${c.rows} of ${c.rows_held} rows`);
+      // Only rows updated since the previous checkpoint (on the quick start that may be all of them; which rows a delta keeps is unit-tested).
+      assert.ok(c.rows <= c.rows_held, `${c.name}: ${c.rows} of ${c.rows_held} rows`);
     }
     const fulls = s.checkpoints.filter((c) => c.kind === 'full').map((c) => c.bytes);
     const deltas = s.checkpoints.filter((c) => c.kind === 'delta').map((c) => c.bytes);
