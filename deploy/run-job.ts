@@ -34,7 +34,7 @@ import { allWorkerNodes, groupsMeasuredAtStart, inactiveSettings, natsConnection
 import type { Evaluation } from '../native-bridge/mod.ts';
 import { replicaId } from '../actors/shard/replica.ts';
 import { ackWaitFromConfig } from '../actors/store/batch-queue.ts';
-import { batchDescriptors, sparseLayoutFromConfig } from '../actors/node/config-bridge.ts';
+import { batchDescriptors, checkpointModelOf, sparseLayoutFromConfig } from '../actors/node/config-bridge.ts';
 import { natsJobInfoStore, waitForJobInfo, type JobInfo } from '../actors/store/job-info.ts';
 import { planJobGroups, prepareJob, profilesOf, waitForProfiles, type JobGrouping, type PreparedJob } from '../actors/scheduler/job.ts';
 import {
@@ -556,7 +556,7 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
     plane.monitor.setTotalBatches(info.total_batches);
     const ck = config.checkpoint;
     const checkpointer = new Checkpointer({
-      root: checkpointRoot(config), keep: ck.keep, fullEvery: ck.full_every, job, controller, plan: () => shardClient.plans.current,
+      root: checkpointRoot(config), keep: ck.keep, fullEvery: ck.full_every, job, model: checkpointModelOf(config, md.model), controller, plan: () => shardClient.plans.current,
       snapshot: (shard) => shardClient.snapshot(shard), clock: systemClock, log,
       acked: () => [...(prepared.done ?? []), ...monitor.ackedBatches()], totalBatches: prepared.descriptors.length + (prepared.done?.size ?? 0),
     });

@@ -18,3 +18,4 @@ export * from './data/ctr-synthetic.ts';
 export * from './data/mlp-synthetic.ts';
 export { SparseTable, type SparseTableOptions, type SparseTableSnapshot } from './sparse-table.ts';
 export * from './local-trainer.ts';
+export { evaluateExported, exportedCtrFeeds, onnxMetadata } from './exported.ts';

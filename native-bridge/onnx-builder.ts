@@ -69,6 +69,9 @@ export class GraphBuilder {
   private readonly names = new Set<string>();
   private readonly constCache = new Map<string, string>();
   private counter = 0;
+  /** Operator domains besides the default one, with their opset (`ai.onnx.ml` for LabelEncoder). */
+  private readonly domains = new Map<string, number>();
+  private readonly metadata: { key: string; value: string }[] = [];
   readonly inputSpecs: TensorSpec[] = [];
   readonly outputSpecs: TensorSpec[] = [];
 
@@ -132,7 +135,7 @@ export class GraphBuilder {
    * Adds a node. `outputs` are names to define, or a count of fresh names.
    * An empty input string marks an omitted optional input.
    */
-  node(opType: string, inputs: readonly string[], outputs: readonly string[] | number = 1, attrs: Attrs = {}): string[] {
+  node(opType: string, inputs: readonly string[], outputs: readonly string[] | number = 1, attrs: Attrs = {}, domain = ''): string[] {
     for (const i of inputs) {
       if (i !== '' && !this.names.has(i)) throw new Error(`graph ${this.name}: ${opType} reads undefined value ${i}`);
     }
@@ -141,6 +144,7 @@ export class GraphBuilder {
       : outputs.map((o) => this.claim(o));
     this.nodes.push({
       opType,
+      ...(domain === '' ? {} : { domain }),
       name: `${opType}_${this.nodes.length}`,
       input: [...inputs],
       output: outs,
@@ -154,11 +158,25 @@ export class GraphBuilder {
     return this.node(opType, inputs, as === null ? 1 : [as], attrs)[0]!;
   }
 
+  /** A single-output node of another operator domain (e.g. `ai.onnx.ml`), importing that domain at `version`. */
+  domainOp(domain: string, version: number, opType: string, inputs: readonly string[], attrs: Attrs = {}): string {
+    const had = this.domains.get(domain);
+    if (had !== undefined && had !== version) throw new Error(`graph ${this.name}: domain ${domain} imported at opset ${had} and ${version}`);
+    this.domains.set(domain, version);
+    return this.node(opType, inputs, 1, attrs, domain)[0]!;
+  }
+
+  /** A `metadata_props` entry of the model (what ONNX tools show as the model's metadata). */
+  meta(key: string, value: string): void {
+    this.metadata.push({ key, value });
+  }
+
   toModel(): Onnx.ModelProto {
     return onnx.ModelProto.create({
       irVersion: IR_VERSION,
       producerName: 'hetps',
-      opsetImport: [{ domain: '', version: OPSET }],
+      opsetImport: [{ domain: '', version: OPSET }, ...[...this.domains].map(([domain, version]) => ({ domain, version }))],
+      metadataProps: this.metadata,
       graph: {
         name: this.name,
         input: this.inputs,

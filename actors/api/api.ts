@@ -31,7 +31,7 @@ import {
 import { loadConfig, natsConnection, nodeOverrides, type HetpsConfig, type OptimizerType, type ShardPlan, type WorkerNode } from '../../topology/mod.ts';
 import { StepSession, type Batch, type DataSource } from '../../native-bridge/mod.ts';
 import { natsBatchQueue, type BatchDescriptor, type BatchQueue, type QueuedBatch } from '../store/batch-queue.ts';
-import { sparseLayoutFromConfig } from '../node/config-bridge.ts';
+import { checkpointModelOf, sparseLayoutFromConfig } from '../node/config-bridge.ts';
 import { GroupWindows } from './api-group.ts';
 import { GroupMember, reducesInGroup, type WindowOutcome } from '../group/group-sync.ts';
 import { ThreadedHeartbeat } from '../health/heartbeat.ts';
@@ -330,6 +330,7 @@ export class HeterogeneousParameterServer {
       manifest: {
         job: cfg.job.name, run_id: this.info?.run_id ?? null, trigger: 'api', plan: { version: plan.version, shards: [...plan.shards], placement: plan.placement ?? null },
         groups: this.info?.groups ?? null, optimizer: snaps[0] ? { dense: snaps[0].snap.dense_optimizer, sparse: snaps[0].snap.sparse_optimizer } : null, data: null,
+        model: checkpointModelOf(cfg, this.need(this.md, 'model').model),
       },
     });
     return manifest;

@@ -14,6 +14,7 @@ import {
   streamOptions, type CtrModel, type DataSource, type MlpModel, type Optimizer, type OptimizerConfigInput, type ScheduleConfig,
 } from '../../native-bridge/mod.ts';
 import type { BatchDescriptor } from '../store/batch-queue.ts';
+import type { CheckpointModel } from '../store/checkpoint.ts';
 
 /**
  * Embedding rows start uniform in ±0.05: small next to the He-initialised
@@ -115,6 +116,17 @@ export function sparseLayoutFromConfig(config: HetpsConfig, model: CtrModel | Ml
   const tables: SparseTableSpec[] = [{ name: EMB_TABLE, dim: (model as CtrModel).config.embeddingDim }];
   if (ctr.wide) tables.push({ name: WIDE_TABLE, dim: 1 });
   return { hashBuckets: ctr.hash_buckets, wide: ctr.wide, tables };
+}
+
+/** The model as a checkpoint's manifest records it (what `hetps export` rebuilds the graph from). */
+export function checkpointModelOf(config: HetpsConfig, model: CtrModel | MlpModel): CheckpointModel {
+  if (model.family === 'mlp') return { type: 'mlp', layers: [...(model as MlpModel).config.layers] };
+  const c = (model as CtrModel).config;
+  const layout = sparseLayoutFromConfig(config, model);
+  return {
+    type: 'ctr', slots: c.slots, embedding_dim: c.embeddingDim, dense_features: c.denseFeatures, hidden: [...c.hidden], pooling: c.pooling,
+    wide: layout.wide, hash_buckets: layout.hashBuckets === null ? null : typeof layout.hashBuckets === 'number' ? layout.hashBuckets : [...layout.hashBuckets],
+  };
 }
 
 /** Room in a message for everything but a dense block's floats (envelope, other fields, NATS headers). */

@@ -20,7 +20,7 @@ import type { Clock, Logger } from '../../runtime/mod.ts';
 import type { ShardPlan } from '../../topology/mod.ts';
 import type { ShardSnapshot } from '../shard/shard.messages.ts';
 import type { JobInfo } from '../store/job-info.ts';
-import { pruneCheckpoints, writeCheckpoint, type CheckpointManifest } from '../store/checkpoint.ts';
+import { pruneCheckpoints, writeCheckpoint, type CheckpointManifest, type CheckpointModel } from '../store/checkpoint.ts';
 import { deltaOf, rowSteps, type RowSteps } from '../store/checkpoint-delta.ts';
 
 export type CheckpointTrigger = CheckpointManifest['trigger'];
@@ -53,6 +53,8 @@ export interface CheckpointerOptions {
   /** A full checkpoint every this many (checkpoint.full_every); deltas between. Default 1: all full. */
   fullEvery?: number;
   job: string;
+  /** The model, recorded in every manifest (what `hetps export` rebuilds the graph from). */
+  model: CheckpointModel | null;
   controller: {
     pauseUntilPaused(reason: string, timeoutMs: number): Promise<{ already: boolean }>;
     resume(): Promise<unknown>;
@@ -130,6 +132,7 @@ export class Checkpointer {
         plan: { version: plan.version, shards: [...plan.shards], placement: plan.placement ?? null },
         groups: info.groups ?? null,
         optimizer: snaps[0] ? { dense: snaps[0].snap.dense_optimizer, sparse: snaps[0].snap.sparse_optimizer } : null,
+        model: this.o.model,
         data: { total_batches: this.o.totalBatches, acked },
       },
     });

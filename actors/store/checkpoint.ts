@@ -47,6 +47,26 @@ const fileEntry = z.object({
   round: z.number().int().nonnegative().nullable().default(null),
 });
 
+/**
+ * The model the shards' state belongs to: what `hetps export` needs to turn
+ * the checkpoint into an inference graph without the job's config.
+ */
+export const checkpointModelSchema = z.discriminatedUnion('type', [
+  z.object({
+    type: z.literal('ctr'),
+    slots: z.number().int().positive(),
+    embedding_dim: z.number().int().positive(),
+    dense_features: z.number().int().nonnegative(),
+    hidden: z.array(z.number().int().positive()),
+    pooling: z.enum(['sum', 'mean']),
+    wide: z.boolean(),
+    /** `bucketCtrIds` buckets (one number, or one per slot); null: the data's ids key the rows as they are. */
+    hash_buckets: z.union([z.number().int().positive(), z.array(z.number().int().positive()).min(1)]).nullable(),
+  }),
+  z.object({ type: z.literal('mlp'), layers: z.array(z.number().int().positive()).min(2) }),
+]);
+export type CheckpointModel = z.output<typeof checkpointModelSchema>;
+
 export const checkpointManifestSchema = z.object({
   format: z.literal(CHECKPOINT_FORMAT),
   /** The directory name: `ckpt-<sequence>-<time>` under a checkpoint root, or the name a caller chose (the API's `saveCheckpoint({ path })`). */
@@ -67,6 +87,8 @@ export const checkpointManifestSchema = z.object({
   /** hps: the groups at the cut (null: another mode). */
   groups: z.array(z.unknown()).nullable().default(null),
   optimizer: z.object({ dense: z.string().min(1), sparse: z.string().min(1) }).nullable().default(null),
+  /** The model (null: a checkpoint written before hetps recorded it; `hetps export --config` supplies it). */
+  model: checkpointModelSchema.nullable().default(null),
   /** Where the data stood: batches acknowledged before the cut (by id) and the job's total. */
   data: z.object({ total_batches: z.number().int().nonnegative().nullable(), acked: z.array(z.string().min(1)) }).nullable().default(null),
   files: z.array(fileEntry),
@@ -112,8 +134,8 @@ export async function nextSequence(root: string): Promise<number> {
 
 export interface CheckpointContent {
   files: { name: string; bytes: Uint8Array; shard?: string | null; version?: number | null; round?: number | null }[];
-  manifest: Omit<CheckpointManifest, 'format' | 'name' | 'sequence' | 'files' | 'bytes' | 'created_at' | 'kind' | 'chain'>
-    & { created_at?: string; kind?: CheckpointManifest['kind']; chain?: string[] };
+  manifest: Omit<CheckpointManifest, 'format' | 'name' | 'sequence' | 'files' | 'bytes' | 'created_at' | 'kind' | 'chain' | 'model'>
+    & { created_at?: string; kind?: CheckpointManifest['kind']; chain?: string[]; model?: CheckpointModel | null };
 }
 
 /**
@@ -313,14 +335,24 @@ export interface ResumePoint {
 }
 
 /**
- * Reads a checkpoint for a resume: it and every checkpoint of its chain
- * verified (CheckpointError naming the file otherwise), their shard files
- * decoded and applied in order.
+ * The shards' state as of one checkpoint: it and every checkpoint of its
+ * chain verified (CheckpointError naming the file otherwise), their shard
+ * files decoded and applied in order.
  */
+export async function readCheckpointState(path: string): Promise<{ manifest: CheckpointManifest; snapshots: Map<string, ShardSnapshot> }> {
+  return readChain(path, await verifyCheckpoint(path));
+}
+
+/** A checkpoint for a resume: its state, and a check that it is of this job and records where the data stood. */
 async function readForResume(path: string, job: string): Promise<Omit<ResumePoint, 'refused'>> {
   const manifest = await verifyCheckpoint(path);
   if (manifest.job !== job) throw new CheckpointError(`checkpoint ${path} is of job ${manifest.job}, not ${job}; give a checkpoint of this job (or --job ${manifest.job})`, path, []);
   if (manifest.data === null) throw new CheckpointError(`checkpoint ${path} records no data position (a checkpoint saved by the API); a resume needs one taken by the driver (ctl.checkpoint, checkpoint.every_s, the end of a job)`, path, []);
+  const { snapshots } = await readChain(path, manifest);
+  return { path, manifest, snapshots, done: new Set(manifest.data.acked) };
+}
+
+async function readChain(path: string, manifest: CheckpointManifest): Promise<{ manifest: CheckpointManifest; snapshots: Map<string, ShardSnapshot> }> {
   const links: { path: string; manifest: CheckpointManifest }[] = [];
   for (const name of manifest.chain) {
     const p = join(dirname(path), name);
@@ -341,8 +373,7 @@ async function readForResume(path: string, job: string): Promise<Omit<ResumePoin
       a.push(snap);
     }
   }
-  const snapshots = new Map([...perShard].map(([shard, chain]) => [shard, overlay(chain)]));
-  return { path, manifest, snapshots, done: new Set(manifest.data.acked) };
+  return { manifest, snapshots: new Map([...perShard].map(([shard, chain]) => [shard, overlay(chain)])) };
 }
 
 /**

@@ -25,7 +25,7 @@ import { ConfigError, InvalidTensorError } from '../../runtime/errors.ts';
 import type { DenseParamSpec, GraphKind, HostTensor, ModelGraph, StepFeeds } from '../native.ts';
 import { GraphBuilder, scalarTensor } from '../onnx-builder.ts';
 import type { Model } from './model.ts';
-import { denseParam, dimOf, inverseDimOf, towerBackward, towerForward, type TowerLayer } from './tower.ts';
+import { denseParam, dimOf, exportedParam, inverseDimOf, towerBackward, towerForward, type TowerLayer } from './tower.ts';
 
 export type BagPooling = 'sum' | 'mean';
 
@@ -108,32 +108,35 @@ export class CtrModel implements Model {
     if (kind === 'step') checkLabels(feeds['labels']);
   }
 
-  private build(kind: GraphKind): ModelGraph {
-    const { slots: S, embeddingDim: D, denseFeatures: F, pooling } = this.config;
-    const B = CTR_BATCH; const U = CTR_UNIQUE_ROWS; const N = CTR_BAG_IDS;
-    const g = new GraphBuilder(`hetps_ctr_${kind}`);
-
+  /** The tower's layers and the global bias, each parameter read through `param` (a graph input, or an initializer in an export). */
+  private towerParams(g: GraphBuilder, param: (p: DenseParamSpec) => string): { layers: TowerLayer[]; grads: { weight: string; bias: string | null }[]; bias: string } {
     const layers: TowerLayer[] = [];
     const grads: { weight: string; bias: string | null }[] = [];
     const depth = this.config.hidden.length + 1;
     for (let i = 1; i <= depth; i++) {
       const w = this.denseParams.find((p) => p.name === `W${i}`)!;
       const b = this.denseParams.find((p) => p.name === `b${i}`) ?? null;
-      layers.push({ weight: g.input(w.name, 'float32', w.dims), bias: b === null ? null : g.input(b.name, 'float32', b.dims) });
+      layers.push({ weight: param(w), bias: b === null ? null : param(b) });
       grads.push({ weight: w.gradName, bias: b === null ? null : b.gradName });
     }
-    const bias = g.input('bias', 'float32', [1], 'global logit intercept');
-    const embRows = g.input('emb_rows', 'float32', [U, D], 'embedding rows gathered for this batch, one per distinct id');
-    const wideRows = g.input('wide_rows', 'float32', [U, 1], 'wide (linear) weights of the same rows');
-    const bagRows = g.input('bag_rows', 'int32', [N], 'row of emb_rows for every id occurrence, ordered by sample then slot');
-    const bagCounts = g.input('bag_counts', 'int32', [B, S], 'ids per (sample, slot) bag; 0 = empty bag');
-    const dense = F > 0 ? g.input('dense_features', 'float32', [B, F]) : null;
-    const labels = kind === 'step' ? g.input('labels', 'float32', [B], 'click label in [0, 1]') : null;
+    return { layers, grads, bias: param(this.denseParams.find((p) => p.name === 'bias')!) };
+  }
 
+  /**
+   * The forward pass shared by the step, eval and exported graphs, up to
+   * `predictions`. `bagRowsOf(seg)` gives the row of every id occurrence
+   * (the `bag_rows` input, or in an export the seen-row lookup of the ids,
+   * which needs each occurrence's bag `seg` to know its slot).
+   */
+  private forward(g: GraphBuilder, io: {
+    layers: readonly TowerLayer[]; bias: string; embRows: string; wideRows: string | null;
+    bagCounts: string; dense: string | null; nIds: string; bagRowsOf: (seg: string) => string;
+  }): CtrForward {
+    const { slots: S, embeddingDim: D, pooling } = this.config;
+    const { bagCounts, nIds } = io;
     // --- segments: bag index (sample·S + slot) of every id occurrence ---
     const flatCounts = g.op('Reshape', [g.op('Cast', [bagCounts], { to: 7 }), g.constI64([-1])]); // [B·S] int64
     const starts = g.op('Sub', [g.op('CumSum', [flatCounts, g.constI64([0], [])]), flatCounts]); // exclusive prefix sum
-    const nIds = dimOf(g, bagRows, 0); // [1] = N
     const marksZero = g.op('ConstantOfShape', [g.op('Add', [nIds, g.constI64([1])])], { value: scalarTensor('int64', 0) }); // [N+1]
     const ones = g.op('Expand', [g.constI64([1], []), g.op('Shape', [flatCounts])]); // [B·S] int64
     // A 1 at every bag start (empty bags share their start with the next bag, add makes that 2); slot N catches trailing empty bags.
@@ -143,6 +146,7 @@ export class CtrModel implements Model {
     const seg2 = g.op('Unsqueeze', [seg, g.constI64([1])]); // [N,1] ScatterND index
     const sample = g.op('Div', [seg, g.constI64([S], [])]); // [N] sample of every id occurrence
     const sample2 = g.op('Unsqueeze', [sample, g.constI64([1])]); // [N,1]
+    const bagRows = io.bagRowsOf(seg);
 
     // --- bag pooling ---
     let bagWeight: string | null = null; // [N,1] 1/len(bag) for mean pooling
@@ -150,23 +154,44 @@ export class CtrModel implements Model {
       const inv = g.op('Reciprocal', [g.op('Max', [g.op('Cast', [flatCounts], { to: 1 }), g.constF32([1], [])])]);
       bagWeight = g.op('Unsqueeze', [g.op('Gather', [inv, seg]), g.constI64([1])]);
     }
-    let picked = g.op('Gather', [embRows, bagRows], { axis: 0 }); // [N,D]
+    let picked = g.op('Gather', [io.embRows, bagRows], { axis: 0 }); // [N,D]
     if (bagWeight !== null) picked = g.op('Mul', [picked, bagWeight]);
     const bagsShape = g.op('Concat', [g.op('Shape', [flatCounts]), g.constI64([D])], { axis: 0 }); // [B·S, D]
     const pooledFlat = g.op('ScatterND', [g.op('ConstantOfShape', [bagsShape]), seg2, picked], { reduction: 'add' });
     const pooled = g.op('Reshape', [pooledFlat, g.constI64([-1, S * D])]); // [B, S·D]
 
     // --- deep ---
-    const deepIn = dense === null ? pooled : g.op('Concat', [pooled, dense], { axis: 1 });
-    const fwd = towerForward(g, deepIn, layers); // [B,1]
+    const deepIn = io.dense === null ? pooled : g.op('Concat', [pooled, io.dense], { axis: 1 });
+    const tower = towerForward(g, deepIn, io.layers); // [B,1]
 
     // --- wide: sum of the wide weights of every id of the sample ---
-    const wideShape = g.op('Concat', [dimOf(g, bagCounts, 0), g.constI64([1])], { axis: 0 }); // [B,1]
-    const wideSum = g.op('ScatterND', [g.op('ConstantOfShape', [wideShape]), sample2, g.op('Gather', [wideRows, bagRows], { axis: 0 })], { reduction: 'add' });
-
-    const logit2 = g.op('Add', [g.op('Add', [fwd.out, wideSum]), bias]); // [B,1]
+    let deepAndWide = tower.out; // [B,1]
+    if (io.wideRows !== null) {
+      const wideShape = g.op('Concat', [dimOf(g, bagCounts, 0), g.constI64([1])], { axis: 0 }); // [B,1]
+      const wideSum = g.op('ScatterND', [g.op('ConstantOfShape', [wideShape]), sample2, g.op('Gather', [io.wideRows, bagRows], { axis: 0 })], { reduction: 'add' });
+      deepAndWide = g.op('Add', [deepAndWide, wideSum]);
+    }
+    const logit2 = g.op('Add', [deepAndWide, io.bias]); // [B,1]
     const logit = g.op('Reshape', [logit2, g.constI64([-1])]);
     g.op('Sigmoid', [logit], {}, 'predictions');
+    return { seg, sample, bagRows, bagWeight, tower, logit };
+  }
+
+  private build(kind: GraphKind): ModelGraph {
+    const { slots: S, embeddingDim: D, denseFeatures: F } = this.config;
+    const B = CTR_BATCH; const U = CTR_UNIQUE_ROWS; const N = CTR_BAG_IDS;
+    const g = new GraphBuilder(`hetps_ctr_${kind}`);
+
+    const { layers, grads, bias } = this.towerParams(g, (p) => g.input(p.name, 'float32', p.dims, p.name === 'bias' ? 'global logit intercept' : null));
+    const embRows = g.input('emb_rows', 'float32', [U, D], 'embedding rows gathered for this batch, one per distinct id');
+    const wideRows = g.input('wide_rows', 'float32', [U, 1], 'wide (linear) weights of the same rows');
+    const bagRows = g.input('bag_rows', 'int32', [N], 'row of emb_rows for every id occurrence, ordered by sample then slot');
+    const bagCounts = g.input('bag_counts', 'int32', [B, S], 'ids per (sample, slot) bag; 0 = empty bag');
+    const dense = F > 0 ? g.input('dense_features', 'float32', [B, F]) : null;
+    const labels = kind === 'step' ? g.input('labels', 'float32', [B], 'click label in [0, 1]') : null;
+
+    const f = this.forward(g, { layers, bias, embRows, wideRows, bagCounts, dense, nIds: dimOf(g, bagRows, 0), bagRowsOf: () => bagRows });
+    const { seg, sample, bagWeight, logit } = f;
 
     if (labels !== null) {
       // log(1+e^x) − x·y written as max(x,0) − x·y + log(1+e^−|x|): no overflow for large |x|.
@@ -178,7 +203,7 @@ export class CtrModel implements Model {
       const dLogit = g.op('Mul', [g.op('Sub', ['predictions', labels]), inverseDimOf(g, labels, 0)]);
       const dLogit2 = g.op('Unsqueeze', [dLogit, g.constI64([1])]); // [B,1]
       g.op('ReduceSum', [dLogit, g.constI64([0])], { keepdims: 1 }, 'bias_grad');
-      const { dzFirst } = towerBackward(g, fwd, layers, dLogit2, grads);
+      const { dzFirst } = towerBackward(g, f.tower, layers, dLogit2, grads);
       // Only the pooled columns of the first layer need an input gradient; dense features have none.
       const w1 = layers[0]!.weight;
       const w1Emb = F > 0 ? g.op('Slice', [w1, g.constI64([0]), g.constI64([S * D]), g.constI64([0])]) : w1;
@@ -200,6 +225,98 @@ export class CtrModel implements Model {
     }
     return { model: this.family, kind, inputs: g.inputSpecs, outputs: g.outputSpecs, bytes: g.serialize() };
   }
+
+  /**
+   * A self-contained inference graph: the trained dense parameters and the
+   * rows of the embedding (and wide) table that were seen are initializers,
+   * so plain ONNX Runtime scores raw samples. Inputs: `ids` int64 [N] (the
+   * data's sparse ids, unsigned 32-bit values, every occurrence ordered by
+   * sample then slot; the low 32 bits are used, as the trainer reads its
+   * int32 ids), `bag_counts` int32 [B, S] and, with dense features,
+   * `dense_features` float32 [B, F]. Output: `predictions` float32 [B].
+   *
+   * Ids are hash-bucketed as the trainer does (`bucketCtrIds`: slot base +
+   * id mod buckets) and looked up among the seen rows with ai.onnx.ml
+   * LabelEncoder; an id never seen in training gets a zero embedding and a
+   * zero wide weight.
+   */
+  exportGraph(w: CtrExportWeights): ModelGraph {
+    const { slots: S, embeddingDim: D, denseFeatures: F } = this.config;
+    const B = CTR_BATCH; const N = CTR_BAG_IDS;
+    const g = new GraphBuilder('hetps_ctr_inference');
+    const { layers, bias } = this.towerParams(g, (p) => g.initializer(p.name, 'float32', p.dims, exportedParam(w.dense, p)));
+    const ids = g.input('ids', 'int64', [N], 'sparse ids of every occurrence, ordered by sample then slot (unsigned 32-bit values)');
+    const bagCounts = g.input('bag_counts', 'int32', [B, S], 'ids per (sample, slot) bag; 0 = empty bag');
+    const dense = F > 0 ? g.input('dense_features', 'float32', [B, F]) : null;
+
+    const seen = seenRows(w.emb, D, w.wide);
+    const embRows = g.initializer('embedding', 'float32', [seen.keys.length + 1, D], seen.emb);
+    const wideRows = seen.wide === null ? null : g.initializer('wide', 'float32', [seen.keys.length + 1, 1], seen.wide);
+    const bagRowsOf = (seg: string): string => {
+      let key = g.op('BitwiseAnd', [ids, g.constI64([0xffffffff], [])]);
+      const buckets = w.hashBuckets;
+      if (buckets !== null) {
+        const perSlot = typeof buckets === 'number' ? Array.from({ length: S }, () => buckets) : [...buckets];
+        if (perSlot.length !== S) throw new InvalidTensorError(`export: hash buckets list ${perSlot.length} slots, the model ${S}`, { data: { input: 'ids' } });
+        const bases: number[] = [];
+        let total = 0;
+        for (const b of perSlot) { bases.push(total); total += b; }
+        const slot = g.op('Mod', [seg, g.constI64([S], [])]);
+        key = g.op('Add', [g.op('Gather', [g.constI64(bases), slot]), g.op('Mod', [key, g.op('Gather', [g.constI64(perSlot), slot])])]);
+      }
+      if (seen.keys.length === 0) return g.op('Mul', [key, g.constI64([0], [])]); // nothing seen: every id → the zero row
+      return g.domainOp('ai.onnx.ml', 2, 'LabelEncoder', [key], {
+        keys_int64s: seen.keys, values_int64s: seen.keys.map((_, i) => i), default_int64: seen.keys.length,
+      });
+    };
+    this.forward(g, { layers, bias, embRows, wideRows, bagCounts, dense, nIds: dimOf(g, ids, 0), bagRowsOf });
+    g.output('predictions', 'float32', [B], 'click probability σ(logit)');
+    for (const [k, v] of Object.entries(w.metadata ?? {})) g.meta(k, v);
+    return { model: this.family, kind: 'eval', inputs: g.inputSpecs, outputs: g.outputSpecs, bytes: g.serialize() };
+  }
+}
+
+/** What `forward` leaves for the backward pass. */
+interface CtrForward {
+  seg: string; sample: string; bagRows: string; bagWeight: string | null; tower: ReturnType<typeof towerForward>; logit: string;
+}
+
+/** Rows of one sparse table: ids (hash-bucketed, as the shards key them) and their values, row-major. */
+export interface TableRows {
+  readonly ids: Uint32Array;
+  readonly values: Float32Array;
+}
+
+/** What `CtrModel.exportGraph` bakes into the graph. */
+export interface CtrExportWeights {
+  readonly dense: ReadonlyMap<string, Float32Array>;
+  readonly emb: TableRows;
+  /** null: the model has no wide part. */
+  readonly wide: TableRows | null;
+  /** `model.ctr.hash_buckets` (null: ids are the rows' keys as they are). */
+  readonly hashBuckets: number | readonly number[] | null;
+  /** `metadata_props` of the model (job, checkpoint, …). */
+  readonly metadata?: Readonly<Record<string, string>>;
+}
+
+/**
+ * The union of the ids of both tables, sorted, and each table laid out over
+ * it with one zero row after the last (the row of an id never seen). An id
+ * in one table only gets zeros in the other.
+ */
+function seenRows(emb: TableRows, D: number, wide: TableRows | null): { keys: number[]; emb: Float32Array; wide: Float32Array | null } {
+  if (emb.values.length !== emb.ids.length * D) throw new InvalidTensorError(`export: the embedding table holds ${emb.values.length} values for ${emb.ids.length} rows of ${D}`, { data: { tensor: 'emb' } });
+  if (wide !== null && wide.values.length !== wide.ids.length) throw new InvalidTensorError(`export: the wide table holds ${wide.values.length} values for ${wide.ids.length} rows of 1`, { data: { tensor: 'wide' } });
+  const keys = [...new Set([...emb.ids, ...(wide?.ids ?? [])])].sort((a, b) => a - b);
+  const at = new Map(keys.map((k, i) => [k, i]));
+  const e = new Float32Array((keys.length + 1) * D);
+  emb.ids.forEach((id, r) => e.set(emb.values.subarray(r * D, r * D + D), at.get(id)! * D));
+  let wv: Float32Array | null = null;
+  if (wide !== null) {
+    wv = new Float32Array(keys.length + 1);
+    wide.ids.forEach((id, r) => { wv![at.get(id)!] = wide.values[r]!; });
+  }
+  return { keys, emb: e, wide: wv };
 }
 
 function bad(input: string, what: string, data: Record<string, unknown>): InvalidTensorError {

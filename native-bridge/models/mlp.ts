@@ -6,7 +6,7 @@ import { ConfigError, InvalidTensorError } from '../../runtime/errors.ts';
 import type { DenseParamSpec, GraphKind, ModelGraph, StepFeeds } from '../native.ts';
 import { GraphBuilder } from '../onnx-builder.ts';
 import type { Model } from './model.ts';
-import { denseParam, inverseDimOf, towerBackward, towerForward, type TowerLayer } from './tower.ts';
+import { denseParam, exportedParam, inverseDimOf, towerBackward, towerForward, type TowerLayer } from './tower.ts';
 
 export interface MlpConfig {
   /** Layer widths, input first, classes last: `[1024, 512, 256, 10]`. */
@@ -74,17 +74,38 @@ export class MlpModel implements Model {
     }
   }
 
+  /** The tower's layers, each parameter read through `param` (a graph input, or an initializer in an export). */
+  private layers(param: (p: DenseParamSpec) => string): TowerLayer[] {
+    const layers: TowerLayer[] = [];
+    for (let i = 0; i < this.denseParams.length; i += 2) {
+      layers.push({ weight: param(this.denseParams[i]!), bias: param(this.denseParams[i + 1]!) });
+    }
+    return layers;
+  }
+
+  /**
+   * A self-contained inference graph: the trained parameters are
+   * initializers. Input `x` float32 [B, in] (the same features the trainer
+   * reads: for a token source, `hashedBagOfIds`); output `predictions`
+   * float32 [B, classes].
+   */
+  exportGraph(w: { readonly dense: ReadonlyMap<string, Float32Array>; readonly metadata?: Readonly<Record<string, string>> }): ModelGraph {
+    const g = new GraphBuilder('hetps_mlp_inference');
+    const x = g.input('x', 'float32', [MLP_BATCH, this.inputWidth], 'input features');
+    const layers = this.layers((p) => g.initializer(p.name, 'float32', p.dims, exportedParam(w.dense, p)));
+    g.op('Softmax', [towerForward(g, x, layers).out], { axis: 1 }, 'predictions');
+    g.output('predictions', 'float32', [MLP_BATCH, this.classes], 'class probabilities');
+    for (const [k, v] of Object.entries(w.metadata ?? {})) g.meta(k, v);
+    return { model: this.family, kind: 'eval', inputs: g.inputSpecs, outputs: g.outputSpecs, bytes: g.serialize() };
+  }
+
   private build(kind: GraphKind): ModelGraph {
     const g = new GraphBuilder(`hetps_mlp_${kind}`);
     const B = MLP_BATCH;
     const C = this.classes;
     const x = g.input('x', 'float32', [B, this.inputWidth], 'input features');
     const labels = kind === 'step' ? g.input('labels', 'int32', [B], 'class index per sample, in [0, classes)') : null;
-    const layers: TowerLayer[] = [];
-    for (let i = 0; i < this.denseParams.length; i += 2) {
-      const w = this.denseParams[i]!; const b = this.denseParams[i + 1]!;
-      layers.push({ weight: g.input(w.name, 'float32', w.dims), bias: g.input(b.name, 'float32', b.dims) });
-    }
+    const layers = this.layers((p) => g.input(p.name, 'float32', p.dims));
     const fwd = towerForward(g, x, layers);
     if (labels === null) {
       g.op('Softmax', [fwd.out], { axis: 1 }, 'predictions');

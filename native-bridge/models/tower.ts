@@ -2,6 +2,7 @@
  * Graph fragments shared by the models: a ReLU tower of dense layers with its
  * hand-written backward pass, and a few shape helpers.
  */
+import { InvalidTensorError } from '../../runtime/errors.ts';
 import type { DenseParamSpec } from '../native.ts';
 import type { GraphBuilder } from '../onnx-builder.ts';
 
@@ -75,4 +76,13 @@ export function towerBackward(
 /** The spec of a dense parameter with the repo-wide gradient naming (`<name>_grad`). */
 export function denseParam(name: string, dims: readonly number[]): DenseParamSpec {
   return { name, dims, gradName: `${name}_grad` };
+}
+
+/** A trained dense parameter for an exported graph, checked against its spec. */
+export function exportedParam(dense: ReadonlyMap<string, Float32Array>, p: DenseParamSpec): Float32Array {
+  const v = dense.get(p.name);
+  const size = p.dims.reduce((a, b) => a * b, 1);
+  if (v === undefined) throw new InvalidTensorError(`export: dense parameter ${p.name} is missing`, { data: { tensor: p.name } });
+  if (v.length !== size) throw new InvalidTensorError(`export: dense parameter ${p.name} has ${v.length} values, the model ${size} (${p.dims.join('×')})`, { data: { tensor: p.name, expected: size, actual: v.length } });
+  return v;
 }

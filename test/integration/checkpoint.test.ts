@@ -8,6 +8,8 @@
  * they record only grow, and the last one records every batch. One flipped
  * byte makes the newest refused by name, and the one before it is the newest
  * usable; `hetps checkpoint verify` fails naming the file, `ls` lists them.
+ * `hetps export` turns the end-of-job checkpoint into an ONNX model that
+ * onnxruntime-node loads, and `hetps eval` scores it to the summary's AUC.
  * `hetps recover --force-sync` re-forms every group meanwhile.
  *
  * Then a crash: the driver and every node SIGKILLed mid-run, the newest
@@ -23,6 +25,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { join } from 'node:path';
 import { connect, headers, type NatsConnection } from '@nats-io/transport-node';
 import { decode } from '@msgpack/msgpack';
+import * as ort from 'onnxruntime-node';
 import { type Child, clusterAndDirForFile, explainExit, hetps, ROOT } from '../support/ps.ts';
 import { until } from '../support/until.ts';
 import { listCheckpoints, newestValidCheckpoint, verifyCheckpoint } from '../../actors/store/checkpoint.ts';
@@ -127,6 +130,25 @@ test('quick start with checkpoint.every_s 2: periodic, ctl.checkpoint and end-of
     t.diagnostic(`${s.checkpoints.length} checkpoints (${[...triggers].join(', ')}); the last (${last.kind}) ${(last.bytes / 2 ** 20).toFixed(2)} MiB; `
       + `pause for the cut: median ${pauses[Math.floor(pauses.length / 2)]} ms, max ${pauses.at(-1)} ms; `
       + `full ${(mean(fulls) / 2 ** 20).toFixed(2)} MiB, delta ${(mean(deltas) / 2 ** 20).toFixed(2)} MiB on average (${(mean(fulls) / mean(deltas)).toFixed(1)}× less)`);
+
+    // Export: the end-of-job checkpoint (with its chain) as one ONNX inference graph; plain onnxruntime-node loads it,
+    // and scoring the test split with it gives the summary's AUC.
+    const onnxFile = join(env.dir(), 'model.onnx');
+    const exported = await hetps(['export', '--checkpoint', last.path, '--out', onnxFile, '--json'], { timeoutMs: 120_000 }).exited;
+    assert.equal(exported.code, 0, explainExit(exported));
+    const ex = JSON.parse(exported.stdout.trim()) as { path: string; rows: Record<string, number>; bytes: number };
+    assert.ok(ex.rows['emb']! > 1000, JSON.stringify(ex.rows));
+    const session = await ort.InferenceSession.create(onnxFile);
+    assert.deepEqual([...session.inputNames].sort(), ['bag_counts', 'dense_features', 'ids']);
+    assert.deepEqual([...session.outputNames], ['predictions']);
+    await session.release();
+    const scored = await hetps(['eval', '--model', onnxFile, '--config', cfg, '--json'], { timeoutMs: 120_000 }).exited;
+    assert.equal(scored.code, 0, explainExit(scored));
+    const ev = JSON.parse(scored.stdout.trim()) as { kind: string; auc: number; samples: number };
+    assert.equal(ev.kind, 'ctr');
+    t.diagnostic(`export of ${last.name} (${last.kind}): ${ex.rows['emb']} embedding rows, ${(ex.bytes / 2 ** 20).toFixed(2)} MiB; `
+      + `its test AUC ${ev.auc.toFixed(5)} over ${ev.samples} samples, the summary's ${s.test_auc.toFixed(5)}`);
+    assert.ok(Math.abs(ev.auc - s.test_auc) <= 0.001, `exported model AUC ${ev.auc} vs the summary's ${s.test_auc}`);
 
     // The newest one corrupted: refused by name, the one before it is used.
     const newest = (await listCheckpoints(root)).at(-1)!;
