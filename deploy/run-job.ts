@@ -60,6 +60,8 @@ import { embeddedBackend } from './embedded-backend.ts';
 import { setupStep } from './setup-step.ts';
 import { Checkpointer, type CheckpointTaken } from '../actors/scheduler/checkpointer.ts';
 import { checkpointRoot, type ResumePoint } from '../actors/store/checkpoint.ts';
+import { layoutMatches, reshard } from '../actors/store/checkpoint-reshard.ts';
+import type { ShardSnapshot } from '../actors/shard/shard.messages.ts';
 
 /** A control command the driver sends itself during training, as any NATS client would. */
 export interface ControlCommand {
@@ -306,21 +308,25 @@ async function startNodesAndPlanGroups(ctx: JobContext, backend: JobBackend, ser
 /**
  * --resume: every shard's state from the checkpoint, before a batch is
  * queued (the shards' primaries restore it and seed their backups again).
- * The plan must have the checkpoint's shards: re-sharding rows onto another
- * number of servers is not built.
+ * A plan with other shards (another cluster.server_nodes) or blocks cut
+ * otherwise gets the checkpoint re-sharded onto it first
+ * (actors/store/checkpoint-reshard.ts).
  */
 async function restoreShards(ctx: JobContext, backend: JobBackend, plan: ShardPlan, resume: ResumePoint): Promise<void> {
   const { out, log } = ctx;
-  const want = [...plan.shards].sort();
-  const have = [...resume.snapshots.keys()].sort();
-  if (JSON.stringify(want) !== JSON.stringify(have)) {
-    throw new ConfigError(`--resume: checkpoint ${resume.path} holds shards ${have.join(', ')}, this config plans ${want.join(', ')}; `
-      + 'resuming onto another set of shards (re-sharding) is not built yet: resume with the cluster.server_nodes and model of the checkpointed job', { data: { field: '--resume' } });
+  let snapshots = resume.snapshots;
+  if (!layoutMatches(snapshots, plan)) {
+    // Another number of servers (or blocks cut otherwise): every row and block goes where this plan puts it.
+    const rows = (m: ReadonlyMap<string, ShardSnapshot>) => [...m.values()].reduce((n, s) => n + s.sparse.reduce((k, t) => k + t.ids.length, 0), 0);
+    snapshots = reshard(snapshots, plan, resume.path);
+    out.line(`resume: re-sharded ${resume.manifest.name} from ${[...resume.snapshots.keys()].join(', ')} onto ${plan.shards.join(', ')}: `
+      + `${plan.dense.length} dense blocks, ${rows(snapshots)} rows (${[...snapshots].map(([s, snap]) => `${s} ${rows(new Map([[s, snap]]))}`).join(', ')})`);
+    if (rows(snapshots) !== rows(resume.snapshots)) throw new ConfigError(`--resume: re-sharding ${resume.path} lost rows (${rows(resume.snapshots)} → ${rows(snapshots)}); nothing was restored`);
   }
   await waitForShards(backend.system, plan, { timeoutMs: DEFAULT_NODE_WAIT_MS, log });
   const client = new ShardClient(backend.system, { requestTimeoutMs: 60_000, log, shouldStop: () => false, plans: plan });
   for (const shard of plan.shards) {
-    const r = await client.restore(shard, resume.snapshots.get(shard)! as unknown as Record<string, unknown>);
+    const r = await client.restore(shard, snapshots.get(shard)! as unknown as Record<string, unknown>);
     out.line(`resume: shard ${shard} restored from ${resume.manifest.name}${resume.manifest.kind === 'delta' ? ` (a delta on ${resume.manifest.chain.join(' + ')})` : ''} (version ${r.version})`);
   }
 }

@@ -150,6 +150,8 @@ export class RegroupController {
   /** Monotonic ms of the pause in force; null when not paused. */
   private pausedAt: number | null = null;
   private pauseDone = false;
+  /** A pause taken by `pauseUntilPaused` (a checkpoint's cut), until its caller resumes: ctl.pause, regroup and recover wait for it instead of finding the job paused. */
+  private cut: { done: Promise<void>; lift: () => void } | null = null;
   private readonly window: number;
   /** Workers seen dead by the health verdicts and not alive since. */
   private readonly deadSeen = new Set<string>();
@@ -210,6 +212,8 @@ export class RegroupController {
   async dispose(): Promise<void> {
     if (this.disposed) return;
     this.disposed = true;
+    this.cut?.lift();
+    this.cut = null;
     this.timer?.cancel();
     for (const t of this.cutTimers.values()) t.cancel();
     this.cutTimers.clear();
@@ -229,6 +233,7 @@ export class RegroupController {
   async regroup(groups: z.input<typeof groupSchema>[] | null, reason: string, trigger: RegroupRecord['trigger'] = 'command'): Promise<RegroupReply> {
     const { log } = this.o;
     if (this.info.mode !== 'hps') throw new ConfigError(`regroup: the job runs training.mode ${this.info.mode}; only hps has worker groups`);
+    await this.afterCut();
     if (this.inProgress !== null) {
       throw new HetpsError(`regroup: groups v${this.info.groups_version} are being put in place (workers pausing); try again once training has resumed`);
     }
@@ -260,6 +265,7 @@ export class RegroupController {
    */
   async recover(reason: string): Promise<RegroupReply> {
     if (this.info.mode !== 'hps') throw new HetpsError(`recover: training.mode ${this.info.mode} has no groups to re-form (hps only)`);
+    await this.afterCut();
     if (this.pausedAt !== null) throw new HetpsError('recover: the job is paused; resume it first (the groups re-form on the resume anyway)');
     while (this.inProgress !== null) await this.inProgress.catch(() => undefined);
     const v = await this.reform(reason, 'recover', []);
@@ -480,6 +486,7 @@ export class RegroupController {
    * new version is written; `paused` follows when every live worker reports.
    */
   async pause(reason: string): Promise<{ state: string; groups_version: number; already: boolean }> {
+    await this.afterCut();
     if (this.pausedAt !== null) return { state: this.state, groups_version: this.info.groups_version, already: true };
     if (this.inProgress !== null) throw new HetpsError(`pause: groups v${this.info.groups_version} are being put in place; try again once the regroup is done`);
     const v = this.info.groups_version + 1;
@@ -495,13 +502,20 @@ export class RegroupController {
   /**
    * Pauses the job and resolves once every live worker has paused (a
    * regroup in progress is let finish first). `already`: a pause was in
-   * force before (the caller must not resume it). Throws after `timeoutMs`
+   * force before (the caller must not resume it). A pause taken here is the
+   * caller's to lift with `resume`, soon (a checkpoint's cut): meanwhile
+   * ctl.pause, regroup and recover wait for it rather than find the job paused. Throws after `timeoutMs`
    * naming the workers that did not pause, with the pause undone.
    */
   async pauseUntilPaused(reason: string, timeoutMs: number): Promise<{ already: boolean; groups_version: number }> {
     const started = this.o.clock.monotonic();
     while (this.inProgress !== null) await this.inProgress.catch(() => undefined);
     const r = await this.pause(reason);
+    if (!r.already) {
+      let lift = () => {};
+      const done = new Promise<void>((res) => { lift = res; });
+      this.cut = { done, lift };
+    }
     for (;;) {
       if (this.pauseDone) return { already: r.already, groups_version: r.groups_version };
       if (this.pausedAt === null) throw new HetpsError(`${reason}: the pause was lifted (ctl.resume) before every worker paused`);
@@ -516,6 +530,11 @@ export class RegroupController {
     }
   }
 
+  /** Until the pause of a checkpoint's cut (if one is in force) is lifted. */
+  private async afterCut(): Promise<void> {
+    while (this.cut !== null) await this.cut.done;
+  }
+
   /** `ctl.resume`: the paused workers continue (each hps group pulls fresh parameters first). */
   async resume(): Promise<{ state: string; groups_version: number; paused_s: number }> {
     if (this.pausedAt === null) throw new HetpsError(`resume: the job is not paused (it is ${this.state})`);
@@ -525,6 +544,9 @@ export class RegroupController {
     const pausedS = (this.o.clock.monotonic() - this.pausedAt) / 1000;
     this.pausedAt = null;
     this.pauseDone = false;
+    const cut = this.cut;
+    this.cut = null;
+    cut?.lift();
     this.o.log.info({ groups_version: v, paused_s: pausedS }, `resumed after ${pausedS.toFixed(1)} s`);
     this.wake();
     return { state: this.state, groups_version: v, paused_s: +pausedS.toFixed(3) };

@@ -34,6 +34,8 @@ const env = clusterAndDirForFile('hetps-ckpt-');
 const JOB = 'ckptq';
 /** The uninterrupted run's test AUC (the first test), for the resumed run to be compared with. */
 let uninterruptedAuc: number | null = null;
+/** A checkpoint the first test took mid-run (a delta, with its chain), for the re-sharding test. */
+let midRun: { path: string; batches_done: number } | null = null;
 
 /** The quick start as shipped, on the test cluster, with a checkpoint section. */
 async function quickstartWith(job: string, file: string, extra: string): Promise<string> {
@@ -97,6 +99,8 @@ test('quick start with checkpoint.every_s 2: periodic, ctl.checkpoint and end-of
       batches: number; batches_acked: number; checkpoints: Taken[]; test_auc: number; regroups: { trigger: string; groups_version: number }[];
     };
     uninterruptedAuc = s.test_auc;
+    const mid = s.checkpoints.find((c) => c.kind === 'delta' && c.batches_done > 0 && c.batches_done < s.batches / 2);
+    midRun = mid === undefined ? null : { path: mid.path, batches_done: mid.batches_done };
     assert.ok(s.regroups.some((g) => g.trigger === 'recover' && g.groups_version === rv.groups_version), `hetps recover re-formed the groups: ${JSON.stringify(s.regroups)}`);
     const triggers = new Set(s.checkpoints.map((c) => c.trigger));
     assert.deepEqual([...triggers].sort(), ['command', 'end', 'periodic'], JSON.stringify(s.checkpoints.map((c) => c.trigger)));
@@ -240,5 +244,30 @@ test('crash and resume: the driver and every node SIGKILLed mid-run; --resume la
     await nc.close();
     for (const c of children) c.kill('SIGKILL');
     spawnSync('pkill', ['-KILL', '-f', cfg]);
+  }
+});
+
+test('resume onto another number of servers: a mid-run checkpoint of two shards re-sharded onto three, every remaining batch trained once, the uninterrupted AUC', { timeout: 300_000 }, async (t) => {
+  assert.ok(midRun !== null && uninterruptedAuc !== null, 'the first test took a mid-run delta checkpoint and gave its AUC');
+  const cfg = await quickstartWith(JOB, 'three-servers.yaml', `checkpoint:\n  dir: ${join(env.dir(), 'ckpts-three')}\n`);
+  await writeFile(cfg, (await readFile(cfg, 'utf8')).replace('server_nodes: [server-1, server-2]', 'server_nodes: [server-1, server-2, server-3]'));
+  const summaryFile = join(env.dir(), 'three-summary.json');
+  const run = hetps(['up', '--config', cfg, '--resume', midRun.path, '--summary', summaryFile], { timeoutMs: 280_000 });
+  try {
+    const r = await run.exited;
+    assert.equal(r.code, 0, explainExit(r));
+    assert.match(r.stderr, /resume: re-sharded ckpt-\S+ from server-1, server-2 onto server-1, server-2, server-3: \d+ dense blocks, \d+ rows/);
+    for (const shard of ['server-1', 'server-2', 'server-3']) assert.match(r.stderr, new RegExp(`resume: shard ${shard} restored from ckpt-`));
+    const s = JSON.parse(await readFile(summaryFile, 'utf8')) as {
+      batches: number; batches_acked: number; duplicate_acks: number; test_auc: number; resumed_from: { checkpoint: string; batches_done: number };
+      integrity: { lost: number; duplicated: number };
+    };
+    assert.equal(s.resumed_from.batches_done, midRun.batches_done);
+    assert.equal(s.resumed_from.batches_done + s.batches_acked, s.batches, 'batches done before the checkpoint + acknowledged after the resume = every batch');
+    assert.deepEqual([s.duplicate_acks, s.integrity.lost, s.integrity.duplicated], [0, 0, 0]);
+    t.diagnostic(`resumed from ${midRun.path.split('/').at(-1)} (${midRun.batches_done} batches done) onto 3 servers: AUC ${s.test_auc} (uninterrupted on 2: ${uninterruptedAuc})`);
+    assert.ok(Math.abs(s.test_auc - uninterruptedAuc) <= 0.003, `re-sharded resume AUC ${s.test_auc} vs uninterrupted ${uninterruptedAuc}`);
+  } finally {
+    run.kill('SIGKILL');
   }
 });

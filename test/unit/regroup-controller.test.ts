@@ -298,3 +298,37 @@ test('recover (ctl.recover): every group re-forms unchanged; refused while pause
     await other.close();
   }
 });
+
+test('a checkpoint\'s cut (pauseUntilPaused) is not a pause of the operator: recover and ctl.pause sent during it wait for its resume instead of being refused or undone', async () => {
+  const { ctl, ready, close } = await followingVerdicts(info);
+  const cutAt = async (v: number) => {
+    const cut = ctl.pauseUntilPaused('checkpoint (periodic)', 5_000);
+    await until(async () => ctl.jobInfo.groups_version === v, 'the cut\'s pause written');
+    ready(v, info.workers);
+    assert.equal((await cut).already, false);
+  };
+  try {
+    await cutAt(1);
+    let recovered = false;
+    const recover = ctl.recover('during the cut').then((r) => { recovered = true; return r; });
+    await new Promise((r) => setTimeout(r, 100));
+    assert.equal(recovered, false, 'recover waits while the cut holds the pause');
+    await ctl.resume(); // the checkpointer lifts its pause
+    const r = await recover;
+    assert.deepEqual([r.accepted, r.groups_version], [true, 2]);
+    ready(2, info.workers);
+    await until(async () => ctl.records.length === 1, 'the recover re-form done');
+
+    await cutAt(3);
+    let paused = false;
+    const operatorPause = ctl.pause('operator').then((p) => { paused = true; return p; });
+    await new Promise((r) => setTimeout(r, 100));
+    assert.equal(paused, false, 'ctl.pause waits while the cut holds the pause');
+    await ctl.resume();
+    const p = await operatorPause;
+    assert.deepEqual([p.already, p.groups_version], [false, 4], 'the operator\'s pause is its own, not the cut\'s (which the checkpointer lifts)');
+    assert.equal(ctl.jobInfo.paused, true);
+  } finally {
+    await close();
+  }
+});

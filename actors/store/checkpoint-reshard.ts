@@ -1,0 +1,111 @@
+/**
+ * Re-sharding a checkpoint for a resume onto another layout: another number
+ * of servers, or dense blocks cut differently (a smaller max_payload). The
+ * checkpoint's state is put back together per dense parameter (values and
+ * optimizer state) and per sparse table (rows with their state and update
+ * counts), then cut along the new plan: each new dense block takes its slice
+ * (its update count: the largest of the old blocks it overlaps, so Adam's
+ * bias correction never goes back), each row goes to the shard owning its
+ * partition in the new plan. Every new shard starts at the largest version
+ * and round of the old ones, so versions only grow.
+ */
+import { denseBlocksByShard, partitionOf, type ShardPlan } from '../../topology/mod.ts';
+import type { DenseBlockSnapshot, ShardSnapshot } from '../shard/shard.messages.ts';
+import type { SparseTableSnapshot } from '../../native-bridge/mod.ts';
+import { CheckpointError } from './checkpoint.ts';
+
+/** Whether `snapshots` can be restored onto `plan` as they are: the same shards, each with exactly its blocks and only rows of its partitions. */
+export function layoutMatches(snapshots: ReadonlyMap<string, ShardSnapshot>, plan: ShardPlan): boolean {
+  if (JSON.stringify([...snapshots.keys()].sort()) !== JSON.stringify([...plan.shards].sort())) return false;
+  const blocks = denseBlocksByShard(plan);
+  for (const [shard, snap] of snapshots) {
+    const want = blocks.get(shard)!.map((b) => `${b.id}:${b.param}:${b.offset}:${b.length}`).sort();
+    const have = snap.dense.map((b) => `${b.id}:${b.param}:${b.offset}:${b.length}`).sort();
+    if (JSON.stringify(want) !== JSON.stringify(have)) return false;
+    for (const t of snap.sparse) {
+      for (const id of t.ids) if (plan.partitionOwner[partitionOf(id, plan.partitions)] !== shard) return false;
+    }
+  }
+  return true;
+}
+
+interface DenseWhole { values: Float32Array; state: Float32Array[]; steps: { offset: number; length: number; step: number }[]; covered: number }
+
+/** `snapshots` (one per old shard) cut along `plan`: one snapshot per shard of the plan. Throws CheckpointError naming what does not fit. */
+export function reshard(snapshots: ReadonlyMap<string, ShardSnapshot>, plan: ShardPlan, path: string): Map<string, ShardSnapshot> {
+  const snaps = [...snapshots.values()];
+  const first = snaps[0];
+  if (first === undefined) throw new CheckpointError(`checkpoint ${path} holds no shard state`, path, []);
+  const fail = (what: string): never => { throw new CheckpointError(`checkpoint ${path} cannot be re-sharded onto plan v${plan.version} (${plan.shards.join(', ')}): ${what}`, path, []); };
+
+  // Dense: each parameter whole again.
+  const dense = new Map<string, DenseWhole>(plan.denseParams.map((p) => [p.name, { values: new Float32Array(p.size), state: [], steps: [], covered: 0 }]));
+  for (const s of snaps) {
+    if (s.dense_optimizer !== first.dense_optimizer || s.sparse_optimizer !== first.sparse_optimizer) fail(`shards ${first.shard} and ${s.shard} use different optimizers`);
+    for (const b of s.dense) {
+      const w = dense.get(b.param) ?? fail(`dense parameter ${b.param} of shard ${s.shard} is not in the model`);
+      if (b.offset + b.length > w.values.length) fail(`block ${b.id} of ${b.param} (offset ${b.offset}, ${b.length} values) is past its ${w.values.length} values: the model changed`);
+      w.values.set(b.values, b.offset);
+      b.state.forEach((st, k) => { (w.state[k] ??= new Float32Array(w.values.length)).set(st, b.offset); });
+      w.steps.push({ offset: b.offset, length: b.length, step: b.step });
+      w.covered += b.length;
+    }
+  }
+  for (const [name, w] of dense) if (w.covered !== w.values.length) fail(`the shards hold ${w.covered} of the ${w.values.length} values of dense parameter ${name}`);
+
+  // Sparse: every row to its new owner.
+  const tableSpecs = new Map(plan.sparseTables.map((t) => [t.name, t]));
+  const rowsOf = new Map<string, SparseTableSnapshot[]>();
+  for (const s of snaps) {
+    for (const t of s.sparse) {
+      const spec = tableSpecs.get(t.table) ?? fail(`sparse table ${t.table} is not in the plan`);
+      if (spec.dim !== t.dim) fail(`sparse table ${t.table} has rows of ${t.dim}, the plan ${spec.dim}`);
+      let a = rowsOf.get(t.table);
+      if (a === undefined) { a = []; rowsOf.set(t.table, a); }
+      a.push(t);
+    }
+  }
+
+  const version = Math.max(...snaps.map((s) => s.version));
+  const round = Math.max(...snaps.map((s) => s.round));
+  const blocks = denseBlocksByShard(plan);
+  const out = new Map<string, ShardSnapshot>();
+  for (const shard of plan.shards) {
+    const myBlocks: DenseBlockSnapshot[] = blocks.get(shard)!.map((b) => {
+      const w = dense.get(b.param)!;
+      const end = b.offset + b.length;
+      const step = Math.max(0, ...w.steps.filter((o) => o.offset < end && b.offset < o.offset + o.length).map((o) => o.step));
+      return { id: b.id, param: b.param, offset: b.offset, length: b.length, values: w.values.slice(b.offset, end), state: w.state.map((st) => st.slice(b.offset, end)), step };
+    });
+    out.set(shard, {
+      format: 1, shard, plan_version: plan.version, version, round, dense_optimizer: first.dense_optimizer, sparse_optimizer: first.sparse_optimizer,
+      dense: myBlocks, sparse: [],
+    });
+  }
+  for (const [table, parts] of rowsOf) {
+    const { dim, stateSlots } = parts[0]!;
+    const sd = dim * stateSlots;
+    const owner = (id: number) => plan.partitionOwner[partitionOf(id, plan.partitions)]!;
+    const counts = new Map(plan.shards.map((s) => [s, 0]));
+    for (const p of parts) {
+      if (p.stateSlots !== stateSlots) fail(`sparse table ${table} has ${p.stateSlots} and ${stateSlots} state slots on different shards`);
+      for (const id of p.ids) counts.set(owner(id), counts.get(owner(id))! + 1);
+    }
+    const built = new Map(plan.shards.map((s) => {
+      const n = counts.get(s)!;
+      return [s, { table, dim, stateSlots, ids: new Uint32Array(n), values: new Float32Array(n * dim), state: new Float32Array(n * sd), steps: new Uint32Array(n), at: 0 }];
+    }));
+    for (const p of parts) {
+      for (let k = 0; k < p.ids.length; k++) {
+        const t = built.get(owner(p.ids[k]!))!;
+        const j = t.at++;
+        t.ids[j] = p.ids[k]!;
+        t.values.set(p.values.subarray(k * dim, k * dim + dim), j * dim);
+        if (sd) t.state.set(p.state.subarray(k * sd, k * sd + sd), j * sd);
+        t.steps[j] = p.steps[k]!;
+      }
+    }
+    for (const [shard, { at: _at, ...t }] of built) out.get(shard)!.sparse.push(t);
+  }
+  return out;
+}

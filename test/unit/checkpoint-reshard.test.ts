@@ -1,0 +1,108 @@
+/**
+ * Re-sharding a checkpoint for a resume onto another number of servers:
+ * every dense value and optimizer state element and every row (with its
+ * state and update count) lands once, on the shard the new plan gives it;
+ * the layout a checkpoint already has is recognised; what cannot fit is
+ * refused by name.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { buildShardPlan, denseBlocksByShard, partitionOf, type ShardPlan } from '../../topology/mod.ts';
+import type { ShardSnapshot } from '../../actors/shard/shard.messages.ts';
+import { layoutMatches, reshard } from '../../actors/store/checkpoint-reshard.ts';
+
+const PARAMS = [{ name: 'W1', size: 1000 }, { name: 'b1', size: 10 }, { name: 'bias', size: 1 }];
+const TABLES = [{ name: 'emb', dim: 3 }, { name: 'wide', dim: 1 }];
+const plan = (shards: string[], version: number, maxBlockBytes = 1024): ShardPlan => buildShardPlan({
+  version, shards, denseParams: PARAMS, sparseTables: TABLES, partitions: null, maxBlockBytes, servers: shards, backupFactor: 0,
+});
+
+/** A snapshot per shard of `p`: values that say where they are (param index·1e4 + element), Adam-like 2 state slots, rows keyed by id. */
+function snapshotsOf(p: ShardPlan, ids: number[]): Map<string, ShardSnapshot> {
+  const blocks = denseBlocksByShard(p);
+  const out = new Map<string, ShardSnapshot>();
+  for (const shard of p.shards) {
+    const mine = ids.filter((id) => p.partitionOwner[partitionOf(id, p.partitions)] === shard);
+    const table = (name: string, dim: number) => ({
+      table: name, dim, stateSlots: 1,
+      ids: Uint32Array.from(mine),
+      values: Float32Array.from(mine.flatMap((id) => Array.from({ length: dim }, (_, j) => id + j / 10))),
+      state: Float32Array.from(mine.flatMap((id) => Array.from({ length: dim }, () => -id))),
+      steps: Uint32Array.from(mine, (id) => id % 7),
+    });
+    out.set(shard, {
+      format: 1, shard, plan_version: p.version, version: 40 + p.shards.indexOf(shard), round: 3, dense_optimizer: 'adam', sparse_optimizer: 'adagrad',
+      dense: blocks.get(shard)!.map((b) => {
+        const pi = PARAMS.findIndex((x) => x.name === b.param);
+        const v = Float32Array.from({ length: b.length }, (_, k) => pi * 1e4 + b.offset + k);
+        return { id: b.id, param: b.param, offset: b.offset, length: b.length, values: v, state: [v.map((x) => -x), v.map((x) => x / 2)], step: 5 + b.id };
+      }),
+      sparse: [table('emb', 3), table('wide', 1)],
+    });
+  }
+  return out;
+}
+
+test('two shards re-sharded onto three and onto one: every value, state element and row lands once where the new plan puts it', () => {
+  const ids = Array.from({ length: 500 }, (_, i) => i * 7919 + 3);
+  const from = plan(['s1', 's2'], 4);
+  const snaps = snapshotsOf(from, ids);
+  assert.equal(layoutMatches(snaps, from), true, 'a checkpoint of this very plan needs no re-sharding');
+  for (const shards of [['s1', 's2', 's3'], ['solo']]) {
+    const to = plan(shards, 9);
+    assert.equal(layoutMatches(snaps, to), false);
+    const out = reshard(snaps, to, '/ck');
+    assert.deepEqual([...out.keys()], shards);
+    assert.equal(layoutMatches(out, to), true, 'the result restores onto the new plan as it is');
+    const want = snapshotsOf(to, ids);
+    for (const shard of shards) {
+      const got = out.get(shard)!; const exp = want.get(shard)!;
+      assert.equal(got.version, 41, 'the largest version of the old shards');
+      assert.equal(got.round, 3);
+      assert.equal(got.plan_version, 9);
+      assert.deepEqual(got.dense.map((b) => [b.id, b.param, b.offset, b.length, [...b.values], b.state.map((s) => [...s])]),
+        exp.dense.map((b) => [b.id, b.param, b.offset, b.length, [...b.values], b.state.map((s) => [...s])]));
+      for (const [i, t] of got.sparse.entries()) {
+        const e = exp.sparse[i]!;
+        const order = (x: typeof t) => [...x.ids].map((id, k) => [id, [...x.values.subarray(k * x.dim, (k + 1) * x.dim)], [...x.state.subarray(k * x.dim, (k + 1) * x.dim)], x.steps[k]]).sort((a, b) => (a[0] as number) - (b[0] as number));
+        assert.equal(t.table, e.table);
+        assert.deepEqual(order(t), order(e), `${shard}/${t.table}`);
+      }
+    }
+    const total = [...out.values()].reduce((n, s) => n + s.sparse[0]!.ids.length, 0);
+    assert.equal(total, ids.length);
+    // A block's update count never goes back: the largest of the old blocks it overlaps.
+    const oldSteps = [...snaps.values()].flatMap((s) => s.dense);
+    for (const b of [...out.values()].flatMap((s) => s.dense)) {
+      const over = oldSteps.filter((o) => o.param === b.param && o.offset < b.offset + b.length && b.offset < o.offset + o.length);
+      assert.equal(b.step, Math.max(...over.map((o) => o.step)));
+    }
+  }
+});
+
+test('blocks cut smaller (another max_payload) with the same shards: re-sharded, the rows stay on their shards', () => {
+  const ids = Array.from({ length: 50 }, (_, i) => i * 31);
+  const snaps = snapshotsOf(plan(['s1', 's2'], 1, 4096), ids);
+  const to = plan(['s1', 's2'], 2, 1024);
+  assert.notEqual(to.dense.length, plan(['s1', 's2'], 1, 4096).dense.length);
+  assert.equal(layoutMatches(snaps, to), false);
+  const out = reshard(snaps, to, '/ck');
+  assert.equal(layoutMatches(out, to), true);
+  for (const s of ['s1', 's2']) assert.deepEqual([...out.get(s)!.sparse[0]!.ids].sort(), [...snaps.get(s)!.sparse[0]!.ids].sort());
+});
+
+test('what cannot be re-sharded is refused by name: a parameter the model lacks, missing values, another table dim', () => {
+  const from = plan(['s1', 's2'], 1);
+  const to = plan(['s1', 's2', 's3'], 2);
+  const snaps = snapshotsOf(from, [1, 2, 3]);
+  const extra = new Map(snaps);
+  const s1 = snaps.get('s1')!;
+  extra.set('s1', { ...s1, dense: [...s1.dense, { ...s1.dense[0]!, param: 'W9' }] });
+  assert.throws(() => reshard(extra, to, '/ck'), /checkpoint \/ck cannot be re-sharded onto plan v2 \(s1, s2, s3\): dense parameter W9 of shard s1 is not in the model/);
+  const lost = new Map(snaps);
+  lost.delete('s2');
+  assert.throws(() => reshard(lost, to, '/ck'), /the shards hold \d+ of the \d+ values of dense parameter/);
+  const dims = new Map(snaps);
+  dims.set('s1', { ...s1, sparse: [{ ...s1.sparse[0]!, dim: 5 }] });
+  assert.throws(() => reshard(dims, to, '/ck'), /sparse table emb has rows of 5, the plan 3/);
+});
