@@ -40,6 +40,9 @@ export interface CheckpointTaken {
   batches_done: number;
   /** Training stood still this long for the cut (0 when a ctl.pause was in force already). */
   pause_ms: number;
+  /** Of it: until every worker had paused at its boundary, then the shards' snapshots (the rest: resuming). */
+  pausing_ms: number;
+  snapshot_ms: number;
   /** Encoding and writing the files, after training resumed. */
   write_ms: number;
   /** Checkpoints removed to keep `keep`. */
@@ -96,10 +99,13 @@ export class Checkpointer {
     let plan: ShardPlan;
     let info: JobInfo;
     let pauseMs: number;
+    const tPaused = clock.monotonic();
+    let snapshotMs = 0;
     try {
       plan = this.o.plan();
       info = controller.jobInfo;
       snaps = await Promise.all(plan.shards.map(async (shard) => ({ shard, snap: await this.o.snapshot(shard) })));
+      snapshotMs = clock.monotonic() - tPaused;
       acked = [...this.o.acked()].sort();
     } finally {
       if (!paused.already) await controller.resume();
@@ -142,12 +148,12 @@ export class Checkpointer {
     const pruned = await pruneCheckpoints(this.o.root, this.o.keep);
     const taken: CheckpointTaken = {
       path, name: manifest.name, trigger, bytes: manifest.bytes, files: manifest.files.length, kind: manifest.kind, rows, rows_held: held, batches_done: acked.length,
-      pause_ms: Math.round(pauseMs), write_ms: Math.round(clock.monotonic() - t1), pruned: pruned.length,
+      pause_ms: Math.round(pauseMs), pausing_ms: paused.already ? 0 : Math.round(tPaused - t0), snapshot_ms: Math.round(snapshotMs), write_ms: Math.round(clock.monotonic() - t1), pruned: pruned.length,
     };
     this.taken.push(taken);
     log.info(taken, `checkpoint ${manifest.name} (${trigger}, ${manifest.kind}${full ? '' : ` on ${chain!.names.at(-1)}`}): ${manifest.files.length} shard files, `
       + `${rows}/${held} sparse rows, ${(manifest.bytes / 2 ** 20).toFixed(2)} MiB, `
-      + `${acked.length}/${this.o.totalBatches} batches done; training paused ${Math.round(pauseMs)} ms for the cut, written in ${taken.write_ms} ms`);
+      + `${acked.length}/${this.o.totalBatches} batches done; training paused ${Math.round(pauseMs)} ms for the cut (${taken.pausing_ms} ms until every worker paused, ${taken.snapshot_ms} ms of snapshots), written in ${taken.write_ms} ms`);
     return taken;
   }
 }
