@@ -25,14 +25,16 @@
  * Writes bench/results/ps.json. `--quick` runs fewer requests; `--ops a,b`
  * runs a subset (for profiling one path with --cpu-prof).
  */
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { availableParallelism, cpus, tmpdir, totalmem } from 'node:os';
+import { fileURLToPath } from 'node:url';
 import { join } from 'node:path';
 import { connect, type NatsConnection } from '@nats-io/transport-node';
 import { startLocalCluster } from '../deploy/local-cluster.ts';
 import { ActorSystem, SeededRandom, connectTransport, encode, systemClock, type ActorRef, type Transport } from '../runtime/mod.ts';
 import { buildShardPlan } from '../topology/mod.ts';
 import { createShardActor, type ShardStats } from '../actors/mod.ts';
+import { gitCommit, natsServerVersion } from './chaos.ts';
 
 const quick = process.argv.includes('--quick');
 const opsArg = process.argv.indexOf('--ops');
@@ -168,8 +170,9 @@ async function main(): Promise<void> {
     const shard = client.ref('shard', 's0@s0');
 
     // --- raw nats.js: a responder on node 1 answering with preallocated buffers of the same sizes
-    const rawRep = await connect({ servers: [node1], name: 'bench-raw-rep' });
-    const rawReq = await connect({ servers: [node2], name: 'bench-raw-req' });
+    // noAsyncTraces: nats.js documents it as greatly speeding up request/reply; the baseline gets its best configuration.
+    const rawRep = await connect({ servers: [node1], name: 'bench-raw-rep', noAsyncTraces: true });
+    const rawReq = await connect({ servers: [node2], name: 'bench-raw-req', noAsyncTraces: true });
     raws.push(rawRep, rawReq);
     const pushAck = encode({ v: 1, type: 'reply', from: 'hps.bench.shard.s0', seq: 1, result: { version: 1, applied: true, staleness: 0 } }).slice();
     const replies: Record<Op, Uint8Array> = {
@@ -239,11 +242,18 @@ async function main(): Promise<void> {
     await cluster.stop();
     rmSync(dir, { recursive: true, force: true });
   }
-  const out = {
+  const { commit, dirty } = gitCommit(fileURLToPath(new URL('../', import.meta.url)));
+  const out: Record<string, unknown> = {
     benchmark: 'ps',
+    commit, dirty, date: new Date().toISOString(),
+    machine: {
+      cpu: cpus()[0]?.model ?? null, cores: availableParallelism(), memory_gib: Math.round(totalmem() / 2 ** 30), node: process.version,
+      platform: `${process.platform} ${process.arch}`, nats_server: natsServerVersion(), shared: 'other work may run on the same machine during the bench',
+    },
+    goals: { ratio: 0.7, note: 'sparse_push and sparse_pull ≥ 0.7 × raw nats.js (noAsyncTraces: true) moving the same bytes' },
     ...results,
     setup: {
-      cluster: { nodes: 3, max_payload: 'nats default (1 MiB)', note: 'shard on node 1, client on node 2; raw responder on node 1 replies with preallocated buffers' },
+      cluster: { nodes: 3, max_payload: 'nats default (1 MiB)', note: 'shard on node 1, client on node 2; raw responder on node 1 replies with preallocated buffers; raw nats.js with noAsyncTraces: true' },
       concurrency: CONCURRENCY, rounds: ROUNDS, requests_per_round: PER_ROUND,
       dense: { blocks: BLOCKS, block_bytes: BLOCK_FLOATS * 4 }, sparse: { ids: IDS, dim: DIM, id_universe: ID_UNIVERSE },
       mb: '10^6 bytes of tensor payload (ids + values) per second, over all rounds of each side; ratio = median over rounds of raw time / hetps time',
@@ -254,7 +264,15 @@ async function main(): Promise<void> {
     },
   };
   mkdirSync(new URL('./results/', import.meta.url), { recursive: true });
-  if (OPS.length === ALL_OPS.length && ONLY === null && !NULL_SHARD) writeFileSync(new URL('./results/ps.json', import.meta.url), `${JSON.stringify(out, null, 2)}\n`);
+  const file = new URL('./results/ps.json', import.meta.url);
+  if (OPS.length === ALL_OPS.length && ONLY === null && !NULL_SHARD && !quick) {
+    try {
+      const before = JSON.parse(readFileSync(file, 'utf8')) as Record<string, unknown> & { superseded?: unknown[] };
+      const { superseded = [], ...rest } = before;
+      out.superseded = [rest, ...superseded];
+    } catch { /* none yet */ }
+    writeFileSync(file, `${JSON.stringify(out, null, 2)}\n`);
+  }
   console.log(JSON.stringify(out, null, 2));
 }
 

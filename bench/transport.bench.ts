@@ -8,15 +8,31 @@
  * hetps; raw nats.js sends the same 8 MiB as four 2 MiB publishes (counted as
  * one logical message), since it cannot send it whole.
  *
- * Writes bench/results/transport.json.
+ * Raw and hetps alternate in back-to-back rounds (which side goes first
+ * alternates too), as bench:ps does: a side's rate is its messages over its
+ * total time, and `ratio` is the median over rounds of raw time / hetps
+ * time, so a burst of load from elsewhere on a small shared machine spoils a
+ * round, not the result (`ratio_of_totals`: the plain quotient of rates).
+ * The raw nats.js connections run with `noAsyncTraces: true`, which nats.js
+ * documents as greatly speeding up request/reply (hetps' own connections
+ * set it too).
+ *
+ * Writes bench/results/transport.json (earlier invocations kept under
+ * `superseded`). `--quick`: fewer messages; `--rounds N` (default 5).
  */
-import { mkdirSync, writeFileSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { mkdirSync, readFileSync, writeFileSync, mkdtempSync, rmSync } from 'node:fs';
+import { availableParallelism, cpus, tmpdir, totalmem } from 'node:os';
+import { fileURLToPath } from 'node:url';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { connect, type NatsConnection } from '@nats-io/transport-node';
 import { startLocalCluster } from '../deploy/local-cluster.ts';
 import { ActorSystem, SeededRandom, connectTransport, systemClock, zbytes, type Transport } from '../runtime/mod.ts';
+import { gitCommit, natsServerVersion } from './chaos.ts';
+
+const roundsArg = process.argv.indexOf('--rounds');
+const ROUNDS = roundsArg > 0 ? Number(process.argv[roundsArg + 1]) : 5;
+const median = (xs: number[]): number => { const a = [...xs].sort((x, y) => x - y); return a.length % 2 ? a[a.length >> 1]! : (a[a.length / 2 - 1]! + a[a.length / 2]!) / 2; };
 
 const MAX_PAYLOAD = 2 * 1024 * 1024;
 const ALL_SIZES = [64, 4 * 1024, 256 * 1024, 1024 * 1024, 8 * 1024 * 1024];
@@ -71,7 +87,7 @@ async function rawOneWay(pub: NatsConnection, sub: NatsConnection, size: number,
   await waitUntil(() => got >= count * parts, 120_000, 'raw one-way');
   const dt = (performance.now() - t0) / 1000;
   s.unsubscribe();
-  return count / dt;
+  return dt;
 }
 
 async function rawRequestReply(req: NatsConnection, rep: NatsConnection, size: number, count: number): Promise<number> {
@@ -93,7 +109,7 @@ async function rawRequestReply(req: NatsConnection, rep: NatsConnection, size: n
   }));
   const dt = (performance.now() - t0) / 1000;
   s.unsubscribe();
-  return count / dt;
+  return dt;
 }
 
 async function hetpsRun(servers: string[]): Promise<{ a: ActorSystem; b: ActorSystem; ta: Transport; tb: Transport; counter: { n: number } }> {
@@ -118,40 +134,58 @@ async function main(): Promise<void> {
   const results: object[] = [];
   try {
     const servers = cluster.urls;
-    const rawSub = await connect({ servers: [servers[0]!] });
-    const rawPub = await connect({ servers: [servers[1]!] });
+    const rawSub = await connect({ servers: [servers[0]!], noAsyncTraces: true });
+    const rawPub = await connect({ servers: [servers[1]!], noAsyncTraces: true });
     const h = await hetpsRun(servers);
     const sink = h.b.ref('actor', 'sink');
+    const oursOneWay = async (size: number, n: number, data: Uint8Array): Promise<number> => {
+      h.counter.n = 0;
+      const t0 = performance.now();
+      await pump(n, size, () => sink.tell('blob', { data }), () => h.tb.flush(), () => h.counter.n);
+      await waitUntil(() => h.counter.n >= n, 120_000, 'hetps one-way');
+      return (performance.now() - t0) / 1000;
+    };
+    const oursRequestReply = async (size: number, n: number, data: Uint8Array): Promise<number> => {
+      let next = 0;
+      const t0 = performance.now();
+      await Promise.all(Array.from({ length: rrConcurrency(size) }, async () => {
+        while (next < n) { next++; await sink.request('blob', { data }); }
+      }));
+      return (performance.now() - t0) / 1000;
+    };
+    /** ROUNDS back-to-back pairs, the first side alternating: totals and the median of raw time / hetps time. */
+    const rounds = async (n: number, raw: () => Promise<number>, ours: () => Promise<number>) => {
+      let rawS = 0; let oursS = 0;
+      const paired: number[] = [];
+      for (let r = 0; r < ROUNDS; r++) {
+        let a = 0; let b = 0;
+        if (r % 2 === 0) a = await raw();
+        b = await ours();
+        if (r % 2 === 1) a = await raw();
+        rawS += a; oursS += b;
+        paired.push(a / b);
+      }
+      const rawRate = (n * ROUNDS) / rawS; const oursRate = (n * ROUNDS) / oursS;
+      return { raw: rawRate, ours: oursRate, ratio: median(paired), ratio_of_totals: oursRate / rawRate, rounds: paired.map((x) => +x.toFixed(3)) };
+    };
     for (const size of SIZES) {
-      const n1 = oneWayCount(size);
-      const n2 = rrCount(size);
+      const n1 = Math.max(20, Math.floor(oneWayCount(size) / ROUNDS));
+      const n2 = Math.max(10, Math.floor(rrCount(size) / ROUNDS));
       const data = new Uint8Array(size);
       // Warm up both paths (JIT, buffers) before timing.
       await rawOneWay(rawPub, rawSub, size, Math.min(n1, 200));
-      h.counter.n = 0;
-      await pump(Math.min(n1, 200), size, () => sink.tell('blob', { data }), () => h.tb.flush(), () => h.counter.n);
-      await waitUntil(() => h.counter.n >= Math.min(n1, 200), 60_000, 'warm-up');
+      await oursOneWay(size, Math.min(n1, 200), data);
+      await rawRequestReply(rawPub, rawSub, size, Math.min(n2, 100));
+      await oursRequestReply(size, Math.min(n2, 100), data);
 
-      const raw1 = await rawOneWay(rawPub, rawSub, size, n1);
-      h.counter.n = 0;
-      let t0 = performance.now();
-      await pump(n1, size, () => sink.tell('blob', { data }), () => h.tb.flush(), () => h.counter.n);
-      await waitUntil(() => h.counter.n >= n1, 120_000, 'hetps one-way');
-      const ours1 = n1 / ((performance.now() - t0) / 1000);
-
-      const raw2 = await rawRequestReply(rawPub, rawSub, size, n2);
-      let next = 0;
-      t0 = performance.now();
-      await Promise.all(Array.from({ length: rrConcurrency(size) }, async () => {
-        while (next < n2) { next++; await sink.request('blob', { data }); }
-      }));
-      const ours2 = n2 / ((performance.now() - t0) / 1000);
+      const one = await rounds(n1, () => rawOneWay(rawPub, rawSub, size, n1), () => oursOneWay(size, n1, data));
+      const rr = await rounds(n2, () => rawRequestReply(rawPub, rawSub, size, n2), () => oursRequestReply(size, n2, data));
       const row = {
         payload_bytes: size,
-        messages: { oneway: n1, request_reply: n2 },
+        messages_per_round: { oneway: n1, request_reply: n2 },
         request_reply_concurrency: rrConcurrency(size),
-        oneway: { raw_msgs_per_s: Math.round(raw1), hetps_msgs_per_s: Math.round(ours1), ratio: +(ours1 / raw1).toFixed(3) },
-        request_reply: { raw_per_s: Math.round(raw2), hetps_per_s: Math.round(ours2), ratio: +(ours2 / raw2).toFixed(3) },
+        oneway: { raw_msgs_per_s: Math.round(one.raw), hetps_msgs_per_s: Math.round(one.ours), ratio: +one.ratio.toFixed(3), ratio_of_totals: +one.ratio_of_totals.toFixed(3), rounds: one.rounds },
+        request_reply: { raw_per_s: Math.round(rr.raw), hetps_per_s: Math.round(rr.ours), ratio: +rr.ratio.toFixed(3), ratio_of_totals: +rr.ratio_of_totals.toFixed(3), rounds: rr.rounds },
       };
       results.push(row);
       process.stderr.write(`${JSON.stringify(row)}\n`);
@@ -163,16 +197,34 @@ async function main(): Promise<void> {
     await cluster.stop();
     rmSync(dir, { recursive: true, force: true });
   }
-  const out = {
+  const root = fileURLToPath(new URL('../', import.meta.url));
+  const { commit, dirty } = gitCommit(root);
+  const out: Record<string, unknown> = {
     benchmark: 'transport',
+    commit, dirty, date: new Date().toISOString(),
+    machine: {
+      cpu: cpus()[0]?.model ?? null, cores: availableParallelism(), memory_gib: Math.round(totalmem() / 2 ** 30), node: process.version,
+      platform: `${process.platform} ${process.arch}`, nats_server: natsServerVersion(), shared: 'other work may run on the same machine during the bench',
+    },
     cluster: { nodes: 3, max_payload: MAX_PAYLOAD, note: 'sender and receiver on different nodes; empty handlers' },
+    raw_side: 'nats.js with noAsyncTraces: true; multi-part 8 MiB as four 2 MiB publishes',
+    rounds: ROUNDS,
+    ratio: 'median over rounds of raw time / hetps time (back-to-back, first side alternating); ratio_of_totals = hetps rate / raw rate over all rounds',
+    goals: { oneway_64B: 0.5, oneway_4KiB_and_up: 0.8, request_reply: 0.7 },
     request_reply_concurrency: RR_CONCURRENCY,
-    node: process.version,
-    date: new Date().toISOString(),
     results,
+    superseded: [] as unknown[],
   };
+  const file = new URL('./results/transport.json', import.meta.url);
+  if (SIZES.length === ALL_SIZES.length && !quick) {
+    try {
+      const before = JSON.parse(readFileSync(file, 'utf8')) as Record<string, unknown> & { superseded?: unknown[] };
+      const { superseded = [], ...rest } = before;
+      out.superseded = [rest, ...superseded];
+    } catch { /* none yet */ }
+  }
   mkdirSync(new URL('./results/', import.meta.url), { recursive: true });
-  writeFileSync(new URL('./results/transport.json', import.meta.url), JSON.stringify(out, null, 2));
+  if (SIZES.length === ALL_SIZES.length && !quick) writeFileSync(file, `${JSON.stringify(out, null, 2)}\n`);
   console.log(JSON.stringify(out, null, 2));
 }
 
