@@ -401,6 +401,23 @@ export function gitCommit(root: string): { commit: string | null; dirty: boolean
   }
 }
 
+/**
+ * What a result file held before this invocation, to keep under
+ * `superseded` (newest first): its own fields without `drop` (bulky ones)
+ * and without its own `superseded`, followed by that list. [] when there is
+ * no readable file yet.
+ */
+export function earlierResults(file: string | URL, drop: readonly string[] = []): unknown[] {
+  try {
+    const before = JSON.parse(readFileSync(file, 'utf8')) as Record<string, unknown> & { superseded?: unknown[] };
+    const { superseded = [], ...rest } = before;
+    for (const k of drop) delete rest[k];
+    return [rest, ...superseded];
+  } catch {
+    return [];
+  }
+}
+
 /** `nats-server --version` of the binary the jobs use, or null. */
 export function natsServerVersion(): string | null {
   try { return execFileSync(findNatsServer(), ['--version'], { encoding: 'utf8' }).trim(); } catch { return null; }

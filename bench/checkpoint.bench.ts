@@ -42,7 +42,7 @@ import { availableParallelism, cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
-import { gitCommit, natsServerVersion } from './chaos.ts';
+import { earlierResults, gitCommit, natsServerVersion } from './chaos.ts';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
 const BIN = join(ROOT, 'bin', 'hetps.mjs');
@@ -231,14 +231,9 @@ checkpoint:
       resume,
       checkpoints: taken.map(({ name, kind, trigger, bytes, pause_ms, pausing_ms, snapshot_ms, write_ms, rows, rows_held }) => ({ name, kind, trigger, bytes, pause_ms, pausing_ms, snapshot_ms, write_ms, rows, rows_held })),
       runs,
-      superseded: [] as unknown[],
+      // Earlier invocations stay in the file, newest first, without their bulky lists.
+      superseded: earlierResults(OUT, ['runs', 'checkpoints']),
     };
-    // Earlier invocations stay in the file, newest first, without their own history.
-    try {
-      const before = JSON.parse(readFileSync(OUT, 'utf8')) as Record<string, unknown> & { superseded?: unknown[] };
-      const { superseded = [], runs: _r, checkpoints: _c, ...rest } = before;
-      result.superseded = [rest, ...superseded];
-    } catch { /* no earlier results */ }
     mkdirSync(join(OUT, '..'), { recursive: true });
     writeFileSync(OUT, `${JSON.stringify(result, null, 2)}\n`);
     say(`wrote ${OUT}: throughput ${result.samples_per_s_with} vs ${result.samples_per_s_without} samples/s (ratio ${result.throughput_ratio}); `

@@ -25,7 +25,7 @@
  * Writes bench/results/ps.json. `--quick` runs fewer requests; `--ops a,b`
  * runs a subset (for profiling one path with --cpu-prof).
  */
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { availableParallelism, cpus, tmpdir, totalmem } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { join } from 'node:path';
@@ -34,7 +34,7 @@ import { startLocalCluster } from '../deploy/local-cluster.ts';
 import { ActorSystem, SeededRandom, connectTransport, encode, systemClock, type ActorRef, type Transport } from '../runtime/mod.ts';
 import { buildShardPlan } from '../topology/mod.ts';
 import { createShardActor, type ShardStats } from '../actors/mod.ts';
-import { gitCommit, natsServerVersion } from './chaos.ts';
+import { earlierResults, gitCommit, natsServerVersion } from './chaos.ts';
 
 const quick = process.argv.includes('--quick');
 const opsArg = process.argv.indexOf('--ops');
@@ -266,11 +266,7 @@ async function main(): Promise<void> {
   mkdirSync(new URL('./results/', import.meta.url), { recursive: true });
   const file = new URL('./results/ps.json', import.meta.url);
   if (OPS.length === ALL_OPS.length && ONLY === null && !NULL_SHARD && !quick) {
-    try {
-      const before = JSON.parse(readFileSync(file, 'utf8')) as Record<string, unknown> & { superseded?: unknown[] };
-      const { superseded = [], ...rest } = before;
-      out.superseded = [rest, ...superseded];
-    } catch { /* none yet */ }
+    out.superseded = earlierResults(file);
     writeFileSync(file, `${JSON.stringify(out, null, 2)}\n`);
   }
   console.log(JSON.stringify(out, null, 2));

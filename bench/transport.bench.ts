@@ -20,7 +20,7 @@
  * Writes bench/results/transport.json (earlier invocations kept under
  * `superseded`). `--quick`: fewer messages; `--rounds N` (default 5).
  */
-import { mkdirSync, readFileSync, writeFileSync, mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, writeFileSync, mkdtempSync, rmSync } from 'node:fs';
 import { availableParallelism, cpus, tmpdir, totalmem } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { join } from 'node:path';
@@ -28,7 +28,7 @@ import { z } from 'zod';
 import { connect, type NatsConnection } from '@nats-io/transport-node';
 import { startLocalCluster } from '../deploy/local-cluster.ts';
 import { ActorSystem, SeededRandom, connectTransport, systemClock, zbytes, type Transport } from '../runtime/mod.ts';
-import { gitCommit, natsServerVersion } from './chaos.ts';
+import { earlierResults, gitCommit, natsServerVersion } from './chaos.ts';
 
 const roundsArg = process.argv.indexOf('--rounds');
 const ROUNDS = roundsArg > 0 ? Number(process.argv[roundsArg + 1]) : 5;
@@ -213,16 +213,9 @@ async function main(): Promise<void> {
     goals: { oneway_64B: 0.5, oneway_4KiB_and_up: 0.8, request_reply: 0.7 },
     request_reply_concurrency: RR_CONCURRENCY,
     results,
-    superseded: [] as unknown[],
+    superseded: earlierResults(new URL('./results/transport.json', import.meta.url)),
   };
   const file = new URL('./results/transport.json', import.meta.url);
-  if (SIZES.length === ALL_SIZES.length && !quick) {
-    try {
-      const before = JSON.parse(readFileSync(file, 'utf8')) as Record<string, unknown> & { superseded?: unknown[] };
-      const { superseded = [], ...rest } = before;
-      out.superseded = [rest, ...superseded];
-    } catch { /* none yet */ }
-  }
   mkdirSync(new URL('./results/', import.meta.url), { recursive: true });
   if (SIZES.length === ALL_SIZES.length && !quick) writeFileSync(file, `${JSON.stringify(out, null, 2)}\n`);
   console.log(JSON.stringify(out, null, 2));
