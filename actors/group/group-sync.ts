@@ -443,6 +443,13 @@ export interface GroupMemberOptions {
   stallNoteMs?: number;
   /** The newest job-info groups_version this worker has seen (regrouping); default: always 0. */
   groupsVersionSeen?: () => number;
+  /**
+   * True while the window in progress should end after the step in progress
+   * (a pause or regroup is pending: a checkpoint's cut waits for it): the
+   * window is exchanged and pushed with the steps it has, weighted by their
+   * samples like any short window. Default: never.
+   */
+  closeEarly?: () => boolean;
   /** forming: how long to wait for every member before going on with those that joined. Default 30 s. */
   formingTimeoutMs?: number;
   /** degraded: how long a lost member may take to come back before the group goes on without it (fault_tolerance.worker_recovery_timeout). Default 30 s. */
@@ -667,15 +674,18 @@ export class GroupMember {
       if (this.adaptive && !alone) this.announce('progress', { window: w, steps: this.stepCounter });
     };
     try {
+      const closing = () => this.o.closeEarly?.() ?? false;
       for (;;) {
         this.checkStop(w);
         if (steps.length >= this.stepLimit) break;
         // adaptive: the machine started this window's round (a gap, a peer's close); the others never start one before this member is ready.
         if (this.dues.has(round)) break;
+        // A pause is pending: the window ends here rather than after stepLimit steps (never empty: idle means no batch).
+        if (steps.length > 0 && closing()) break;
         const p = await (ahead ?? fetch(steps.length > 0));
         ahead = null;
         if (p === null) break;
-        if (steps.length + 1 < this.stepLimit) ahead = fetch(true);
+        if (steps.length + 1 < this.stepLimit && !closing()) ahead = fetch(true);
         await take(p);
       }
       // A batch fetched ahead is trained in this window: its batch is held by it (adaptive, when the round started meanwhile).

@@ -55,6 +55,8 @@ export class HpsLoop {
       const member = this.member(g, version);
       await member.start();
       let pauseFor: number | null = null;
+      let lastPhases: WindowPhases | null = null;
+      let lastSteps = 0;
       try {
         while (!control.stopRequested) {
           if (control.pauseRequested) {
@@ -74,7 +76,7 @@ export class HpsLoop {
             break;
           }
           if (outcome.done) break;
-          if (outcome.groupsVersion > version && control.followsJob) { pauseFor = outcome.groupsVersion; break; }
+          if (outcome.groupsVersion > version && control.followsJob) { pauseFor = outcome.groupsVersion; lastPhases = outcome.phases; lastSteps = outcome.steps.length; break; }
         }
         if (pauseFor !== null) member.regroup(`groups v${pauseFor}`);
       } finally {
@@ -83,7 +85,8 @@ export class HpsLoop {
       }
       if (pauseFor === null || control.stopRequested) break;
       // Paused: every batch of the last window is pushed and acknowledged; nothing is held.
-      log.info({ groups_version: pauseFor, group: g.name }, `regroup to groups v${pauseFor}: paused after window ${member.window - 1} of group ${g.name}; waiting for the driver's resume`);
+      log.info({ groups_version: pauseFor, group: g.name, last_window: lastPhases === null ? null : { steps: lastSteps, phases_ms: lastPhases } },
+        `regroup to groups v${pauseFor}: paused after window ${member.window - 1} of group ${g.name}; waiting for the driver's resume`);
       let info = await control.pauseForJob(pauseFor, g.name);
       if (!info.workers.includes(this.env.o.node) && info.standbys.includes(this.env.o.node)) {
         log.warn({ groups_version: info.groups_version }, `${this.env.o.node} is a standby now (its place went to a standby while it was dead by the health verdicts): waiting to take a place again`);
@@ -107,6 +110,8 @@ export class HpsLoop {
     return new GroupMember({
       system, group: g, member: o.node, runId: version === 0 ? o.job.run_id : `${o.job.run_id}/g${version}`, plan: o.plan, stepper, log,
       shouldStop: () => control.stopRequested, requestTimeoutMs, groupsVersionSeen: () => control.seen,
+      // The job is pausing (a checkpoint's cut, ctl.pause, a regroup): end the window after the step in progress, so the pause waits for one step, not a whole window.
+      closeEarly: () => control.jobPausePending,
       // A silent member that is not dead is waited for this long (fault_tolerance.worker_recovery_timeout); a dead one leaves at once.
       recoveryTimeoutMs: o.job.recovery_timeout_ms ?? o.job.ack_wait_ms,
       // Without health verdicts: silent for half of it (at most 10 s) is reported lost, so the recovery timeout starts.

@@ -436,3 +436,24 @@ test('forming: a member that never starts is dropped after the forming timeout; 
     assert.deepEqual(ma.members, ['a']);
   }, [b1!, b2!], uniqueIdsOf(union([b1!, b2!])));
 });
+
+test('closeEarly (a pause pending): the window ends after the step in progress, not after sync_steps; the batches left are trained in the windows after', async () => {
+  const c = await cluster('close-early');
+  try {
+    const g = group('sync', ['a', 'b'], 4);
+    let pausing = true;
+    const [b1, b2, b3, b4] = batches;
+    const ma = await member(c, g, 'a', sessions[0]!, { closeEarly: () => pausing });
+    const mb = await member(c, g, 'b', sessions[1]!, { closeEarly: () => pausing });
+    const sa = source([b1!, b2!, b3!]);
+    const sb = source([b4!]);
+    const [wa, wb] = await Promise.all([ma.runWindow(sa), mb.runWindow(sb)]);
+    assert.deepEqual([wa.steps.length, wb.steps.length], [1, 1], 'one step each, though a holds 3 batches and sync_steps is 4');
+    pausing = false;
+    const [ra, rb] = await Promise.all([runUntilDone(ma, sa), runUntilDone(mb, sb)]);
+    assert.deepEqual(ra.map((o) => o.steps.length), [2, 0], 'the 2 batches left, in one window once the pause is over');
+    assert.deepEqual(rb.map((o) => o.steps.length), [0, 0]);
+  } finally {
+    await c.close();
+  }
+});
