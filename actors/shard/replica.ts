@@ -502,6 +502,16 @@ export class Replica {
     return this.o.state.snapshot(false);
   }
 
+  freeze(token: string): ReturnType<ShardState['freeze']> {
+    this.requirePrimary('freeze');
+    return this.o.state.freeze(token);
+  }
+
+  takeFrozen(token: string): ReturnType<ShardState['takeFrozen']> {
+    this.requirePrimary('take_frozen');
+    return this.o.state.takeFrozen(token);
+  }
+
   /** What a new replica starts from: everything as of update `rseq` (see `seed`). */
   seedMessage(): { epoch: number; primary: string; base_rseq: number; snapshot: Record<string, unknown>; dedup: DedupWindowWire[]; applied: [string, number][]; refused: string[]; open_rounds: ReplicationEntry[] } {
     const round = this.o.state.round;
@@ -622,6 +632,8 @@ export function createReplicaActor(replica: Replica): ReplicaActorDefinition {
       pull: (m) => replica.pull(m),
       push: (m) => replica.push(m.from, m.seq, m),
       snapshot: () => replica.snapshot(),
+      freeze: (m) => replica.freeze(m.token),
+      take_frozen: (m) => replica.takeFrozen(m.token),
       restore: (m) => replica.restore(m.state),
       stats: (_m, ctx) => ({
         ...state.stats(ctx.stats.duplicates), node: replica.o.node, role: replica.fenced ? 'fenced' : replica.role, epoch: replica.epoch,

@@ -73,6 +73,8 @@ export function createShardActor(opts: ShardStateOptions | ShardState): ShardAct
       pull: (m) => state.pull(m),
       push: (m) => state.push(m),
       snapshot: () => state.snapshot(false),
+      freeze: (m) => state.freeze(m.token),
+      take_frozen: (m) => state.takeFrozen(m.token),
       restore: (m) => state.restore(m.state),
       stats: (_m, ctx) => state.stats(ctx.stats.duplicates),
       round_expected: (m) => state.lowerRoundExpected(m.plan_version, m.round, m.expected),
@@ -165,6 +167,8 @@ export class ShardState {
 
   private versionValue = 0;
   private roundValue = 0;
+  /** The copy of a checkpoint's cut (`freeze`), until it is taken. */
+  private frozen: { token: string; snap: ShardSnapshot } | null = null;
   /** The plan version (epoch) requests must name; moves forward with failovers while the layout stays. */
   private epochValue: number;
   private pushes = 0;
@@ -619,6 +623,23 @@ export class ShardState {
       dense_optimizer: this.denseOptimizer.config.type, sparse_optimizer: this.sparseOptimizer.config.type,
       dense, sparse,
     };
+  }
+
+  /** A checkpoint's cut: a copy of everything held now, kept under `token` until `takeFrozen` (a later freeze replaces it). */
+  freeze(token: string): { version: number; round: number } {
+    this.frozen = { token, snap: this.snapshot(true) };
+    return { version: this.versionValue, round: this.roundValue };
+  }
+
+  /** The copy `freeze(token)` made, handed over once; a ValidationError when there is none under that token. */
+  takeFrozen(token: string): ShardSnapshot {
+    const f = this.frozen;
+    if (f === null || f.token !== token) {
+      throw new ValidationError(`shard ${this.shard}: no copy frozen under ${token}${f === null ? '' : ` (the one held is ${f.token})`}: `
+        + 'a later cut replaced it, it was taken already, or another replica became primary since; take the checkpoint again');
+    }
+    this.frozen = null;
+    return f.snap;
   }
 
   /**

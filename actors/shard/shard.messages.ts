@@ -75,6 +75,15 @@ export const shardMessages = {
   }),
   /** Everything the shard holds, for checkpoints (and, later, replication and migration). */
   snapshot: z.object({}),
+  /**
+   * A checkpoint's cut: copies everything the shard holds now, in memory,
+   * under `token` (replacing any copy before it), and answers at once with
+   * the version and round; `take_frozen` fetches the copy later, once
+   * training goes on. Keeps the pause for the cut to an in-memory copy.
+   */
+  freeze: z.object({ token: z.string().min(1) }),
+  /** The copy `freeze` made under `token` (a ShardSnapshot), handed over once and dropped. */
+  take_frozen: z.object({ token: z.string().min(1) }),
   /** Replaces the shard's state with a snapshot. */
   restore: z.object({ state: z.record(z.string(), z.unknown()) }),
   /** Counters for monitoring and tests. */

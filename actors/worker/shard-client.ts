@@ -170,6 +170,16 @@ export class ShardClient {
     return this.ref(shard).request<ShardSnapshot & Record<string, unknown>>('snapshot', {}, { timeoutMs, retries: 2 });
   }
 
+  /** A checkpoint's cut: the shard copies its state in memory under `token` (see `takeFrozen`). */
+  freeze(shard: string, token: string, timeoutMs = 60_000): Promise<{ version: number; round: number }> {
+    return this.ref(shard).request<{ version: number; round: number }>('freeze', { token }, { timeoutMs, retries: 2 });
+  }
+
+  /** The copy `freeze` made under `token`; handed over once, so not retried (a lost reply fails this checkpoint, not the next). */
+  takeFrozen(shard: string, token: string, timeoutMs = 60_000): Promise<ShardSnapshot> {
+    return this.ref(shard).request<ShardSnapshot & Record<string, unknown>>('take_frozen', { token }, { timeoutMs, retries: 0 });
+  }
+
   /** Replaces the shard's state (its primary's; the backups are seeded again from it). */
   restore(shard: string, state: Record<string, unknown>, timeoutMs = 60_000): Promise<RestoreReply> {
     return this.ref(shard).request<RestoreReply & Record<string, unknown>>('restore', { state }, { timeoutMs, retries: 2 });

@@ -386,3 +386,28 @@ test('a pull still waiting for a round when the shard stops is answered with Act
   await assert.rejects(waiting, (e: unknown) => e instanceof ActorStoppedError && e.retryable);
   await s.client.stop();
 });
+
+test('freeze → take_frozen: the copy is of the moment of the freeze, not of the pushes after it; handed over once; a later freeze replaces it', async () => {
+  const sgdOpt: OptimizerConfigInput = { type: 'sgd', learningRate: 0.1 };
+  const a = await startShards({ dense: sgdOpt, sparse: sgdOpt, shards: ['s1'] });
+  const ref = a.client.ref('shard', 's1@s1');
+  const ids = idsOf(a.plan, 's1', 3);
+  const step = (k: number) => push(a, 's1', { dense: [{ block: 1, grad: f32([k, k]) }], sparse: [{ table: 'emb', ids, grads: f32(Array.from({ length: 12 }, () => k)) }] });
+  await step(1);
+  const before = await ref.request<ShardSnapshot & Record<string, unknown>>('snapshot', {});
+  assert.deepEqual(await ref.request('freeze', { token: 'cut-1' }), { version: 1, round: 0 });
+  await step(2); // training goes on after the cut
+  const frozen = await ref.request<ShardSnapshot & Record<string, unknown>>('take_frozen', { token: 'cut-1' });
+  assert.equal(frozen.version, 1);
+  assert.deepEqual(frozen.dense.map((b) => [...b.values]), before.dense.map((b) => [...b.values]));
+  assert.deepEqual([...frozen.sparse[0]!.values], [...before.sparse[0]!.values], 'the rows as they were at the freeze');
+  const now = await ref.request<ShardSnapshot & Record<string, unknown>>('snapshot', {});
+  assert.equal(now.version, 2);
+  assert.notDeepEqual([...now.sparse[0]!.values], [...frozen.sparse[0]!.values]);
+  await assert.rejects(ref.request('take_frozen', { token: 'cut-1' }), /no copy frozen under cut-1: a later cut replaced it, it was taken already/);
+  await ref.request('freeze', { token: 'cut-2' });
+  await ref.request('freeze', { token: 'cut-3' });
+  await assert.rejects(ref.request('take_frozen', { token: 'cut-2' }), /no copy frozen under cut-2 \(the one held is cut-3\)/);
+  assert.equal((await ref.request<ShardSnapshot & Record<string, unknown>>('take_frozen', { token: 'cut-3' })).version, 2);
+  await a.stop();
+});
