@@ -62,7 +62,11 @@ export function register(program: Command): void {
         const config = await loadConfig(flags.config);
         fallback = checkpointModelOf(config, modelAndData(config).model);
       }
+      say(`export: reading ${dir} (and its chain), building the inference graph`);
+      const t0 = Date.now();
       const { graph, manifest, model, rows } = await exportCheckpoint(dir, fallback);
+      say(`export: ${Object.entries(rows).map(([t, n]) => `${n} ${t} rows`).join(', ') || 'dense parameters only'}, ${mib(graph.bytes.byteLength)} `
+        + `in ${((Date.now() - t0) / 1000).toFixed(1)} s; checking that onnxruntime loads it`);
       // What the user will do with it first: load it in plain ONNX Runtime. A file that does not load is not written.
       const check = await ort.InferenceSession.create(graph.bytes);
       await check.release();
