@@ -563,7 +563,7 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
     const ck = config.checkpoint;
     const checkpointer = new Checkpointer({
       root: checkpointRoot(config), keep: ck.keep, fullEvery: ck.full_every, job, model: checkpointModelOf(config, md.model), controller, plan: () => shardClient.plans.current,
-      snapshot: (shard) => shardClient.snapshot(shard), clock: systemClock, log,
+      clock: systemClock, log,
       frozen: { freeze: (shard, token) => shardClient.freeze(shard, token), take: (shard, token) => shardClient.takeFrozen(shard, token) },
       acked: () => [...(prepared.done ?? []), ...monitor.ackedBatches()], totalBatches: prepared.descriptors.length + (prepared.done?.size ?? 0),
     });

@@ -10,8 +10,7 @@ import * as ort from 'onnxruntime-node';
 import onnxProto from 'onnx-proto';
 import { ConfigError, InvalidTensorError } from '../runtime/errors.ts';
 import { streamOptions, type CtrBatch, type DataSource } from './data/batch.ts';
-import { auc, binaryLogLoss } from './metrics.ts';
-import { hashedBagOfIds, MulticlassTally, type Evaluation } from './local-trainer.ts';
+import { BinaryTally, hashedBagOfIds, MulticlassTally, type Evaluation } from './local-trainer.ts';
 
 /** The feeds of an exported ctr graph for one batch: every id (as unsigned 32-bit, in int64), the bag sizes, the dense features. */
 export function exportedCtrFeeds(batch: CtrBatch, withDense: boolean): Record<string, ort.Tensor> {
@@ -57,14 +56,13 @@ export async function evaluateExported(bytes: Uint8Array, source: DataSource, o:
     const stream = streamOptions('test', o.batchSize, { shuffle: false });
     if (inputs.has('ids') && inputs.has('bag_counts')) {
       const withDense = inputs.has('dense_features');
-      const labels: number[] = []; const scores: number[] = [];
+      const tally = new BinaryTally();
       for (const batch of source.batchesSync(stream)) {
         if (batch.kind !== 'ctr') throw new ConfigError(`the exported model is a ctr model (inputs ids, bag_counts), the data source gives ${batch.kind} batches; give the config of the job it was trained by`);
-        const out = (await session.run(exportedCtrFeeds(batch, withDense)))['predictions']!.data as Float32Array;
-        for (let i = 0; i < batch.size; i++) { labels.push(batch.labels[i]!); scores.push(out[i]!); }
-        o.onBatch?.(labels.length);
+        tally.add(batch.labels, (await session.run(exportedCtrFeeds(batch, withDense)))['predictions']!.data as Float32Array, batch.size);
+        o.onBatch?.(tally.samples);
       }
-      return { kind: 'ctr', auc: auc(labels, scores), logloss: binaryLogLoss(labels, scores), samples: labels.length };
+      return tally.result();
     }
     if (inputs.has('x')) {
       let tally: MulticlassTally | null = null;

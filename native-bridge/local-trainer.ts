@@ -277,6 +277,19 @@ export type Evaluation =
 
 /** Mean −log p[label] over `[B, C]` class probabilities, p clipped below at ε. */
 /** Accuracy and cross-entropy over many batches, weighted by batch size (the mlp evaluation). */
+/** Click labels and predicted probabilities over a test split, batch by batch: AUC and log loss at the end. */
+export class BinaryTally {
+  private readonly labels: number[] = [];
+  private readonly scores: number[] = [];
+  get samples(): number { return this.labels.length; }
+  add(labels: ArrayLike<number>, scores: ArrayLike<number>, size: number): void {
+    for (let i = 0; i < size; i++) { this.labels.push(labels[i]!); this.scores.push(scores[i]!); }
+  }
+  result(): { kind: 'ctr'; auc: number; logloss: number; samples: number } {
+    return { kind: 'ctr', auc: auc(this.labels, this.scores), logloss: binaryLogLoss(this.labels, this.scores), samples: this.labels.length };
+  }
+}
+
 export class MulticlassTally {
   private correct = 0;
   private ceSum = 0;
@@ -435,13 +448,12 @@ export class LocalTrainer {
     const stream = streamOptions('test', batchSize, { shuffle: false });
     const model = this.model;
     if (model instanceof CtrModel) {
-      const labels: number[] = []; const scores: number[] = [];
+      const tally = new BinaryTally();
       for (const batch of source.batchesSync(stream)) {
         if (batch.kind !== 'ctr') throw new InvalidTensorError(`the ctr model cannot read ${batch.kind} batch ${batch.batchId}`);
-        const p = await this.predict(batch);
-        for (let i = 0; i < batch.size; i++) { labels.push(batch.labels[i]!); scores.push(p[i]!); }
+        tally.add(batch.labels, await this.predict(batch), batch.size);
       }
-      return { kind: 'ctr', auc: auc(labels, scores), logloss: binaryLogLoss(labels, scores), samples: labels.length };
+      return tally.result();
     }
     const tally = new MulticlassTally(model.classes);
     for (const batch of source.batchesSync(stream)) {

@@ -11,7 +11,7 @@
  */
 import type { ShardPlan } from '../../topology/mod.ts';
 import {
-  CtrModel, StepSession, auc, binaryLogLoss, buildCtrFeeds, buildMlpFeeds, bucketCtrIds, MulticlassTally, ctrBagIndex,
+  BinaryTally, CtrModel, StepSession, buildCtrFeeds, buildMlpFeeds, bucketCtrIds, MulticlassTally, ctrBagIndex,
   hashedBagOfIds, headOfBatch, streamOptions, type Batch, type CtrBagIndex, type DataSource, type Evaluation, type MlpModel,
 } from '../../native-bridge/mod.ts';
 import { EMB_TABLE, WIDE_TABLE, type SparseLayout } from '../node/config-bridge.ts';
@@ -86,14 +86,13 @@ export class ShardEvaluator {
     const pullDense = Promise.all(denseEx.map((ex) => client.pull(ex.shard, pullRequest(plan, ex, [], null))));
 
     if (model instanceof CtrModel) {
-      const labels: number[] = []; const scores: number[] = [];
+      const tally = new BinaryTally();
       const score = async (p: PreparedBatch, replies: Awaited<ReturnType<ShardClient['pull']>>[]) => {
         const b = p.batch as Extract<Batch, { kind: 'ctr' }>;
         const U = p.index!.uniqueIds.length;
         const rows = assemblePull(p.exchanges, replies, tables, dense, U);
         const gathered = { index: p.index!, embRows: rows.get(EMB_TABLE)!, wideRows: rows.get(WIDE_TABLE) ?? new Float32Array(U) };
-        const out = (await this.session.run(buildCtrFeeds(model, b, gathered, dense, 'eval'))).f32('predictions');
-        for (let i = 0; i < b.size; i++) { labels.push(b.labels[i]!); scores.push(out[i]!); }
+        tally.add(b.labels, (await this.session.run(buildCtrFeeds(model, b, gathered, dense, 'eval'))).f32('predictions'), b.size);
       };
       if (this.o.maxSamples !== null) {
         // A small subset: every pull at once, so the scores are of (nearly) one moment of training.
@@ -107,7 +106,7 @@ export class ShardEvaluator {
           await score(p, await Promise.all(p.exchanges.map((e) => client.pull(e.shard, pullRequest(plan, e, tables, null)))));
         }
       }
-      return { kind: 'ctr', auc: auc(labels, scores), logloss: binaryLogLoss(labels, scores), samples: labels.length };
+      return tally.result();
     }
     assemblePull(denseEx, await pullDense, [], dense, 0);
     const tally = new MulticlassTally(model.classes);

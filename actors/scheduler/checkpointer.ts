@@ -40,10 +40,10 @@ export interface CheckpointTaken {
   batches_done: number;
   /** Training stood still this long for the cut (0 when a ctl.pause was in force already). */
   pause_ms: number;
-  /** Of it: until every worker had paused at its boundary, then the shards' snapshots, or their in-memory copies (the rest: resuming). */
+  /** Of it: until every worker had paused at its boundary, then the shards' in-memory copies (the rest: resuming). */
   pausing_ms: number;
   snapshot_ms: number;
-  /** Fetching the frozen copies (when the cut froze them), encoding and writing the files: after training resumed. */
+  /** Fetching the frozen copies, encoding and writing the files: after training resumed. */
   write_ms: number;
   /** Checkpoints removed to keep `keep`. */
   pruned: number;
@@ -64,13 +64,12 @@ export interface CheckpointerOptions {
     readonly jobInfo: JobInfo;
   };
   plan: () => ShardPlan;
-  snapshot: (shard: string) => Promise<ShardSnapshot>;
   /**
-   * When given, the cut only freezes each shard's state in memory (`freeze`)
-   * and the copies are fetched (`takeFrozen`) after training resumed, so the
-   * pause does not wait for the snapshots to cross the network.
+   * The cut only freezes each shard's state in memory (`freeze`); the copies
+   * are fetched (`take`) after training resumed, so the pause does not wait
+   * for the snapshots to cross the network.
    */
-  frozen?: { freeze: (shard: string, token: string) => Promise<unknown>; take: (shard: string, token: string) => Promise<ShardSnapshot> };
+  frozen: { freeze: (shard: string, token: string) => Promise<unknown>; take: (shard: string, token: string) => Promise<ShardSnapshot> };
   /** Batch ids acknowledged so far (a resumed job: with those done before it). */
   acked: () => Iterable<string>;
   /** Every batch of the job (a resumed job: with those done before it). */
@@ -100,24 +99,18 @@ export class Checkpointer {
     const { clock, log, controller } = this.o;
     const t0 = clock.monotonic();
     const paused = await controller.pauseUntilPaused(`checkpoint (${trigger})`, this.o.pauseTimeoutMs ?? 60_000);
-    let snaps: { shard: string; snap: ShardSnapshot }[];
     let acked: string[];
     let plan: ShardPlan;
     let info: JobInfo;
     let pauseMs: number;
     const tPaused = clock.monotonic();
     let snapshotMs = 0;
-    const frozen = this.o.frozen;
+    const { frozen } = this.o;
     const token = `${this.o.job}/${trigger}/${t0}`;
     try {
       plan = this.o.plan();
       info = controller.jobInfo;
-      if (frozen === undefined) {
-        snaps = await Promise.all(plan.shards.map(async (shard) => ({ shard, snap: await this.o.snapshot(shard) })));
-      } else {
-        await Promise.all(plan.shards.map((shard) => frozen.freeze(shard, token)));
-        snaps = [];
-      }
+      await Promise.all(plan.shards.map((shard) => frozen.freeze(shard, token)));
       snapshotMs = clock.monotonic() - tPaused;
       acked = [...this.o.acked()].sort();
     } finally {
@@ -125,7 +118,7 @@ export class Checkpointer {
       pauseMs = paused.already ? 0 : clock.monotonic() - t0;
     }
     const t1 = clock.monotonic();
-    if (frozen !== undefined) snaps = await Promise.all(plan.shards.map(async (shard) => ({ shard, snap: await frozen.take(shard, token) })));
+    const snaps = await Promise.all(plan.shards.map(async (shard) => ({ shard, snap: await frozen.take(shard, token) })));
     // A delta on the chain, unless a full one is due (or the chain is unknown: the first, or after a failed write).
     const chain = this.chain;
     const full = chain === null || chain.names.length >= (this.o.fullEvery ?? 1) || !snaps.every(({ shard }) => chain.steps.has(shard));

@@ -12,6 +12,7 @@ import { ctrModel, mlpModel, type CtrModel, type MlpModel, type ModelGraph, type
 import type { ShardSnapshot } from '../shard/shard.messages.ts';
 import { EMB_TABLE, WIDE_TABLE } from '../node/config-bridge.ts';
 import { CheckpointError, readCheckpointState, type CheckpointManifest, type CheckpointModel } from './checkpoint.ts';
+import { wholeDense } from './checkpoint-reshard.ts';
 
 /** protobuf messages cannot exceed 2 GiB; ONNX external data would lift that, hetps does not write it yet. */
 const PROTOBUF_LIMIT = 2 ** 31 - 1;
@@ -28,27 +29,6 @@ export interface ExportedModel {
 export function modelOfCheckpoint(m: CheckpointModel): CtrModel | MlpModel {
   if (m.type === 'mlp') return mlpModel({ layers: m.layers });
   return ctrModel({ slots: m.slots, embeddingDim: m.embedding_dim, denseFeatures: m.dense_features, hidden: m.hidden, pooling: m.pooling });
-}
-
-/** Every dense parameter of `model`, put back together from the shards' blocks; throws naming a parameter some of whose values no block holds. */
-function denseParams(path: string, model: CtrModel | MlpModel, snaps: Iterable<ShardSnapshot>): Map<string, Float32Array> {
-  const out = new Map(model.denseParams.map((p) => [p.name, new Float32Array(p.dims.reduce((a, b) => a * b, 1))]));
-  const covered = new Map(model.denseParams.map((p) => [p.name, 0]));
-  for (const snap of snaps) {
-    for (const b of snap.dense) {
-      const v = out.get(b.param);
-      if (v === undefined) throw new CheckpointError(`checkpoint ${path}: shard ${snap.shard} holds dense parameter ${b.param}, which the model does not have; the manifest's model and the shards disagree`, path, []);
-      if (b.offset + b.length > v.length || b.values.length !== b.length) {
-        throw new CheckpointError(`checkpoint ${path}: shard ${snap.shard}'s block ${b.id} of ${b.param} (offset ${b.offset}, ${b.length} values) does not fit its ${v.length} values`, path, []);
-      }
-      v.set(b.values, b.offset);
-      covered.set(b.param, covered.get(b.param)! + b.length);
-    }
-  }
-  for (const [name, v] of out) {
-    if (covered.get(name) !== v.length) throw new CheckpointError(`checkpoint ${path}: the shards hold ${covered.get(name)} of the ${v.length} values of dense parameter ${name}; a shard file is missing`, path, []);
-  }
-  return out;
 }
 
 /** One sparse table's rows from every shard, concatenated (each row lives on one shard). */
@@ -78,7 +58,9 @@ export async function exportCheckpoint(path: string, fallback: CheckpointModel |
   if (described === null) throw new ConfigError(`checkpoint ${path} does not record its model (written by an older hetps); give the job's config with --config`);
   const model = modelOfCheckpoint(described);
   const snaps = [...snapshots.values()];
-  const dense = denseParams(path, model, snaps);
+  const fail = (what: string): never => { throw new CheckpointError(`checkpoint ${path}: ${what}`, path, []); };
+  const whole = wholeDense(snaps, model.denseParams.map((p) => ({ name: p.name, size: p.dims.reduce((a, b) => a * b, 1) })), fail);
+  const dense = new Map([...whole].map(([name, w]) => [name, w.values]));
   const metadata: Record<string, string> = {
     'hetps.job': manifest.job, 'hetps.checkpoint': manifest.name, 'hetps.created_at': manifest.created_at, 'hetps.model': JSON.stringify(described),
   };

@@ -29,7 +29,41 @@ export function layoutMatches(snapshots: ReadonlyMap<string, ShardSnapshot>, pla
   return true;
 }
 
-interface DenseWhole { values: Float32Array; state: Float32Array[]; steps: { offset: number; length: number; step: number }[]; covered: number }
+/** One dense parameter put back together from the blocks of every shard. */
+export interface DenseWhole {
+  values: Float32Array;
+  /** Optimizer state slots, each as long as `values`. */
+  state: Float32Array[];
+  /** Each block's span and update count. */
+  steps: { offset: number; length: number; step: number }[];
+}
+
+/**
+ * Every parameter of `params` whole again from the shards' dense blocks
+ * (values and optimizer state); `fail` is called (and must throw) naming a
+ * block of a parameter not in `params`, a block that does not fit, or a
+ * parameter some of whose values no shard holds.
+ */
+export function wholeDense(snaps: readonly ShardSnapshot[], params: readonly { name: string; size: number }[], fail: (what: string) => never): Map<string, DenseWhole> {
+  const dense = new Map<string, DenseWhole>(params.map((p) => [p.name, { values: new Float32Array(p.size), state: [], steps: [] }]));
+  const covered = new Map(params.map((p) => [p.name, 0]));
+  for (const s of snaps) {
+    for (const b of s.dense) {
+      const w = dense.get(b.param) ?? fail(`dense parameter ${b.param} of shard ${s.shard} is not in the model`);
+      if (b.offset + b.length > w.values.length || b.values.length !== b.length) {
+        fail(`block ${b.id} of ${b.param} (offset ${b.offset}, ${b.length} values) does not fit its ${w.values.length} values: the model changed`);
+      }
+      w.values.set(b.values, b.offset);
+      b.state.forEach((st, k) => { (w.state[k] ??= new Float32Array(w.values.length)).set(st, b.offset); });
+      w.steps.push({ offset: b.offset, length: b.length, step: b.step });
+      covered.set(b.param, covered.get(b.param)! + b.length);
+    }
+  }
+  for (const [name, w] of dense) {
+    if (covered.get(name) !== w.values.length) fail(`the shards hold ${covered.get(name)} of the ${w.values.length} values of dense parameter ${name}; a shard file is missing`);
+  }
+  return dense;
+}
 
 /** `snapshots` (one per old shard) cut along `plan`: one snapshot per shard of the plan. Throws CheckpointError naming what does not fit. */
 export function reshard(snapshots: ReadonlyMap<string, ShardSnapshot>, plan: ShardPlan, path: string): Map<string, ShardSnapshot> {
@@ -38,20 +72,10 @@ export function reshard(snapshots: ReadonlyMap<string, ShardSnapshot>, plan: Sha
   if (first === undefined) throw new CheckpointError(`checkpoint ${path} holds no shard state`, path, []);
   const fail = (what: string): never => { throw new CheckpointError(`checkpoint ${path} cannot be re-sharded onto plan v${plan.version} (${plan.shards.join(', ')}): ${what}`, path, []); };
 
-  // Dense: each parameter whole again.
-  const dense = new Map<string, DenseWhole>(plan.denseParams.map((p) => [p.name, { values: new Float32Array(p.size), state: [], steps: [], covered: 0 }]));
   for (const s of snaps) {
     if (s.dense_optimizer !== first.dense_optimizer || s.sparse_optimizer !== first.sparse_optimizer) fail(`shards ${first.shard} and ${s.shard} use different optimizers`);
-    for (const b of s.dense) {
-      const w = dense.get(b.param) ?? fail(`dense parameter ${b.param} of shard ${s.shard} is not in the model`);
-      if (b.offset + b.length > w.values.length) fail(`block ${b.id} of ${b.param} (offset ${b.offset}, ${b.length} values) is past its ${w.values.length} values: the model changed`);
-      w.values.set(b.values, b.offset);
-      b.state.forEach((st, k) => { (w.state[k] ??= new Float32Array(w.values.length)).set(st, b.offset); });
-      w.steps.push({ offset: b.offset, length: b.length, step: b.step });
-      w.covered += b.length;
-    }
   }
-  for (const [name, w] of dense) if (w.covered !== w.values.length) fail(`the shards hold ${w.covered} of the ${w.values.length} values of dense parameter ${name}`);
+  const dense = wholeDense(snaps, plan.denseParams, fail);
 
   // Sparse: every row to its new owner.
   const tableSpecs = new Map(plan.sparseTables.map((t) => [t.name, t]));

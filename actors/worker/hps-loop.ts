@@ -55,8 +55,7 @@ export class HpsLoop {
       const member = this.member(g, version);
       await member.start();
       let pauseFor: number | null = null;
-      let lastPhases: WindowPhases | null = null;
-      let lastSteps = 0;
+      let lastWindow: { steps: number; phases_ms: WindowPhases } | null = null;
       try {
         while (!control.stopRequested) {
           if (control.pauseRequested) {
@@ -76,7 +75,7 @@ export class HpsLoop {
             break;
           }
           if (outcome.done) break;
-          if (outcome.groupsVersion > version && control.followsJob) { pauseFor = outcome.groupsVersion; lastPhases = outcome.phases; lastSteps = outcome.steps.length; break; }
+          if (outcome.groupsVersion > version && control.followsJob) { pauseFor = outcome.groupsVersion; lastWindow = { steps: outcome.steps.length, phases_ms: outcome.phases }; break; }
         }
         if (pauseFor !== null) member.regroup(`groups v${pauseFor}`);
       } finally {
@@ -85,7 +84,7 @@ export class HpsLoop {
       }
       if (pauseFor === null || control.stopRequested) break;
       // Paused: every batch of the last window is pushed and acknowledged; nothing is held.
-      log.info({ groups_version: pauseFor, group: g.name, last_window: lastPhases === null ? null : { steps: lastSteps, phases_ms: lastPhases } },
+      log.info({ groups_version: pauseFor, group: g.name, last_window: lastWindow },
         `regroup to groups v${pauseFor}: paused after window ${member.window - 1} of group ${g.name}; waiting for the driver's resume`);
       let info = await control.pauseForJob(pauseFor, g.name);
       if (!info.workers.includes(this.env.o.node) && info.standbys.includes(this.env.o.node)) {
