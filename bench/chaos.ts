@@ -418,6 +418,27 @@ export function earlierResults(file: string | URL, drop: readonly string[] = [])
   }
 }
 
+/**
+ * `rounds` back-to-back timings of a raw baseline and hetps, the side going
+ * first alternating (raw first in even rounds), so a drift of the machine's
+ * load does not favour one. Each side returns the seconds its round took; a
+ * null side is not timed (profiling one side). `paired`: raw / hetps time of
+ * every round where both ran.
+ */
+export async function alternateRounds(rounds: number, raw: (() => Promise<number>) | null, ours: (() => Promise<number>) | null): Promise<{ rawSeconds: number; oursSeconds: number; paired: number[] }> {
+  let rawSeconds = 0; let oursSeconds = 0;
+  const paired: number[] = [];
+  for (let r = 0; r < rounds; r++) {
+    let a = 0; let b = 0;
+    if (r % 2 === 0 && raw) a = await raw();
+    if (ours) b = await ours();
+    if (r % 2 === 1 && raw) a = await raw();
+    rawSeconds += a; oursSeconds += b;
+    if (a && b) paired.push(a / b);
+  }
+  return { rawSeconds, oursSeconds, paired };
+}
+
 /** `nats-server --version` of the binary the jobs use, or null. */
 export function natsServerVersion(): string | null {
   try { return execFileSync(findNatsServer(), ['--version'], { encoding: 'utf8' }).trim(); } catch { return null; }

@@ -34,7 +34,7 @@ import { startLocalCluster } from '../deploy/local-cluster.ts';
 import { ActorSystem, SeededRandom, connectTransport, encode, systemClock, type ActorRef, type Transport } from '../runtime/mod.ts';
 import { buildShardPlan } from '../topology/mod.ts';
 import { createShardActor, type ShardStats } from '../actors/mod.ts';
-import { earlierResults, gitCommit, natsServerVersion } from './chaos.ts';
+import { alternateRounds, earlierResults, gitCommit, natsServerVersion } from './chaos.ts';
 
 const quick = process.argv.includes('--quick');
 const opsArg = process.argv.indexOf('--ops');
@@ -201,20 +201,8 @@ async function main(): Promise<void> {
       const n = PER_ROUND[op];
       if (ONLY !== 'hetps') await measure(n, s.raw);
       if (ONLY !== 'raw') await measure(n, s.hetps);
-      let rawSeconds = 0;
-      let oursSeconds = 0;
-      const paired: number[] = [];
-      for (let r = 0; r < ROUNDS; r++) {
-        // Alternate which side goes first.
-        let rawS = 0;
-        let oursS = 0;
-        if (r % 2 === 0 && ONLY !== 'hetps') rawS = await measure(n, s.raw);
-        if (ONLY !== 'raw') oursS = await measure(n, s.hetps);
-        if (r % 2 === 1 && ONLY !== 'hetps') rawS = await measure(n, s.raw);
-        rawSeconds += rawS;
-        oursSeconds += oursS;
-        if (rawS && oursS) paired.push(rawS / oursS);
-      }
+      const { rawSeconds, oursSeconds, paired } = await alternateRounds(ROUNDS,
+        ONLY === 'hetps' ? null : () => measure(n, s.raw), ONLY === 'raw' ? null : () => measure(n, s.hetps));
       const raw = rawSeconds ? (n * ROUNDS) / rawSeconds : 0;
       const ours = oursSeconds ? (n * ROUNDS) / oursSeconds : 0;
       // The ratio is the median over rounds of (raw time / hetps time) of back-to-back runs:

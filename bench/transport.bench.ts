@@ -28,7 +28,7 @@ import { z } from 'zod';
 import { connect, type NatsConnection } from '@nats-io/transport-node';
 import { startLocalCluster } from '../deploy/local-cluster.ts';
 import { ActorSystem, SeededRandom, connectTransport, systemClock, zbytes, type Transport } from '../runtime/mod.ts';
-import { earlierResults, gitCommit, natsServerVersion } from './chaos.ts';
+import { alternateRounds, earlierResults, gitCommit, natsServerVersion } from './chaos.ts';
 
 const roundsArg = process.argv.indexOf('--rounds');
 const ROUNDS = roundsArg > 0 ? Number(process.argv[roundsArg + 1]) : 5;
@@ -153,19 +153,10 @@ async function main(): Promise<void> {
       }));
       return (performance.now() - t0) / 1000;
     };
-    /** ROUNDS back-to-back pairs, the first side alternating: totals and the median of raw time / hetps time. */
+    /** Totals and the median of raw time / hetps time over ROUNDS alternating rounds. */
     const rounds = async (n: number, raw: () => Promise<number>, ours: () => Promise<number>) => {
-      let rawS = 0; let oursS = 0;
-      const paired: number[] = [];
-      for (let r = 0; r < ROUNDS; r++) {
-        let a = 0; let b = 0;
-        if (r % 2 === 0) a = await raw();
-        b = await ours();
-        if (r % 2 === 1) a = await raw();
-        rawS += a; oursS += b;
-        paired.push(a / b);
-      }
-      const rawRate = (n * ROUNDS) / rawS; const oursRate = (n * ROUNDS) / oursS;
+      const { rawSeconds, oursSeconds, paired } = await alternateRounds(ROUNDS, raw, ours);
+      const rawRate = (n * ROUNDS) / rawSeconds; const oursRate = (n * ROUNDS) / oursSeconds;
       return { raw: rawRate, ours: oursRate, ratio: median(paired), ratio_of_totals: oursRate / rawRate, rounds: paired.map((x) => +x.toFixed(3)) };
     };
     for (const size of SIZES) {
