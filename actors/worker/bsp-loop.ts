@@ -45,11 +45,26 @@ export async function runBspLoop(env: WorkerLoopEnv): Promise<void> {
   }
 }
 
+/**
+ * Batches still unacknowledged once the last round's acknowledgements have had a moment to land: the
+ * other workers acknowledge their batch of the final round just after this one does, so a lone reading
+ * would send this worker into an extra, empty round (and a 1.5 s wait for a batch) at every job's end.
+ * A batch that stays unacknowledged (a dead worker's, back after ack_wait) is still seen.
+ */
+async function settledPending(env: WorkerLoopEnv, settleMs = 2_000): Promise<number> {
+  const deadline = Date.now() + settleMs;
+  for (;;) {
+    const n = await env.o.queue.pending().catch(() => 0);
+    if (n === 0 || Date.now() >= deadline || env.control.stopRequested) return n;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
 async function rounds(env: WorkerLoopEnv, s: BspLoopState, live: () => number): Promise<void> {
   const { o, control, stats, log } = env;
   for (; !control.stopRequested; s.round++) {
     // The planned rounds cover every batch; after a worker died, its share is trained in extra ones.
-    if (s.round >= s.rounds && (await o.queue.pending().catch(() => 0)) === 0) break;
+    if (s.round >= s.rounds && (await settledPending(env)) === 0) break;
     await control.atBoundary(() => stats.group);
     if (control.stopRequested) break;
     stats.round = s.round;
