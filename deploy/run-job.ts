@@ -568,10 +568,16 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
       acked: () => [...(prepared.done ?? []), ...monitor.ackedBatches()], totalBatches: prepared.descriptors.length + (prepared.done?.size ?? 0),
     });
     plane.scheduler.attach({ info: () => controller.jobInfo, plan: () => shardClient.plans.current, controller, checkpointer });
-    // checkpoint.every_s: one after each interval of training, counted from the end of the last one.
+    // checkpoint.every_s: one after each interval of training, counted from the first acknowledged batch, then
+    // from the end of the last checkpoint. Before any batch is trained the shards may still be starting, and
+    // there is nothing to save: a cut then would only pause the workers for a checkpoint that fails.
     let periodicTimer: NodeJS.Timeout | null = null;
     const schedule = () => {
       if (ck.every_s <= 0) return;
+      if (monitor.ackedBatches().size === 0) {
+        periodicTimer = setTimeout(schedule, 250);
+        return;
+      }
       periodicTimer = setTimeout(() => {
         void checkpointer.take('periodic')
           .catch((e: unknown) => { log.warn({ err: (e as Error).message }, `periodic checkpoint failed: ${(e as Error).message}; the next one is tried in ${ck.every_s} s`); })

@@ -22,18 +22,20 @@
  * `close` takes part in the group's last windows until it agrees the job
  * is done.
  */
-import { writeCheckpointAt, type CheckpointManifest } from '../store/checkpoint.ts';
-import { join, resolve } from 'node:path';
+import { readManifest, type CheckpointManifest } from '../store/checkpoint.ts';
+import { resolve } from 'node:path';
 import {
-  ActorSystem, ConfigError, SeededRandom, connectTransport, controlSubject, createLogger, decode, encode, hashString, systemClock,
+  ActorSystem, ConfigError, HetpsError, JSON_CONTENT_TYPE, NoRespondersError, SeededRandom, connectTransport, controlSubject, createLogger, decode, hashString, systemClock,
   type Logger, type Transport,
 } from '../../runtime/mod.ts';
 import { loadConfig, natsConnection, nodeOverrides, type HetpsConfig, type OptimizerType, type ShardPlan, type WorkerNode } from '../../topology/mod.ts';
 import { StepSession, type Batch, type DataSource } from '../../native-bridge/mod.ts';
 import { natsBatchQueue, type BatchDescriptor, type BatchQueue, type QueuedBatch } from '../store/batch-queue.ts';
-import { checkpointModelOf, sparseLayoutFromConfig } from '../node/config-bridge.ts';
+import { sparseLayoutFromConfig } from '../node/config-bridge.ts';
 import { GroupWindows } from './api-group.ts';
-import { GroupMember, reducesInGroup, type WindowOutcome } from '../group/group-sync.ts';
+import { GroupMember, type WindowOutcome } from '../group/group-sync.ts';
+import { LoopControl } from '../worker/loop-control.ts';
+import type { WorkerLoopState } from '../worker/worker.messages.ts';
 import { ThreadedHeartbeat } from '../health/heartbeat.ts';
 import { HealthWatcher } from '../health/health-watcher.ts';
 import { groupOfWorker, natsJobInfoStore, waitForJobInfo, type JobInfo } from '../store/job-info.ts';
@@ -41,7 +43,6 @@ import { DEFAULT_NODE_WAIT_MS, UNGROUPED, modelAndData, startServerNode, waitFor
 import { natsConnectionOf, natsPlanStore } from '../store/plan-store.ts';
 import { ProfileReporter } from '../node/profile-reporter.ts';
 import { natsProfileStore } from '../store/profile-store.ts';
-import type { ShardSnapshot } from '../shard/shard.messages.ts';
 import { publishTelemetry } from '../monitor/telemetry.ts';
 import { PlanView } from '../store/plan-view.ts';
 import { ShardClient, waitForShards } from '../worker/shard-client.ts';
@@ -91,6 +92,9 @@ export interface DistributedOptimizer {
 
 export type { CheckpointManifest };
 
+/** How long `saveCheckpoint` waits for the driver: its pause (60 s at most) and the writing of the files. */
+const CHECKPOINT_REPLY_MS = 300_000;
+
 export class HeterogeneousParameterServer {
   private cfg: HetpsConfig | null = null;
   private transport: Transport | null = null;
@@ -106,8 +110,9 @@ export class HeterogeneousParameterServer {
   private workerNode: WorkerNode | null = null;
   private profile: ProfileReporter | null = null;
   private pendingCheckpoints: Promise<unknown>[] = [];
-  /** hps, in a group that reduces together: this worker's member and the windows the script's steps feed. */
-  private member: GroupMember | null = null;
+  /** The job-wide pauses this worker follows (null: a server, or before init). */
+  private control: LoopControl | null = null;
+  private readonly loopState: { state: WorkerLoopState } = { state: 'starting' };
   private heartbeat: ThreadedHeartbeat | null = null;
   private health: HealthWatcher | null = null;
   private windows: GroupWindows | null = null;
@@ -196,16 +201,34 @@ export class HeterogeneousParameterServer {
     publishTelemetry(this.transport, job, 'start', node, {
       node, group: group?.name ?? this.workerNode!.group ?? UNGROUPED, mode: this.info.mode, emulated_speed: overrides.emulate?.speed ?? null, sync_mode: group?.sync_mode ?? null,
     });
-    if (group !== null && reducesInGroup(group.sync_mode)) {
-      // A member of the group's rounds, like a launched worker (an async group's member pushes each step: the plain path below).
+    // Job-wide pauses (ctl.pause, a checkpoint's cut, a regroup) reach this worker as they reach a launched one.
+    const control = this.control = new LoopControl({
+      node, runId: this.info.run_id, groupsVersion: this.info.groups_version, store: natsJobInfoStore(nc, job), resumeTimeoutMs: 120_000, stats: this.loopState,
+    });
+    await control.start({ transport: this.transport, job, clock: systemClock, log: this.log });
+    if (group !== null) {
+      // hps: a member of its group's windows, like a launched worker (an async group's member pushes each step).
       const queue = this.queue;
-      this.member = new GroupMember({
-        system: this.system, group, member: node, runId: this.info.run_id, plan: this.plan, stepper: this.stepper, log: this.log,
-        shouldStop: () => this.closed, recoveryTimeoutMs: this.info.recovery_timeout_ms ?? this.info.ack_wait_ms, health: this.health = await HealthWatcher.start(this.system),
-      });
-      await this.member.start();
+      const info = this.info;
+      const system = this.system;
+      const stepper = this.stepper;
+      const plan = this.plan;
+      const health = this.health = await HealthWatcher.start(this.system);
       this.windows = new GroupWindows({
-        member: this.member, log: this.log, shouldStop: () => this.closed,
+        group, control, keepAliveMs: Math.floor(info.ack_wait_ms / 3),
+        groupIn: (i) => groupOfWorker(i, config, node),
+        member: async (g) => {
+          const version = control.groupsVersion;
+          // The run id carries the groups version, so a late message of an earlier membership never reaches this one.
+          const m = new GroupMember({
+            system, group: g, member: node, runId: version === 0 ? info.run_id : `${info.run_id}/g${version}`, plan, stepper, log: this.log,
+            shouldStop: () => this.closed, recoveryTimeoutMs: info.recovery_timeout_ms ?? info.ack_wait_ms, health,
+            groupsVersionSeen: () => control.seen, closeEarly: () => control.jobPausePending,
+          });
+          await m.start();
+          return m;
+        },
+        log: this.log, shouldStop: () => this.closed,
         drained: async () => (await queue.pending().catch(() => 1)) === 0,
         onWindow: (held, outcome) => this.acknowledgeWindow(held, outcome, group.name),
       });
@@ -260,6 +283,8 @@ export class HeterogeneousParameterServer {
     const queue = this.need(this.queue, 'queue');
     if (info.mode === 'bsp') {
       for (let r = 0; r < info.rounds && !this.closed; r++) {
+        // Between rounds, holding no batch: a job-wide pause is taken here.
+        await this.atBoundary();
         const item = await queue.next(1_500);
         if (item === null) { await this.stepper!.run(null, { round: r, expected: info.workers.length }); continue; }
         yield { desc: item.desc, batch: batchFromDescriptor(source, item.desc), round: r, item };
@@ -267,6 +292,8 @@ export class HeterogeneousParameterServer {
       return;
     }
     while (!this.closed) {
+      // asp: between batches, holding none (hps: the group windows take pauses at their window boundary).
+      if (this.windows === null) await this.atBoundary();
       const item = await queue.next(1_000);
       if (item === null) {
         // A group window in progress closes with the batches it has rather than wait for one.
@@ -306,34 +333,61 @@ export class HeterogeneousParameterServer {
   }
 
   /**
-   * Asks every shard for a snapshot and writes the checkpoint directory
-   * `path` (it must not exist): `<shard>.msgpack` per shard plus
-   * `manifest.json` with each file's size and SHA-256, fsynced and renamed
-   * into place (actors/store/checkpoint.ts; `hetps checkpoint verify path`
-   * checks it). `sync: true` resolves once it is written; `sync: false`
-   * returns at once (`close` waits for it).
+   * A coordinated checkpoint of the whole job, written at `path` (a directory
+   * that must not exist yet): the same cut as `ctl.checkpoint` and the
+   * periodic ones — the driver pauses every worker at its window or step
+   * boundary (this one too), freezes every shard, resumes, and writes one
+   * full checkpoint there (`<shard>.msgpack` per shard plus `manifest.json`
+   * with the acknowledged batches and each file's size and SHA-256, fsynced
+   * and renamed into place; `hetps checkpoint verify path` checks it, and
+   * `hetps up --resume path` resumes from it). The driver writes it: a
+   * relative path is resolved here, so give one that means the same on the
+   * driver's machine. `sync: true` resolves with the manifest once it is
+   * written; `sync: false` returns at once (`close` waits for it).
    */
   async saveCheckpoint(o: { path: string; sync?: boolean }): Promise<CheckpointManifest | null> {
-    const work = this.writeCheckpoint(resolve(o.path));
+    const work = this.checkpointThroughDriver(resolve(o.path));
     if (o.sync ?? true) return work;
     this.pendingCheckpoints.push(work.catch((e: unknown) => this.log.error({ err: e }, 'checkpoint failed')));
     return null;
   }
 
-  private async writeCheckpoint(dir: string): Promise<CheckpointManifest> {
-    const plan = this.need(this.plan, 'plan');
-    const client = this.need(this.client, 'client');
-    const snaps = await Promise.all(plan.shards.map(async (shard) => ({ shard, snap: await client.snapshot(shard) })));
-    const cfg = this.config;
-    const { manifest } = await writeCheckpointAt(dir, {
-      files: snaps.map(({ shard, snap }) => ({ name: `${shard}.msgpack`, bytes: encode(snap), shard, version: snap.version, round: snap.round })),
-      manifest: {
-        job: cfg.job.name, run_id: this.info?.run_id ?? null, trigger: 'api', plan: { version: plan.version, shards: [...plan.shards], placement: plan.placement ?? null },
-        groups: this.info?.groups ?? null, optimizer: snaps[0] ? { dense: snaps[0].snap.dense_optimizer, sparse: snaps[0].snap.sparse_optimizer } : null, data: null,
-        model: checkpointModelOf(cfg, this.need(this.md, 'model').model),
-      },
-    });
-    return manifest;
+  private async checkpointThroughDriver(path: string): Promise<CheckpointManifest> {
+    const transport = this.need(this.transport, 'transport');
+    const job = this.config.job.name;
+    const subject = controlSubject(job, 'checkpoint');
+    const reply = transport.request(subject, new TextEncoder().encode(JSON.stringify({ path, trigger: 'api' })), { timeoutMs: CHECKPOINT_REPLY_MS, headers: { 'Content-Type': JSON_CONTENT_TYPE } })
+      .then((m) => {
+        const r = JSON.parse(new TextDecoder().decode(m.data)) as { type?: string; result?: { path: string }; error?: { message?: string } };
+        if (r.type !== 'reply' || r.result === undefined) throw new HetpsError(`saveCheckpoint(${path}): the driver refused: ${r.error?.message ?? JSON.stringify(r)}`);
+        return r.result;
+      }, (e: unknown) => {
+        throw new HetpsError(e instanceof NoRespondersError
+          ? `saveCheckpoint(${path}): no driver answers on ${subject} (the job has ended, or its driver is down); a checkpoint is the driver's coordinated cut`
+          : `saveCheckpoint(${path}): no answer from the driver on ${subject} (${(e as Error).message})`, { cause: e });
+      });
+    // A script waiting here holds no batch: it is at its boundary, so it takes the cut's pause here.
+    await this.boundaryUntil(reply);
+    await reply;
+    return readManifest(path);
+  }
+
+  /** asp / bsp: a job-wide pause pending is taken now (this worker holds no batch); returns when training may go on. */
+  private async atBoundary(): Promise<void> {
+    const c = this.control;
+    if (c !== null && this.windows === null) await c.atBoundary(() => this.workerNode?.group ?? UNGROUPED);
+  }
+
+  /** Takes every job-wide pause that comes before `p` settles (asp / bsp; hps groups pause in their windows). */
+  private async boundaryUntil(p: Promise<unknown>): Promise<void> {
+    const c = this.control;
+    if (c === null || this.windows !== null) return;
+    let settled = false;
+    const done = p.then(() => { settled = true; }, () => { settled = true; });
+    while (!settled) {
+      if (c.jobPausePending) await this.atBoundary();
+      else await Promise.race([done, c.nextChange()]);
+    }
   }
 
   /** Server role: serves until the driver ends the job (or `close`). */
@@ -356,7 +410,7 @@ export class HeterogeneousParameterServer {
     // A group member takes part in the group's windows until the group agrees the job is done.
     if (this.windows !== null) await this.windows.finish().catch((e: unknown) => this.log.error({ err: e }, 'group windows failed'));
     this.closed = true;
-    await this.member?.stop();
+    this.control?.close();
     this.health?.dispose();
     this.profile?.stop();
     await Promise.all(this.pendingCheckpoints);

@@ -20,7 +20,7 @@ import type { Clock, Logger } from '../../runtime/mod.ts';
 import type { ShardPlan } from '../../topology/mod.ts';
 import type { ShardSnapshot } from '../shard/shard.messages.ts';
 import type { JobInfo } from '../store/job-info.ts';
-import { pruneCheckpoints, writeCheckpoint, type CheckpointManifest, type CheckpointModel } from '../store/checkpoint.ts';
+import { pruneCheckpoints, refuseExisting, writeCheckpoint, writeCheckpointAt, type CheckpointContent, type CheckpointManifest, type CheckpointModel } from '../store/checkpoint.ts';
 import { deltaOf, rowSteps, type RowSteps } from '../store/checkpoint-delta.ts';
 
 export type CheckpointTrigger = CheckpointManifest['trigger'];
@@ -88,15 +88,21 @@ export class Checkpointer {
 
   constructor(private readonly o: CheckpointerOptions) {}
 
-  /** Takes one checkpoint (after any in progress). */
-  take(trigger: CheckpointTrigger): Promise<CheckpointTaken> {
-    const run = this.queue.catch(() => undefined).then(() => this.cut(trigger));
+  /**
+   * Takes one checkpoint (after any in progress). `at`: written at exactly
+   * that directory (it must not exist; the API's `saveCheckpoint({ path })`):
+   * always full, outside the root's chain, never pruned.
+   */
+  take(trigger: CheckpointTrigger, at?: string): Promise<CheckpointTaken> {
+    const run = this.queue.catch(() => undefined).then(() => this.cut(trigger, at));
     this.queue = run;
     return run;
   }
 
-  private async cut(trigger: CheckpointTrigger): Promise<CheckpointTaken> {
+  private async cut(trigger: CheckpointTrigger, at: string | undefined): Promise<CheckpointTaken> {
     const { clock, log, controller } = this.o;
+    // Refused before the pause, not after it: the workers would stop for nothing.
+    if (at !== undefined) await refuseExisting(at);
     const t0 = clock.monotonic();
     const paused = await controller.pauseUntilPaused(`checkpoint (${trigger})`, this.o.pauseTimeoutMs ?? 60_000);
     let acked: string[];
@@ -120,9 +126,10 @@ export class Checkpointer {
     const t1 = clock.monotonic();
     const snaps = await Promise.all(plan.shards.map(async (shard) => ({ shard, snap: await frozen.take(shard, token) })));
     // A delta on the chain, unless a full one is due (or the chain is unknown: the first, or after a failed write).
+    // One at a path of its own is full and leaves the chain as it was.
     const chain = this.chain;
-    const full = chain === null || chain.names.length >= (this.o.fullEvery ?? 1) || !snaps.every(({ shard }) => chain.steps.has(shard));
-    this.chain = null;
+    const full = at !== undefined || chain === null || chain.names.length >= (this.o.fullEvery ?? 1) || !snaps.every(({ shard }) => chain.steps.has(shard));
+    if (at === undefined) this.chain = null;
     let rows = 0;
     let held = 0;
     const files = snaps.map(({ shard, snap }) => {
@@ -137,7 +144,7 @@ export class Checkpointer {
       }
       return { name: `${shard}.msgpack`, bytes: encode(out), shard, version: snap.version, round: snap.round };
     });
-    const { path, manifest } = await writeCheckpoint(this.o.root, {
+    const content: CheckpointContent = {
       files,
       manifest: {
         kind: full ? 'full' : 'delta', chain: full ? [] : [...chain!.names],
@@ -148,11 +155,12 @@ export class Checkpointer {
         model: this.o.model,
         data: { total_batches: this.o.totalBatches, acked },
       },
-    });
-    this.chain = full
+    };
+    const { path, manifest } = at !== undefined ? await writeCheckpointAt(at, content) : await writeCheckpoint(this.o.root, content);
+    if (at === undefined) this.chain = full
       ? { names: [manifest.name], steps: new Map(snaps.map(({ shard, snap }) => [shard, rowSteps(snap)])) }
       : { names: [...chain!.names, manifest.name], steps: chain!.steps };
-    const pruned = await pruneCheckpoints(this.o.root, this.o.keep);
+    const pruned = at !== undefined ? [] : await pruneCheckpoints(this.o.root, this.o.keep);
     const taken: CheckpointTaken = {
       path, name: manifest.name, trigger, bytes: manifest.bytes, files: manifest.files.length, kind: manifest.kind, rows, rows_held: held, batches_done: acked.length,
       pause_ms: Math.round(pauseMs), pausing_ms: paused.already ? 0 : Math.round(tPaused - t0), snapshot_ms: Math.round(snapshotMs), write_ms: Math.round(clock.monotonic() - t1), pruned: pruned.length,

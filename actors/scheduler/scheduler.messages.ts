@@ -5,6 +5,7 @@
  * job. A JSON caller may send the bare fields (`{}` for status); an unknown
  * command is answered with an error that names the known ones.
  */
+import { isAbsolute } from 'node:path';
 import { z } from 'zod';
 import { regroupRequestSchema } from './regroup.ts';
 
@@ -19,8 +20,14 @@ export const schedulerMessages = {
   regroup: regroupRequestSchema,
   /** hps: every group re-forms unchanged — a fresh pull, then synchronous rounds (the article's `hetps recover --force-sync`). */
   recover: z.object({ reason: z.string().min(1).default('ctl.recover') }),
-  /** A coordinated checkpoint now (a pause for the cut, the files written after the resume); replies `{ path, name, bytes, files, batches_done, pause_ms, write_ms }`. */
-  checkpoint: z.object({}),
+  /**
+   * A coordinated checkpoint now (a pause for the cut, the files written after the resume); replies `{ path, name, bytes, files, batches_done, pause_ms, write_ms }`.
+   * `path`: an absolute directory on the driver's machine that does not exist yet (the API's `saveCheckpoint({ path })`): a full checkpoint written there, outside `checkpoint.dir`'s chain and pruning.
+   */
+  checkpoint: z.object({
+    path: z.string().min(1).refine((p) => isAbsolute(p), { message: 'path must be absolute (the driver writes it, from its own working directory)' }).optional(),
+    trigger: z.enum(['command', 'api']).default('command'),
+  }),
   /** End the job: every node stops (the nodes listen on this subject too). */
   shutdown: z.object({ run_id: z.string().nullable().default(null), reason: z.string().default('ctl.shutdown') }),
 };

@@ -157,10 +157,15 @@ export async function writeCheckpoint(root: string, content: CheckpointContent):
  */
 export async function writeCheckpointAt(path: string, content: CheckpointContent): Promise<{ path: string; manifest: CheckpointManifest }> {
   checkNames(content);
-  if (await stat(path).catch(() => null)) throw new HetpsError(`checkpoint: ${path} exists already; choose another path or remove it first`);
+  await refuseExisting(path);
   const parent = dirname(path);
   await mkdir(parent, { recursive: true });
   return writeInto(parent, basename(path), 0, content.manifest.created_at ?? new Date().toISOString(), content);
+}
+
+/** A checkpoint written at exactly `path` never replaces anything. */
+export async function refuseExisting(path: string): Promise<void> {
+  if (await stat(path).catch(() => null)) throw new HetpsError(`checkpoint: ${path} exists already; choose another path or remove it first`);
 }
 
 function checkNames(content: CheckpointContent): void {

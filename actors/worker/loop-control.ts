@@ -268,6 +268,9 @@ export class LoopControl {
     publishTelemetry(env.transport, env.job, 'regroup', this.o.node, t);
   }
 
+  /** Resolves when anything this control watches changes (a job-info write, a mailbox message, a stop), or after `ms` (null: no limit). */
+  nextChange(ms: number | null = null): Promise<void> { return this.changed(ms); }
+
   /** Resolves on the next wake, or after `ms` (null: no limit). */
   private changed(ms: number | null): Promise<void> {
     return new Promise((resolve) => {

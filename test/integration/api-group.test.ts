@@ -11,6 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startTestCluster, type TestCluster } from '../support/cluster.ts';
 import { hetps, node, watchAcks, writeJobConfig, type Exited } from '../support/ps.ts';
+import { verifyCheckpoint } from '../../actors/store/checkpoint.ts';
 
 let nats: TestCluster;
 let dir: string;
@@ -30,13 +31,14 @@ after(async () => {
 test('hps: an API worker trains as a member of its sync group (rounds with a launched worker); every batch acknowledged once', { timeout: 110_000 }, async (t) => {
   const job = 'apigroup';
   // g1 [w1, w2] and g2 [w3, w4], both sync (sync_steps 4 by default); w2 is the API script.
-  const cfg = await writeJobConfig(dir, { job, mode: 'hps', servers: nats.urls, runDir: join(dir, 'runs'), samples: 640, epochs: 1, workerRecoveryTimeoutS: 10 });
+  const cfg = await writeJobConfig(dir, { job, mode: 'hps', servers: nats.urls, runDir: join(dir, 'runs'), samples: 1280, epochs: 1, workerRecoveryTimeoutS: 10 });
   const watch = await watchAcks(nats.urls, job);
   const { acks } = watch;
   const summaryFile = join(dir, 'summary.json');
   const driver = hetps(['up', '--config', cfg, '--skip', 'w2', '--summary', summaryFile], { timeoutMs: 100_000 });
   const api = node(['--import', 'tsx', 'examples/api-worker.ts', cfg, 'g1', '1'], {
-    env: { HETPS_NATS: nats.urls.join(','), HETPS_CHECKPOINT: join(dir, 'checkpoint') }, timeoutMs: 100_000,
+    // After its 3rd step the script saves a checkpoint through the driver's cut: it and every launched worker pause for it.
+    env: { HETPS_NATS: nats.urls.join(','), HETPS_CHECKPOINT: join(dir, 'checkpoint'), HETPS_CHECKPOINT_AT_STEP: '3' }, timeoutMs: 100_000,
   });
   try {
     const r = await driver.exited;
@@ -48,10 +50,17 @@ test('hps: an API worker trains as a member of its sync group (rounds with a lau
     assert.equal(s.batches_acked, s.batches);
     assert.equal(s.duplicate_acks, 0);
     assert.deepEqual([...acks.values()].filter((n) => n !== 1), [], 'each batch acknowledged exactly once');
-    assert.ok((s.per_worker.w2 ?? 0) >= 4, `the API worker trained batches (${s.per_worker.w2})`);
+    assert.ok((s.per_worker.w2 ?? 0) > 3, `the API worker trained batches, also after the cut at its 3rd step (${s.per_worker.w2})`);
     assert.deepEqual(Object.keys(s.per_worker_group.w2 ?? {}), ['g1'], 'in its group g1');
     assert.ok((watch.windowsOf.get('w2')?.size ?? 0) >= 2, 'its batches were trained in the group\'s windows');
-    assert.match(a.stdout, /checkpoint of 2 shards/);
+    assert.match(a.stdout, /checkpoint of 2 shards .* after step 3/);
+    // The same cut as ctl.checkpoint: every worker paused (w2 in its group window), the acknowledged batches recorded.
+    const manifest = await verifyCheckpoint(join(dir, 'checkpoint'));
+    assert.equal(manifest.trigger, 'api');
+    assert.equal(manifest.kind, 'full');
+    assert.ok(manifest.data !== null && manifest.data.acked.length > 0 && manifest.data.acked.length < s.batches, `a cut mid-run (${manifest.data?.acked.length} of ${s.batches} batches done)`);
+    assert.ok(watch.regroupReady.get('w2')?.size, 'the API worker reported ready for the cut\'s pause');
+    assert.match(r.stderr, /checkpoint \S+ \(api, full\)/);
   } finally {
     await watch.close();
     driver.kill('SIGKILL');

@@ -92,6 +92,13 @@ test('quick start with checkpoint.every_s 2: periodic, ctl.checkpoint and end-of
     assert.ok(mine.bytes > 0 && mine.files === 2, JSON.stringify(mine));
     assert.ok(mine.batches_done >= 100, `the cut counts the batches acknowledged so far (${mine.batches_done})`);
     await verifyCheckpoint(mine.path);
+    // A path of its own (the API's saveCheckpoint) must be absolute and new: refused by name, before any pause.
+    const relative = await ctl(nc, 'checkpoint', { path: 'here' });
+    assert.equal(relative.type, 'error');
+    assert.match(relative.error!.message, /path must be absolute/);
+    const existing = await ctl(nc, 'checkpoint', { path: mine.path });
+    assert.equal(existing.type, 'error');
+    assert.match(existing.error!.message, /exists already; choose another path/);
 
     const r = await driver.exited;
     assert.equal(r.code, 0, explainExit(r));

@@ -71,7 +71,8 @@ test('asp: nodes started before the driver, one worker SIGKILLed mid-epoch — e
     const w3 = hetps(['launch', '--role', 'worker', '--config', cfg, '--group', 'g2', '--node-rank', '0'], { timeoutMs: 100_000 });
     // The fourth worker is the API example (HeterogeneousParameterServer), which also saves a checkpoint.
     const checkpoint = join(dir, 'checkpoint');
-    const api = node(['--import', 'tsx', 'examples/api-worker.ts', cfg, 'g2', '1'], { env: { HETPS_CHECKPOINT: checkpoint }, timeoutMs: 100_000 });
+    // After its 3rd step it saves a checkpoint through the driver's cut, pausing at its step boundary with the others.
+    const api = node(['--import', 'tsx', 'examples/api-worker.ts', cfg, 'g2', '1'], { env: { HETPS_CHECKPOINT: checkpoint, HETPS_CHECKPOINT_AT_STEP: '3' }, timeoutMs: 100_000 });
     children.push(victim, w2, w3, api);
     // Wait until every worker has its data and model, so all four start training together when the job appears.
     const ready = Date.now() + 60_000;
@@ -115,6 +116,8 @@ test('asp: nodes started before the driver, one worker SIGKILLed mid-epoch — e
     assert.ok(existsSync(join(checkpoint, 'manifest.json')) && existsSync(join(checkpoint, 's1.msgpack')), 'the API wrote the checkpoint');
     const manifest = await verifyCheckpoint(checkpoint);
     assert.deepEqual([manifest.trigger, manifest.files.map((f) => f.shard).sort()], ['api', ['s1', 's2']], 'every file matches its size and SHA-256');
+    assert.ok(manifest.data !== null && manifest.data.acked.length > 0 && manifest.data.acked.length < (s.batches as number), `a cut mid-run (${manifest.data?.acked.length} of ${s.batches})`);
+    assert.ok(watch.regroupReady.get('w4')?.size, 'the API worker paused for the cut');
   } finally {
     await watch.close();
     for (const c of children) c.kill('SIGKILL');

@@ -145,6 +145,8 @@ export interface AckWatch {
   byNode: Map<string, number>;
   /** hps: the windows each node's batches were trained in. */
   windowsOf: Map<string, Set<number>>;
+  /** The groups versions each node reported `ready` (paused) for. */
+  regroupReady: Map<string, Set<number>>;
   close(): Promise<void>;
 }
 
@@ -153,7 +155,14 @@ export async function watchAcks(urls: string[], job: string): Promise<AckWatch> 
   const acks = new Map<string, number>();
   const byNode = new Map<string, number>();
   const windowsOf = new Map<string, Set<number>>();
+  const regroupReady = new Map<string, Set<number>>();
   const stop = subscribeTelemetry(watcher, job, {
+    regroup: (r) => {
+      if (r.state !== 'ready') return;
+      let v = regroupReady.get(r.node);
+      if (!v) { v = new Set(); regroupReady.set(r.node, v); }
+      v.add(r.groups_version);
+    },
     batch: (b) => {
       if (b.window !== null) { let w = windowsOf.get(b.node); if (!w) { w = new Set(); windowsOf.set(b.node, w); } w.add(b.window); }
       if (!b.ack_confirmed) return;
@@ -162,7 +171,7 @@ export async function watchAcks(urls: string[], job: string): Promise<AckWatch> 
     },
   });
   await watcher.flush();
-  return { acks, byNode, windowsOf, close: async () => { stop(); await watcher.close(); } };
+  return { acks, byNode, windowsOf, regroupReady, close: async () => { stop(); await watcher.close(); } };
 }
 
 export function lastJson(stdout: string): Record<string, unknown> {
