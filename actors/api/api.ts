@@ -34,7 +34,7 @@ import { natsBatchQueue, type BatchDescriptor, type BatchQueue, type QueuedBatch
 import { sparseLayoutFromConfig } from '../node/config-bridge.ts';
 import { GroupWindows } from './api-group.ts';
 import { GroupMember, type WindowOutcome } from '../group/group-sync.ts';
-import { LoopControl } from '../worker/loop-control.ts';
+import { LoopControl, startVersion } from '../worker/loop-control.ts';
 import type { WorkerLoopState } from '../worker/worker.messages.ts';
 import { ThreadedHeartbeat } from '../health/heartbeat.ts';
 import { HealthWatcher } from '../health/health-watcher.ts';
@@ -203,7 +203,7 @@ export class HeterogeneousParameterServer {
     });
     // Job-wide pauses (ctl.pause, a checkpoint's cut, a regroup) reach this worker as they reach a launched one.
     const control = this.control = new LoopControl({
-      node, runId: this.info.run_id, groupsVersion: this.info.groups_version, store: natsJobInfoStore(nc, job), resumeTimeoutMs: 120_000, stats: this.loopState,
+      node, runId: this.info.run_id, groupsVersion: startVersion(this.info), store: natsJobInfoStore(nc, job), resumeTimeoutMs: 120_000, stats: this.loopState,
     });
     await control.start({ transport: this.transport, job, clock: systemClock, log: this.log });
     if (group !== null) {

@@ -40,6 +40,19 @@ export interface LoopControlEnv {
   log: Logger;
 }
 
+/**
+ * The groups version a worker starts training under: the job info's
+ * resume_version. While the job is paused or a regroup is in progress
+ * (groups_version > resume_version) a worker that starts then is one
+ * version behind, so the pause is pending for it too: it pauses at its
+ * first boundary instead of training through the others' pause, and an hps
+ * member forms under the same membership as the members that started
+ * before the pause.
+ */
+export function startVersion(info: Pick<JobInfo, 'groups_version' | 'resume_version'>): number {
+  return Math.min(info.groups_version, info.resume_version);
+}
+
 const HELD_STATES: readonly WorkerLoopState[] = ['training', 'pausing', 'paused'];
 /** How often the job info is read besides the watch. */
 const JOB_INFO_POLL_MS = 3_000;

@@ -31,7 +31,7 @@ import type { PlanStore } from '../store/plan-store.ts';
 import { PlanView } from '../store/plan-view.ts';
 import { ShardClient, StopRequestedError } from './shard-client.ts';
 import { WorkerStepper } from './step.ts';
-import { LoopControl } from './loop-control.ts';
+import { LoopControl, startVersion } from './loop-control.ts';
 import { TrainingLedger, type WorkerLoopEnv } from './worker-loop.ts';
 import { runAspLoop } from './asp-loop.ts';
 import { runBspLoop } from './bsp-loop.ts';
@@ -102,7 +102,8 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
     redelivered_taken: 0, empty_rounds: 0, round: null, mean_loss: null, emulated_speed: o.emulateSpeed, emulated, error: null,
   };
   const control = new LoopControl({
-    node: o.node, runId: o.job.run_id, groupsVersion: o.job.groups_version, store: o.jobStore ?? null,
+    // A worker that starts while the job is paused (or regrouping) starts under the version training runs under, so it pauses too.
+    node: o.node, runId: o.job.run_id, groupsVersion: startVersion(o.job), store: o.jobStore ?? null,
     resumeTimeoutMs: o.regroupResumeTimeoutMs ?? 120_000, stats,
   });
   let session: StepSession | null = null;

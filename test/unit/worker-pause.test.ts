@@ -86,7 +86,8 @@ interface Job {
   close(): Promise<void>;
 }
 
-async function startJob(mode: Mode): Promise<Job> {
+/** `pausedBeforeWorkers`: the driver pauses the job after writing it and before any worker starts (a worker that starts late). */
+async function startJob(mode: Mode, opts: { pausedBeforeWorkers?: boolean } = {}): Promise<Job> {
   const config = parseConfig(configText(mode), `pause-${mode}.yaml`);
   const md = modelAndData(config);
   const broker = new InProcessBroker();
@@ -116,6 +117,7 @@ async function startJob(mode: Mode): Promise<Job> {
   });
   const prepared = await prepareJob({ config, runId: `run-${mode}`, maxPayload: 1024 * 1024, md, planStore, jobStore, queue, ackWaitMs: 30_000 });
   for (const s of config.cluster.server_nodes) await startServerNode({ config, server: s, system: await mk(s), planStore, log: silentLogger(), md });
+  if (opts.pausedBeforeWorkers) await jobStore.put({ ...prepared.info, groups_version: prepared.info.groups_version + 1, paused: true });
   const workers = new Map<string, StartedWorker>();
   for (const w of allWorkerNodes(config)) {
     // A short regroup resume limit: an operator's pause (paused: true) must outlast it.
@@ -183,6 +185,34 @@ test('asp: a job-wide pause stops every worker between batches (nothing held, no
 
 test('bsp: a job-wide pause stops every worker between rounds (nothing held, nothing acknowledged); the resume completes every round and batch exactly once', { timeout: 120_000 }, async () => {
   await jobWidePause('bsp');
+});
+
+async function startedWhilePaused(mode: 'asp' | 'bsp'): Promise<void> {
+  const j = await startJob(mode, { pausedBeforeWorkers: true });
+  try {
+    const info = (await j.jobStore.get())!;
+    const v = info.groups_version;
+    // Started after the pause was written: each pauses at its first boundary, before it takes a batch.
+    await until(() => WORKERS.every((w) => j.regroups.some((r) => r.node === w && r.state === 'ready' && r.groups_version === v)), 'every worker to report ready', 60_000);
+    for (const w of WORKERS) assert.equal(statsOf(j, w).state, 'paused', `${w} shows paused`);
+    assert.equal(j.queue.takes(), 0, 'no batch taken while the job is paused');
+    assert.equal(totalAcks(j), 0, 'nothing trained while the job is paused');
+    await j.jobStore.put({ ...info, resume_version: v, paused: false });
+    const ends = await Promise.all(WORKERS.map((w) => j.workers.get(w)!.def.done));
+    for (const s of ends) assert.equal(s.state, 'done', `${s.node}: ${s.error}`);
+    assert.equal(j.acks.size, j.total, 'every batch acknowledged');
+    assert.ok([...j.acks.values()].every((n) => n === 1), 'and each once');
+  } finally {
+    await j.close();
+  }
+}
+
+test('asp: a worker that starts while the job is paused pauses before its first batch, and trains once the driver resumes', { timeout: 120_000 }, async () => {
+  await startedWhilePaused('asp');
+});
+
+test('bsp: a worker that starts while the job is paused pauses before its first round, and trains once the driver resumes', { timeout: 120_000 }, async () => {
+  await startedWhilePaused('bsp');
 });
 
 async function mailboxPause(mode: Mode): Promise<void> {
