@@ -82,6 +82,8 @@ export const groupSyncMessages = {
     refused: z.array(z.string()),
     /** Largest staleness the sender's shards reported. */
     staleness: z.number().int().nonnegative(),
+    /** The newest job-info groups_version the sender had seen when it reported (a pause noticed during the round's pushes). */
+    groups_version: z.number().int().nonnegative().default(0),
   }),
   /** adaptive: the sender's step counter over the whole run is now `steps`. */
   progress: z.object({ ...header, steps: z.number().int().nonnegative() }),

@@ -70,6 +70,9 @@ import type { HealthState, HealthView } from '../health/health.types.ts';
 /** adaptive: a member closes its window after this many times adaptive_threshold steps even when nobody drifted apart. */
 export const ADAPTIVE_MAX_STEPS_FACTOR = 2;
 
+/** How often a member stepping checks whether a pause made it drop its window (`discardOnPause`). */
+const DROP_CHECK_MS = 5;
+
 /** Steps a member takes in one window at most. */
 export function windowStepLimit(group: Pick<WorkerGroupConfig, 'sync_mode' | 'sync_steps' | 'accumulation_steps' | 'adaptive_threshold'>): number {
   switch (group.sync_mode) {
@@ -415,6 +418,12 @@ export interface WindowOutcome {
   lostShards: string[];
   /** Where the window's time went, ms (see `WindowPhases`). */
   phases: WindowPhases;
+  /**
+   * Batches this member took in the window and then dropped untrained
+   * (`discardOnPause`): `steps` is empty, nothing of them reached a shard,
+   * and the caller gives every batch the window took back to the queue.
+   */
+  discarded: number;
 }
 
 /**
@@ -450,6 +459,18 @@ export interface GroupMemberOptions {
    * samples like any short window. Default: never.
    */
   closeEarly?: () => boolean;
+  /**
+   * With `closeEarly`: a pause pending while this member is still stepping
+   * (its slices not sent) drops the window's steps instead of exchanging
+   * them — the member takes part in the round with nothing (an idle slice),
+   * reports them as `discarded`, and the caller gives their batches back. A
+   * round whose members all dropped theirs pushes nothing, so the pause (a
+   * checkpoint's cut) waits for the step in progress only, not for the
+   * window's exchange and pushes; the dropped steps are trained again after
+   * the resume. Default false (an API worker has handed its script the
+   * steps' losses already).
+   */
+  discardOnPause?: boolean;
   /** forming: how long to wait for every member before going on with those that joined. Default 30 s. */
   formingTimeoutMs?: number;
   /** degraded: how long a lost member may take to come back before the group goes on without it (fault_tolerance.worker_recovery_timeout). Default 30 s. */
@@ -549,6 +570,14 @@ export class GroupMember {
   get state(): GroupState { return groupStateOf(this.machine.getSnapshot()); }
   /** The membership as this member's replica sees it (lost members included). */
   get members(): string[] { return [...this.machine.getSnapshot().context.members]; }
+
+  /** `work`'s result, or null as soon as `dropping()` holds (checked every few ms while it runs). */
+  private unlessDropping<T>(work: Promise<T>, dropping: () => boolean): Promise<T | null> {
+    return new Promise<T | null>((resolve, reject) => {
+      const timer = this.clock.setInterval(() => { if (dropping()) { timer.cancel(); resolve(null); } }, DROP_CHECK_MS);
+      work.then((v) => { timer.cancel(); resolve(v); }, (e: unknown) => { timer.cancel(); reject(e); });
+    });
+  }
 
   /** Starts the replica and (reducing modes) the mailbox, and joins the peers. */
   async start(): Promise<void> {
@@ -662,8 +691,15 @@ export class GroupMember {
     };
     let ahead: Promise<PreparedStep | null> | null = null;
     this.windowBatches = [];
-    const take = async (p: PreparedStep) => {
-      const c = await stepper.computePrepared(p);
+    /** Steps `p` into the window; false when a pause made this member drop the window while the step ran (its result is not waited for). */
+    const take = async (p: PreparedStep): Promise<boolean> => {
+      const computing = stepper.computePrepared(p);
+      const c = this.o.discardOnPause ? await this.unlessDropping(computing, dropping) : await computing;
+      if (c === null) {
+        // The step runs to its end in the background, unused (the stepper runs one step at a time on its session).
+        computing.catch(() => undefined);
+        return false;
+      }
       acc.add(c);
       this.windowBatches.push(p.batch.batchId);
       const st: WindowStep = { loss: c.loss, samples: c.samples, computeMs: c.computeMs, stepMs: c.stepMs };
@@ -672,9 +708,12 @@ export class GroupMember {
       this.stepCounter++;
       this.machine.send(groupEvents.stepCompleted(this.o.member, this.stepCounter));
       if (this.adaptive && !alone) this.announce('progress', { window: w, steps: this.stepCounter });
+      return true;
     };
+    let discarded = 0;
+    const closing = () => this.o.closeEarly?.() ?? false;
+    const dropping = () => this.o.discardOnPause === true && closing();
     try {
-      const closing = () => this.o.closeEarly?.() ?? false;
       for (;;) {
         this.checkStop(w);
         if (steps.length >= this.stepLimit) break;
@@ -682,16 +721,18 @@ export class GroupMember {
         if (this.dues.has(round)) break;
         // A pause is pending: the window ends here rather than after stepLimit steps (never empty: idle means no batch).
         if (steps.length > 0 && closing()) break;
+        // Dropping on a pause: no step is started either.
+        if (dropping()) break;
         const p = await (ahead ?? fetch(steps.length > 0));
         ahead = null;
         if (p === null) break;
         if (steps.length + 1 < this.stepLimit && !closing()) ahead = fetch(true);
-        await take(p);
+        if (!(await take(p))) { discarded++; break; }
       }
       // A batch fetched ahead is trained in this window: its batch is held by it (adaptive, when the round started meanwhile).
       const left = ahead === null ? null : await ahead;
       ahead = null;
-      if (left !== null) await take(left);
+      if (left !== null && (dropping() || !(await take(left)))) discarded++;
     } finally {
       // On a stop the batch fetched ahead is given back with the window's others.
       if (ahead !== null) await (ahead as Promise<PreparedStep | null>).catch(() => null);
@@ -700,23 +741,31 @@ export class GroupMember {
       this.announce('close', { window: w });
       this.machine.send(groupEvents.syncRequested(this.o.member, round));
     }
+    if (steps.length > 0 && dropping()) {
+      // The pause is pending and this member's slices are not out: the window's steps are dropped, not exchanged.
+      discarded += steps.length;
+      steps.length = 0;
+      acc.reset();
+      this.windowBatches = [];
+    }
     const idle = steps.length === 0;
-    const drained = idle ? await source.drained() : false;
+    // Batches dropped go back to the queue: the job is not drained.
+    const drained = idle && discarded === 0 ? await source.drained() : false;
     if (!idle) source.prefetch?.();
     phases.steps = this.clock.monotonic() - t0;
     const out = !this.reduces ? await this.ownWindow(idle, drained, phases)
       : alone ? await this.aloneWindow(w, idle, drained, phases)
         : await this.exchange(w, steps.length, idle, drained, phases);
     this.windowValue++;
-    return { window: w, steps, phases, ...out };
+    return { window: w, steps, phases, discarded, ...out };
   }
 
   /** A window pushed by this member alone (async groups; a degraded group's member). */
-  private async ownWindow(idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases'>> {
+  private async ownWindow(idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded'>> {
     return this.aloneOutcome(await this.pushOwn(idle, drained, phases));
   }
 
-  private aloneOutcome(pushed: Awaited<ReturnType<GroupMember['pushOwn']>>): Omit<WindowOutcome, 'window' | 'steps' | 'phases'> {
+  private aloneOutcome(pushed: Awaited<ReturnType<GroupMember['pushOwn']>>): Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded'> {
     const { version: _version, ...r } = pushed;
     return { ...r, groupsVersion: this.seenVersion(), members: [this.o.member], lostShards: [] };
   }
@@ -727,7 +776,7 @@ export class GroupMember {
    * and close the window here (the machine's round of it, should a peer's
    * request have started one, ends).
    */
-  private async aloneWindow(w: number, idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases'>> {
+  private async aloneWindow(w: number, idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded'>> {
     // Not waited for: only a peer still in a window it began in sync needs it (its mailbox is up then); one that
     // went on alone, paused or re-formed meanwhile never takes it, and this member must not wait for that.
     for (const to of this.active().filter((m) => m !== this.o.member)) {
@@ -738,7 +787,7 @@ export class GroupMember {
     return this.closeAlone(w, await this.pushOwn(idle, drained, phases));
   }
 
-  private closeAlone(w: number, pushed: Awaited<ReturnType<GroupMember['pushOwn']>>): Omit<WindowOutcome, 'window' | 'steps' | 'phases'> {
+  private closeAlone(w: number, pushed: Awaited<ReturnType<GroupMember['pushOwn']>>): Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded'> {
     this.inbox.finish(w);
     this.machine.send(groupEvents.syncCompleted(w + 1, pushed.version));
     return this.aloneOutcome(pushed);
@@ -793,7 +842,7 @@ export class GroupMember {
    * machine to start the round, reduce this member's shards over the
    * round's members, push, and wait until every member of the round has.
    */
-  private async exchange(w: number, steps: number, idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases'>> {
+  private async exchange(w: number, steps: number, idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded'>> {
     const { member } = this.o;
     const round = w + 1;
     let owners = this.active();
@@ -875,6 +924,7 @@ export class GroupMember {
       applied: results.filter((x) => !x.r.refused).map((x) => x.shard),
       refused: results.filter((x) => x.r.refused).map((x) => x.shard),
       staleness: maxPushStaleness(results.map((x) => x.r)),
+      groups_version: this.seenVersion(),
     };
     lap('push');
     await Promise.all(owners.map((to) => (to === member ? (this.inbox.addPushed(pushed), undefined) : this.send(to, 'pushed', pushed))));
@@ -905,10 +955,12 @@ export class GroupMember {
       droppedStale: reports.some((p) => p.refused.length > 0),
       staleness: Math.max(0, ...reports.map((p) => p.staleness)),
       done: slices.every((s) => s.drained),
-      // Only what the slices say (this member's own among them): every member of the round decides on the same
-      // values, so all pause after the same window. A version seen here after this member's slice went out waits
-      // for the next window's slices; deciding on it alone would pause this member while the others go on.
-      groupsVersion: Math.max(0, ...slices.map((s) => s.groups_version)),
+      // Only what the round's slices and push reports say (this member's own among them): every member of the round
+      // waits for the same reports, so all decide on the same value and pause after the same window. A pause noticed
+      // while the round pushes is in the reports, so the group pauses after this window rather than the next (an idle
+      // one). A version seen here after this member's report went out waits for the next window; deciding on it alone
+      // would pause this member while the others go on.
+      groupsVersion: Math.max(0, ...slices.map((s) => s.groups_version), ...reports.map((p) => p.groups_version)),
       members: [...owners],
       lostShards,
     };

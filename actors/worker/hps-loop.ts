@@ -84,7 +84,7 @@ export class HpsLoop {
       }
       if (pauseFor === null || control.stopRequested) break;
       // Paused: every batch of the last window is pushed and acknowledged; nothing is held.
-      log.info({ groups_version: pauseFor, group: g.name, last_window: lastWindow },
+      log.info({ groups_version: pauseFor, group: g.name, last_window: lastWindow, pausing_ms: control.sinceNoticedMs },
         `regroup to groups v${pauseFor}: paused after window ${member.window - 1} of group ${g.name}; waiting for the driver's resume`);
       let info = await control.pauseForJob(pauseFor, g.name);
       if (!info.workers.includes(this.env.o.node) && info.standbys.includes(this.env.o.node)) {
@@ -111,6 +111,8 @@ export class HpsLoop {
       shouldStop: () => control.stopRequested, requestTimeoutMs, groupsVersionSeen: () => control.seen,
       // The job is pausing (a checkpoint's cut, ctl.pause, a regroup): end the window after the step in progress, so the pause waits for one step, not a whole window.
       closeEarly: () => control.jobPausePending,
+      // And the window's steps are dropped when the member has not sent them yet: its batches go back to the queue below.
+      discardOnPause: true,
       // A silent member that is not dead is waited for this long (fault_tolerance.worker_recovery_timeout); a dead one leaves at once.
       recoveryTimeoutMs: o.job.recovery_timeout_ms ?? o.job.ack_wait_ms,
       // Without health verdicts: silent for half of it (at most 10 s) is reported lost, so the recovery timeout starts.
@@ -124,7 +126,7 @@ export class HpsLoop {
 
   /** One sync window of the group's strategy; the batches taken are acknowledged once the group's update of them is out. */
   private async window(member: GroupMember): Promise<WindowOutcome> {
-    const { o, stats, control, ledger } = this.env;
+    const { o, stats, control, ledger, log } = this.env;
     const held: QueuedBatch[] = [];
     // Batches handed out again (their worker died unacknowledged): part of their update may be on
     // the shards already, so each is trained alone after the window, and every shard that applied
@@ -167,6 +169,12 @@ export class HpsLoop {
     const sums = stats.window_phases_ms;
     if (sums !== null) for (const k of Object.keys(sums) as (keyof WindowPhases)[]) sums[k] += outcome.phases[k];
     stats.round = null;
+    if (outcome.discarded > 0) {
+      // Dropped for a pause (discardOnPause): none of them reached a shard; they are trained again after the resume.
+      for (const item of held) item.nak();
+      log.info({ window: outcome.window, batches: held.length }, `window ${outcome.window}: ${held.length} batch(es) dropped untrained for the pause; back to the queue`);
+      held.length = 0;
+    }
     await Promise.all(held.map((item, i) => {
       const s = outcome.steps[i]!;
       return ledger.account(item, {

@@ -69,6 +69,8 @@ export class LoopControl {
   private wakers: (() => void)[] = [];
   private unwatch: (() => void) | null = null;
   private env: LoopControlEnv | null = null;
+  /** When the newest groups version was first seen (monotonic ms); null: none since the start. */
+  private noticedAt: number | null = null;
 
   constructor(private readonly o: LoopControlOptions) {
     this.version = o.groupsVersion;
@@ -86,6 +88,8 @@ export class LoopControl {
   get groupsVersion(): number { return this.version; }
   /** The newest groups_version seen in the job info (hps members tell their group). */
   get seen(): number { return this.seenValue; }
+  /** Milliseconds since this worker learned of the newest groups version (how long its pause took, once paused); null: none seen. */
+  get sinceNoticedMs(): number | null { return this.noticedAt === null ? null : Math.round(this.clock.monotonic() - this.noticedAt); }
   /** The driver has paused the job (a newer groups_version) and this worker has not paused for it yet. */
   get jobPausePending(): boolean { return this.followsJob && this.seenValue > this.version; }
   /**
@@ -265,7 +269,10 @@ export class LoopControl {
     const l = this.latest;
     if (l !== null && (info.groups_version < l.groups_version || (info.groups_version === l.groups_version && info.resume_version < l.resume_version))) return;
     this.latest = info;
-    if (info.groups_version > this.seenValue) this.seenValue = info.groups_version;
+    if (info.groups_version > this.seenValue) {
+      this.seenValue = info.groups_version;
+      this.noticedAt = this.clock.monotonic();
+    }
     if (this.jobPausePending && this.state === 'training') this.o.stats.state = 'pausing';
     this.wake();
   }

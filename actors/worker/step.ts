@@ -235,18 +235,35 @@ export class WorkerStepper {
     const { model } = this.o;
     const step = ++this.steps;
     const t0 = this.o.clock.monotonic();
-    let result;
-    if (model instanceof CtrModel) {
-      const b = batch as Extract<Batch, { kind: 'ctr' }>;
-      const gathered = { index: index!, embRows: rows.get(EMB_TABLE)!, wideRows: rows.get(WIDE_TABLE) ?? new Float32Array(U) };
-      result = await runTrainingStep(this.o.session, model, buildCtrFeeds(model, b, gathered, this.dense, 'step'), step);
-    } else {
+    const result = await this.onSession(() => {
+      if (model instanceof CtrModel) {
+        const b = batch as Extract<Batch, { kind: 'ctr' }>;
+        const gathered = { index: index!, embRows: rows.get(EMB_TABLE)!, wideRows: rows.get(WIDE_TABLE) ?? new Float32Array(U) };
+        return runTrainingStep(this.o.session, model, buildCtrFeeds(model, b, gathered, this.dense, 'step'), step);
+      }
       const mlpBatch = batch.kind === 'mlp' ? batch : hashedBagOfIds(batch, model.inputWidth);
-      result = await runTrainingStep(this.o.session, model, buildMlpFeeds(model, mlpBatch, this.dense, 'step'), step);
-    }
+      return runTrainingStep(this.o.session, model, buildMlpFeeds(model, mlpBatch, this.dense, 'step'), step);
+    });
     const timing = await this.pacer.finish(t0);
     return { result, timing };
   }
+
+  /** The session runs one step at a time: a step left running (a window dropped for a pause) ends before the next starts. */
+  private sessionFree: Promise<void> = Promise.resolve();
+  private async onSession<T>(run: () => Promise<T>): Promise<T> {
+    const before = this.sessionFree;
+    let release!: () => void;
+    this.sessionFree = new Promise<void>((r) => { release = r; });
+    await before;
+    try {
+      return await run();
+    } finally {
+      release();
+    }
+  }
+
+  /** Resolves once no step runs on the session (before it is disposed). */
+  idle(): Promise<void> { return this.sessionFree; }
 }
 
 /** The largest staleness among a step's pushes (a refused push reports it in its error). */

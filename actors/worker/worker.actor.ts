@@ -161,6 +161,8 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
     } finally {
       control.close();
       ledger.stop();
+      // A step left running by a window dropped for a pause ends before the session is disposed.
+      await stepper.idle();
       const body: DoneTelemetry = {
         node: o.node, steps: stats.steps, samples: stats.samples, batches_acked: stats.batches_acked, empty_rounds: stats.empty_rounds, reason: stats.state,
         busy_ms: stats.busy_ms, emulated_step_ms: stats.emulated_step_ms, wall_ms: Math.max(0, clock.monotonic() - ledger.startedAt),

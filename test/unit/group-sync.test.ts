@@ -437,6 +437,43 @@ test('forming: a member that never starts is dropped after the forming timeout; 
   }, [b1!, b2!], uniqueIdsOf(union([b1!, b2!])));
 });
 
+test('discardOnPause: a pause that arrives while the members step drops the window\'s steps (nothing reaches a shard, the batches are reported discarded); after the pause every batch is trained', async () => {
+  const c = await cluster('discard');
+  try {
+    const g = group('sync', ['a', 'b'], 4);
+    let pausing = false;
+    const [b1, b2, b3, b4] = batches;
+    const ma = await member(c, g, 'a', sessions[0]!, { closeEarly: () => pausing, discardOnPause: true });
+    const mb = await member(c, g, 'b', sessions[1]!, { closeEarly: () => pausing, discardOnPause: true });
+    const sa = source([b1!, b2!, b3!]);
+    // The pause arrives once a has stepped its first batch.
+    const pa: WindowSource = { ...sa, stepped: () => { pausing = true; } };
+    const taken: CtrBatch[] = [];
+    // b has one batch; it asks for its next only once the pause is pending, so neither member has sent its slices by then.
+    const sb: WindowSource = {
+      next: async () => {
+        if (taken.length === 0) { taken.push(b4!); return b4!; }
+        while (!pausing) await new Promise((r) => setTimeout(r, 5));
+        return null;
+      },
+      drained: async () => taken.length > 0,
+    };
+    const [wa, wb] = await Promise.all([ma.runWindow(pa), mb.runWindow(sb)]);
+    assert.deepEqual([wa.steps.length, wb.steps.length], [0, 0], 'no step kept');
+    assert.ok(wa.discarded >= 1, `a dropped the step it took (${wa.discarded})`);
+    assert.equal(wa.done || wb.done, false, 'the job is not done: the dropped batches go back');
+    const reader = c.client(await c.system('reader'));
+    for (const shard of ['s1', 's2']) assert.equal((await reader.stats(shard)).version, 0, `${shard}: nothing pushed for the dropped window`);
+    // After the pause the batches (handed in again) are trained as usual.
+    pausing = false;
+    const [ra] = await Promise.all([runUntilDone(ma, source([b1!, b2!, b3!])), runUntilDone(mb, source([b4!]))]);
+    assert.equal(ra.reduce((n, o) => n + o.steps.length, 0), 3);
+    assert.ok((await reader.stats('s1')).version > 0, 'trained after the pause');
+  } finally {
+    await c.close();
+  }
+});
+
 test('closeEarly (a pause pending): the window ends after the step in progress, not after sync_steps; the batches left are trained in the windows after', async () => {
   const c = await cluster('close-early');
   try {
