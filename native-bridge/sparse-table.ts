@@ -385,6 +385,36 @@ export class SparseTable {
     return { table: this.table, dim: d, stateSlots: this.stateSlots, ids, values, state, steps };
   }
 
+  /**
+   * The table as it is now, copied whole (one copy per array), and turned
+   * into a snapshot (the same as `snapshot()` then) only when that is called:
+   * a checkpoint's cut copies while training stands still and compacts after
+   * it resumed.
+   */
+  freezeCopy(): () => SparseTableSnapshot {
+    const d = this.dim, sd = d * this.stateSlots, cap = this.capacity, n = this.count;
+    const used = this.used.slice(), keys = this.keys.slice(), steps = this.steps.slice();
+    const values = this.values.slice(0, cap * d), state = this.state.slice(0, cap * sd);
+    const { table, stateSlots } = this;
+    return () => {
+      const ids = new Uint32Array(n);
+      const v = new Float32Array(n * d);
+      const st = new Float32Array(n * sd);
+      const stp = new Uint32Array(n);
+      let k = 0;
+      // Slot order, as `ids()` (and so `snapshot()`) lists them.
+      for (let i = 0; i < cap; i++) {
+        if (used[i] !== FULL) continue;
+        ids[k] = keys[i]!;
+        v.set(values.subarray(i * d, i * d + d), k * d);
+        if (sd) st.set(state.subarray(i * sd, i * sd + sd), k * sd);
+        stp[k] = steps[i]!;
+        k++;
+      }
+      return { table, dim: d, stateSlots, ids, values: v, state: st, steps: stp };
+    };
+  }
+
   /** Inserts or overwrites the rows of a snapshot. */
   restore(snap: SparseTableSnapshot): void {
     if (snap.dim !== this.dim || snap.stateSlots !== this.stateSlots) {

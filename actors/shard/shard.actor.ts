@@ -168,7 +168,7 @@ export class ShardState {
   private versionValue = 0;
   private roundValue = 0;
   /** The copy of a checkpoint's cut (`freeze`), until it is taken. */
-  private frozen: { token: string; snap: ShardSnapshot } | null = null;
+  private frozen: { token: string; snap: () => ShardSnapshot } | null = null;
   /** The plan version (epoch) requests must name; moves forward with failovers while the layout stays. */
   private epochValue: number;
   private pushes = 0;
@@ -610,14 +610,13 @@ export class ShardState {
    * Everything the shard holds, as plain data. `copy` false returns views on
    * the dense blocks (for a reply encoded at once); the default copies.
    */
-  snapshot(copy = true): ShardSnapshot {
+  snapshot(copy = true, sparse: SparseTableSnapshot[] = [...this.tables.values()].map((t) => t.table.snapshot())): ShardSnapshot {
     const dense: DenseBlockSnapshot[] = this.ownedBlocks.map((b) => ({
       id: b.id, param: b.param, offset: b.offset, length: b.length,
       values: copy ? b.values.slice() : b.values,
       state: b.state.map((s) => (copy ? s.slice() : s)),
       step: b.step,
     }));
-    const sparse: SparseTableSnapshot[] = [...this.tables.values()].map((t) => t.table.snapshot());
     return {
       format: 1, shard: this.shard, plan_version: this.epochValue, version: this.versionValue, round: this.roundValue,
       dense_optimizer: this.denseOptimizer.config.type, sparse_optimizer: this.sparseOptimizer.config.type,
@@ -627,7 +626,10 @@ export class ShardState {
 
   /** A checkpoint's cut: a copy of everything held now, kept under `token` until `takeFrozen` (a later freeze replaces it). */
   freeze(token: string): { version: number; round: number } {
-    this.frozen = { token, snap: this.snapshot(true) };
+    // Copied whole now (training stands still for the cut); the sparse tables are compacted when taken, after it resumed.
+    const sparse = [...this.tables.values()].map((t) => t.table.freezeCopy());
+    const head = this.snapshot(true, []);
+    this.frozen = { token, snap: () => ({ ...head, sparse: sparse.map((f) => f()) }) };
     return { version: this.versionValue, round: this.roundValue };
   }
 
@@ -639,7 +641,7 @@ export class ShardState {
         + 'a later cut replaced it, it was taken already, or another replica became primary since; take the checkpoint again');
     }
     this.frozen = null;
-    return f.snap;
+    return f.snap();
   }
 
   /**

@@ -72,6 +72,19 @@ test('snapshot and restore round-trip values, optimizer state and row steps', ()
   assert.throws(() => table({ dim: 4 }).restore(snap), RangeError);
 });
 
+test('freezeCopy: compacted later, it equals the snapshot of the moment it was taken (updates, new rows and growth after it change nothing)', () => {
+  const opt = createOptimizer({ type: 'adam', learningRate: 0.1 });
+  const t = table();
+  t.pull(Uint32Array.from([10, 20, 30, 40]));
+  t.applyGradients(Uint32Array.from([10, 30]), Float32Array.from([1, 2, 3, 4, 5, 6]), opt, 1);
+  const at = t.snapshot();
+  const frozen = t.freezeCopy();
+  t.applyGradients(Uint32Array.from([10, 20]), Float32Array.from([9, 9, 9, -9, -9, -9]), opt, 2);
+  t.pull(Uint32Array.from(Array.from({ length: 100 }, (_, i) => 1_000 + i)));
+  assert.notDeepEqual(t.snapshot(), at, 'the table moved on');
+  assert.deepEqual(frozen(), at);
+});
+
 test('remove drops the selected rows and keeps the others intact', () => {
   const opt = createOptimizer({ type: 'adam', learningRate: 0.1 });
   const t = table();
