@@ -68,6 +68,13 @@ function mix32(h: number): number {
   return (h ^ (h >>> 16)) >>> 0;
 }
 
+/** A pending frozen copy (`freezeCopy`): rows as they were before their first update since, and the rows created since. */
+interface Cow {
+  saved: Map<number, { values: Float32Array; state: Float32Array; steps: number }>;
+  created: Set<number>;
+  done: SparseTableSnapshot | null;
+}
+
 export class SparseTable {
   readonly table: string;
   readonly dim: number;
@@ -278,6 +285,9 @@ export class SparseTable {
     const rowSlots = sc.rowSlots;
     this.slotsOf(uniqueIds.subarray(0, u), rowSlots);
     this.touchRows(rowSlots, u);
+    // A frozen copy pending (freezeCopy): each row is saved before its first update.
+    const cow = this.cow;
+    if (cow !== null) for (let r = 0; r < u; r++) this.saveRow(cow, uniqueIds[r]! >>> 0, rowSlots[r]!);
 
     if (slots === 0) {
       optimizer.updateSparse({
@@ -386,37 +396,75 @@ export class SparseTable {
   }
 
   /**
-   * The table as it is now, copied whole (one copy per array), and turned
-   * into a snapshot (the same as `snapshot()` then) only when that is called:
-   * a checkpoint's cut copies while training stands still and compacts after
-   * it resumed.
+   * The table as it is now, for a snapshot taken later (a checkpoint's cut:
+   * the freeze costs nothing while training stands still, the copy is made
+   * after it resumed). Copy-on-write: from now on a row is saved as it was
+   * before its first update, and rows created later are left out; calling
+   * the result builds the snapshot of this moment (rows in another order
+   * than `snapshot()` when the table grew meanwhile) and ends the copying.
+   * A later `freezeCopy`, `restore` or `remove` builds it at once.
    */
   freezeCopy(): () => SparseTableSnapshot {
-    const d = this.dim, sd = d * this.stateSlots, cap = this.capacity, n = this.count;
-    const used = this.used.slice(), keys = this.keys.slice(), steps = this.steps.slice();
-    const values = this.values.slice(0, cap * d), state = this.state.slice(0, cap * sd);
-    const { table, stateSlots } = this;
+    this.settleCow();
+    const cow: Cow = { saved: new Map(), created: new Set(), done: null };
+    this.cow = cow;
     return () => {
-      const ids = new Uint32Array(n);
-      const v = new Float32Array(n * d);
-      const st = new Float32Array(n * sd);
-      const stp = new Uint32Array(n);
-      let k = 0;
-      // Slot order, as `ids()` (and so `snapshot()`) lists them.
-      for (let i = 0; i < cap; i++) {
-        if (used[i] !== FULL) continue;
-        ids[k] = keys[i]!;
-        v.set(values.subarray(i * d, i * d + d), k * d);
-        if (sd) st.set(state.subarray(i * sd, i * sd + sd), k * sd);
-        stp[k] = steps[i]!;
-        k++;
-      }
-      return { table, dim: d, stateSlots, ids, values: v, state: st, steps: stp };
+      if (cow.done === null) cow.done = this.compactCow(cow);
+      if (this.cow === cow) this.cow = null;
+      return cow.done;
     };
+  }
+
+  /** The copy-on-write of the last `freezeCopy` not yet built; null: none. */
+  private cow: Cow | null = null;
+
+  /** Builds the pending frozen snapshot now (before a change that copy-on-write does not follow row by row). */
+  private settleCow(): void {
+    const cow = this.cow;
+    if (cow === null) return;
+    if (cow.done === null) cow.done = this.compactCow(cow);
+    this.cow = null;
+  }
+
+  /** Saves row `slot` (id `id`) as it is, if it is the first change to it since the freeze. */
+  private saveRow(cow: Cow, id: number, slot: number): void {
+    if (cow.created.has(id) || cow.saved.has(id)) return;
+    const d = this.dim, sd = d * this.stateSlots;
+    cow.saved.set(id, { values: this.values.slice(slot * d, slot * d + d), state: this.state.slice(slot * sd, slot * sd + sd), steps: this.steps[slot]! });
+  }
+
+  private compactCow(cow: Cow): SparseTableSnapshot {
+    const d = this.dim, sd = d * this.stateSlots;
+    let n = 0;
+    for (let i = 0; i < this.capacity; i++) if (this.used[i] === FULL && !cow.created.has(this.keys[i]!)) n++;
+    const ids = new Uint32Array(n);
+    const values = new Float32Array(n * d);
+    const state = new Float32Array(n * sd);
+    const steps = new Uint32Array(n);
+    let k = 0;
+    for (let i = 0; i < this.capacity; i++) {
+      if (this.used[i] !== FULL) continue;
+      const id = this.keys[i]!;
+      if (cow.created.has(id)) continue;
+      ids[k] = id;
+      const was = cow.saved.get(id);
+      if (was !== undefined) {
+        values.set(was.values, k * d);
+        if (sd) state.set(was.state, k * sd);
+        steps[k] = was.steps;
+      } else {
+        values.set(this.values.subarray(i * d, i * d + d), k * d);
+        if (sd) state.set(this.state.subarray(i * sd, i * sd + sd), k * sd);
+        steps[k] = this.steps[i]!;
+      }
+      k++;
+    }
+    return { table: this.table, dim: d, stateSlots: this.stateSlots, ids, values, state, steps };
   }
 
   /** Inserts or overwrites the rows of a snapshot. */
   restore(snap: SparseTableSnapshot): void {
+    this.settleCow();
     if (snap.dim !== this.dim || snap.stateSlots !== this.stateSlots) {
       throw new RangeError(`snapshot of ${snap.table} has dim ${snap.dim}/slots ${snap.stateSlots}, table ${this.table} has ${this.dim}/${this.stateSlots}`);
     }
@@ -436,6 +484,7 @@ export class SparseTable {
 
   /** Removes the rows whose id passes `drop` (after they were handed to another shard). */
   remove(drop: (id: number) => boolean): number {
+    this.settleCow();
     const kept = this.snapshot((id) => !drop(id));
     const removed = this.count - kept.ids.length;
     if (removed === 0) return 0;
@@ -456,6 +505,7 @@ export class SparseTable {
   }
 
   private initRow(id: number, slot: number): void {
+    if (this.cow !== null) this.cow.created.add(id >>> 0);
     const d = this.dim;
     this.initialRow(id, this.values.subarray(slot * d, slot * d + d));
     const sd = d * this.stateSlots;

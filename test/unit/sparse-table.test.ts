@@ -72,17 +72,50 @@ test('snapshot and restore round-trip values, optimizer state and row steps', ()
   assert.throws(() => table({ dim: 4 }).restore(snap), RangeError);
 });
 
-test('freezeCopy: compacted later, it equals the snapshot of the moment it was taken (updates, new rows and growth after it change nothing)', () => {
+/** A snapshot's rows in id order (a frozen copy lists them in the table's slot order of the moment it is built). */
+function byId(snap: ReturnType<SparseTable['snapshot']>): ReturnType<SparseTable['snapshot']> {
+  const d = snap.dim, sd = d * snap.stateSlots;
+  const order = [...snap.ids.keys()].sort((a, b) => snap.ids[a]! - snap.ids[b]!);
+  return {
+    ...snap,
+    ids: Uint32Array.from(order, (k) => snap.ids[k]!),
+    values: Float32Array.from(order.flatMap((k) => [...snap.values.subarray(k * d, k * d + d)])),
+    state: Float32Array.from(order.flatMap((k) => [...snap.state.subarray(k * sd, k * sd + sd)])),
+    steps: Uint32Array.from(order, (k) => snap.steps[k]!),
+  };
+}
+
+test('freezeCopy (copy-on-write): built later, it equals the snapshot of the moment it was taken — rows updated (twice), rows created and the table\'s growth after it change nothing', () => {
   const opt = createOptimizer({ type: 'adam', learningRate: 0.1 });
   const t = table();
   t.pull(Uint32Array.from([10, 20, 30, 40]));
   t.applyGradients(Uint32Array.from([10, 30]), Float32Array.from([1, 2, 3, 4, 5, 6]), opt, 1);
   const at = t.snapshot();
   const frozen = t.freezeCopy();
-  t.applyGradients(Uint32Array.from([10, 20]), Float32Array.from([9, 9, 9, -9, -9, -9]), opt, 2);
+  t.applyGradients(Uint32Array.from([10, 20, 77]), Float32Array.from([9, 9, 9, -9, -9, -9, 1, 1, 1]), opt, 2);
+  t.applyGradients(Uint32Array.from([10]), Float32Array.from([3, 3, 3]), opt, 3);
   t.pull(Uint32Array.from(Array.from({ length: 100 }, (_, i) => 1_000 + i)));
-  assert.notDeepEqual(t.snapshot(), at, 'the table moved on');
-  assert.deepEqual(frozen(), at);
+  assert.notDeepEqual(byId(t.snapshot((id) => id < 100)), byId(at), 'the table moved on');
+  assert.deepEqual(byId(frozen()), byId(at));
+  assert.deepEqual(byId(frozen()), byId(at), 'the same copy when asked again');
+  // Once built, updates are no longer copied.
+  t.applyGradients(Uint32Array.from([40]), Float32Array.from([1, 1, 1]), opt, 4);
+  assert.deepEqual(byId(frozen()), byId(at));
+});
+
+test('freezeCopy: a remove, a restore or another freeze builds the pending copy first', () => {
+  const opt = createOptimizer({ type: 'adagrad', learningRate: 0.1 });
+  const t = table({ stateSlots: 1 });
+  t.pull(Uint32Array.from([1, 2, 3]));
+  const at = t.snapshot();
+  const first = t.freezeCopy();
+  t.applyGradients(Uint32Array.from([1]), Float32Array.from([1, 1, 1]), opt, 1);
+  const second = t.freezeCopy();
+  const at2 = t.snapshot();
+  t.remove((id) => id === 2);
+  t.applyGradients(Uint32Array.from([3]), Float32Array.from([1, 1, 1]), opt, 2);
+  assert.deepEqual(byId(first()), byId(at));
+  assert.deepEqual(byId(second()), byId(at2));
 });
 
 test('remove drops the selected rows and keeps the others intact', () => {
