@@ -11,7 +11,7 @@ import { ActorSystem, InProcessBroker, SeededRandom, connectTransport, silentLog
 import { allWorkerNodes, parseConfig, type HetpsConfig } from '../../topology/mod.ts';
 import { modelAndData, startServerNode, startWorkerNode, type StartedWorker } from '../../actors/node/nodes.ts';
 import { memoryPlanStore } from '../../actors/store/plan-store.ts';
-import { memoryJobInfoStore, type JobInfoStore } from '../../actors/store/job-info.ts';
+import { memoryJobInfoStore, type JobInfo, type JobInfoStore } from '../../actors/store/job-info.ts';
 import { memoryBatchQueue, type BatchQueue, type QueuedBatch } from '../../actors/store/batch-queue.ts';
 import { prepareJob } from '../../actors/scheduler/job.ts';
 import { subscribeTelemetry, type RegroupTelemetry } from '../../actors/monitor/telemetry.ts';
@@ -142,6 +142,22 @@ async function startJob(mode: Mode, opts: { pausedBeforeWorkers?: boolean } = {}
 const totalAcks = (j: Job) => [...j.acks.values()].reduce((a, b) => a + b, 0);
 const statsOf = (j: Job, w: string): WorkerStats => j.workers.get(w)!.def.stats();
 
+/** Until every worker reported `ready` for groups v`v`; then each shows paused. */
+async function everyWorkerPaused(j: Job, v: number): Promise<void> {
+  await until(() => WORKERS.every((w) => j.regroups.some((r) => r.node === w && r.state === 'ready' && r.groups_version === v)), 'every worker to report ready', 60_000);
+  for (const w of WORKERS) assert.equal(statsOf(j, w).state, 'paused', `${w} shows paused`);
+}
+
+/** Resumes groups v`v` and waits for the end: every worker done, every batch acknowledged exactly once; the workers' final stats. */
+async function resumeToEnd(j: Job, info: JobInfo, v: number): Promise<WorkerStats[]> {
+  await j.jobStore.put({ ...info, groups_version: v, resume_version: v, paused: false });
+  const ends = await Promise.all(WORKERS.map((w) => j.workers.get(w)!.def.done));
+  for (const s of ends) assert.equal(s.state, 'done', `${s.node}: ${s.error}`);
+  assert.equal(j.acks.size, j.total, 'every batch acknowledged');
+  assert.ok([...j.acks.values()].every((n) => n === 1), 'and each once');
+  return ends;
+}
+
 async function jobWidePause(mode: 'asp' | 'bsp'): Promise<void> {
   const j = await startJob(mode);
   try {
@@ -149,8 +165,7 @@ async function jobWidePause(mode: 'asp' | 'bsp'): Promise<void> {
     const info = (await j.jobStore.get())!;
     await j.jobStore.put({ ...info, groups_version: info.groups_version + 1, paused: true });
     const v = info.groups_version + 1;
-    await until(() => WORKERS.every((w) => j.regroups.some((r) => r.node === w && r.state === 'ready' && r.groups_version === v)), 'every worker to report ready', 60_000);
-    for (const w of WORKERS) assert.equal(statsOf(j, w).state, 'paused', `${w} shows paused`);
+    await everyWorkerPaused(j, v);
     assert.equal(j.queue.outstanding(), 0, 'a paused worker holds no batch');
     const acked = totalAcks(j);
     assert.ok(acked < j.total, `paused mid-training (${acked} of ${j.total} acknowledged)`);
@@ -164,11 +179,7 @@ async function jobWidePause(mode: 'asp' | 'bsp'): Promise<void> {
     assert.equal(j.queue.takes(), takes, 'nothing is taken from the queue while the job is paused');
     assert.deepEqual(WORKERS.map((w) => statsOf(j, w).round), rounds);
 
-    await j.jobStore.put({ ...info, groups_version: v, resume_version: v, paused: false });
-    const ends = await Promise.all(WORKERS.map((w) => j.workers.get(w)!.def.done));
-    for (const s of ends) assert.equal(s.state, 'done', `${s.node}: ${s.error}`);
-    assert.equal(j.acks.size, j.total, 'every batch acknowledged');
-    assert.ok([...j.acks.values()].every((n) => n === 1), 'and each once');
+    const ends = await resumeToEnd(j, info, v);
     assert.equal(ends.reduce((n, s) => n + s.batches_acked, 0), j.total);
     for (const w of WORKERS) {
       assert.ok(j.regroups.some((r) => r.node === w && r.state === 'resumed' && r.groups_version === v && r.group === 'g'), `${w} reported resumed in its group`);
@@ -193,15 +204,10 @@ async function startedWhilePaused(mode: 'asp' | 'bsp'): Promise<void> {
     const info = (await j.jobStore.get())!;
     const v = info.groups_version;
     // Started after the pause was written: each pauses at its first boundary, before it takes a batch.
-    await until(() => WORKERS.every((w) => j.regroups.some((r) => r.node === w && r.state === 'ready' && r.groups_version === v)), 'every worker to report ready', 60_000);
-    for (const w of WORKERS) assert.equal(statsOf(j, w).state, 'paused', `${w} shows paused`);
+    await everyWorkerPaused(j, v);
     assert.equal(j.queue.takes(), 0, 'no batch taken while the job is paused');
     assert.equal(totalAcks(j), 0, 'nothing trained while the job is paused');
-    await j.jobStore.put({ ...info, resume_version: v, paused: false });
-    const ends = await Promise.all(WORKERS.map((w) => j.workers.get(w)!.def.done));
-    for (const s of ends) assert.equal(s.state, 'done', `${s.node}: ${s.error}`);
-    assert.equal(j.acks.size, j.total, 'every batch acknowledged');
-    assert.ok([...j.acks.values()].every((n) => n === 1), 'and each once');
+    await resumeToEnd(j, info, v);
   } finally {
     await j.close();
   }
