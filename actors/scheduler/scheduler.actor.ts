@@ -142,9 +142,9 @@ export function createSchedulerActor(o: SchedulerActorOptions): SchedulerActorDe
       },
       checkpoint: async (m, c) => {
         const k = need('checkpoint').checkpointer;
-        if (k === undefined) throw new HetpsError('checkpoint: this job takes no checkpoints');
         // After training the job's state no longer changes: its end-of-job checkpoint (checkpoint.at_end) holds it.
         if (ended !== null) throw new HetpsError(`checkpoint: the job has ended (it is ${ended}); its end-of-job checkpoint (checkpoint.at_end) holds the final state`);
+        if (k === undefined) throw new HetpsError('checkpoint: this job takes no checkpoints');
         const r = await k.take(m.trigger, m.path);
         event(c, 'checkpoint', `checkpoint ${r.name}: ${r.files} shard files, ${r.bytes} bytes, ${r.batches_done} batches done; paused ${r.pause_ms} ms`);
         return { ...r };

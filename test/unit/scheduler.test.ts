@@ -104,6 +104,10 @@ test('scheduler: status, pause, resume, regroup refused while paused, unknown co
     const stop = await ctl(clientT, 'shutdown', { reason: 'operator' });
     assert.equal(stop.result!.stopping, true);
     assert.deepEqual(shutdowns, ['operator']);
+    // A checkpoint asked for once the job is stopping (the API's saveCheckpoint after training) is refused by name.
+    const late = await ctl(clientT, 'checkpoint', {});
+    assert.equal(late.type, 'error');
+    assert.match(late.error!.message, /the job has ended \(it is stopping\); its end-of-job checkpoint/);
   } finally {
     await system.stop();
     await controller?.dispose();
