@@ -23,6 +23,7 @@ import { z } from 'zod';
 import { ConfigError } from '../runtime/errors.ts';
 import type { NatsAuth, NatsTls } from '../runtime/nats-bus.ts';
 import { token } from '../runtime/subjects.ts';
+import { GROUP_LR_SCALINGS } from './group-lr.ts';
 
 // ---------------------------------------------------------------- choices
 
@@ -452,6 +453,14 @@ const configSchema = section({
      * (a slow group's) are scaled down.
      */
     staleness_tolerance: z.custom<number | 'auto'>((v) => v === 'auto' || (typeof v === 'number' && Number.isInteger(v) && v >= 0), { error: mustBe('auto or an integer ≥ 0') }).default('auto'),
+    /**
+     * hps: the learning-rate rule for a group's update, which averages its
+     * members' batches (topology/group-lr.ts): `sqrt` lr·√members (Adam,
+     * Adagrad), `linear` lr·members (SGD), `none` as configured.
+     */
+    group_lr_scaling: oneOf(GROUP_LR_SCALINGS).default('none'),
+    /** hps: the group's first windows over which the group_lr_scaling multiplier ramps up from 1. */
+    group_lr_warmup_windows: nonNegInt().default(20),
     /** Evaluate every this many steps (not active yet: NOT_ACTIVE_YET says what happens instead). */
     eval_every: posInt().default(100),
     /**
@@ -577,6 +586,7 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   { path: 'training.eval_every', when: () => true, instead: 'the test split is scored at the end of the run, and every N seconds with `hetps up --eval-every N`' },
   // hps: the shards scale stale pushes by 1/(1 + staleness) and refuse those beyond max_staleness; asp only measures.
   { path: 'training.staleness_tolerance', when: (c) => c.training.mode === 'asp', instead: 'in asp stale gradients are applied at the full learning rate' },
+  { path: 'training.group_lr_scaling', when: (c) => c.training.mode !== 'hps' && c.training.group_lr_scaling !== 'none', instead: 'only hps groups average their members\' batches into one update; every update is at the configured learning rate' },
   { path: 'training.max_staleness', when: (c) => c.training.mode === 'asp', instead: 'in asp stale gradients are applied as they come; staleness is only measured (training.mode hps enforces it)' },
   { path: 'communication.backend', when: (c) => c.communication.backend === 'nccl' || c.communication.backend === 'gloo', instead: 'every tensor goes over NATS' },
   { path: 'communication.compression', when: (c) => c.communication.compression !== 'none', instead: 'gradients are sent uncompressed' },

@@ -6,3 +6,4 @@ export * from './grouping.ts';
 export * from './regroup.ts';
 export * from './health.ts';
 export * from './replication.ts';
+export * from './group-lr.ts';

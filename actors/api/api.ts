@@ -39,7 +39,7 @@ import type { WorkerLoopState } from '../worker/worker.messages.ts';
 import { ThreadedHeartbeat } from '../health/heartbeat.ts';
 import { HealthWatcher } from '../health/health-watcher.ts';
 import { groupOfWorker, natsJobInfoStore, waitForJobInfo, type JobInfo } from '../store/job-info.ts';
-import { DEFAULT_NODE_WAIT_MS, UNGROUPED, modelAndData, startServerNode, waitForPlan, workerNodeByName, workerNodeOf, type ModelAndData } from '../node/nodes.ts';
+import { DEFAULT_NODE_WAIT_MS, UNGROUPED, groupLrRuleFromConfig, modelAndData, startServerNode, waitForPlan, workerNodeByName, workerNodeOf, type ModelAndData } from '../node/nodes.ts';
 import { natsConnectionOf, natsPlanStore } from '../store/plan-store.ts';
 import { ProfileReporter } from '../node/profile-reporter.ts';
 import { natsProfileStore } from '../store/profile-store.ts';
@@ -223,7 +223,7 @@ export class HeterogeneousParameterServer {
           const m = new GroupMember({
             system, group: g, member: node, runId: version === 0 ? info.run_id : `${info.run_id}/g${version}`, plan, stepper, log: this.log,
             shouldStop: () => this.closed, recoveryTimeoutMs: info.recovery_timeout_ms ?? info.ack_wait_ms, health,
-            groupsVersionSeen: () => control.seen, closeEarly: () => control.jobPausePending,
+            groupsVersionSeen: () => control.seen, closeEarly: () => control.jobPausePending, groupLr: groupLrRuleFromConfig(config),
           });
           await m.start();
           return m;

@@ -56,7 +56,7 @@
 import {
   ActorStoppedError, HetpsError, groupMemberId, isRetryable, type Actor, type ActorContext, type ActorDefinition, type ActorRef, type ActorSystem, type Clock, type Logger,
 } from '../../runtime/mod.ts';
-import { splitIdsByShard, type ShardPlan, type WorkerGroupConfig } from '../../topology/mod.ts';
+import { groupLrMultiplier, splitIdsByShard, type GroupLrRule, type ShardPlan, type WorkerGroupConfig } from '../../topology/mod.ts';
 import type { Batch } from '../../native-bridge/mod.ts';
 import type { PushRequest } from '../shard/shard.messages.ts';
 import { StopRequestedError } from '../worker/shard-client.ts';
@@ -471,6 +471,8 @@ export interface GroupMemberOptions {
    * steps' losses already).
    */
   discardOnPause?: boolean;
+  /** The learning-rate rule for the group's updates (training.group_lr_scaling); null or absent: every update at ×1. */
+  groupLr?: GroupLrRule | null;
   /** forming: how long to wait for every member before going on with those that joined. Default 30 s. */
   formingTimeoutMs?: number;
   /** degraded: how long a lost member may take to come back before the group goes on without it (fault_tolerance.worker_recovery_timeout). Default 30 s. */
@@ -914,8 +916,10 @@ export class GroupMember {
         }
       }
       const total = slices.reduce((n, s) => n + s.weight, 0);
+      // The group's learning-rate rule: this update averages the batches of every member that trained in the window.
+      const lrMult = groupLrMultiplier(this.o.groupLr ?? null, slices.filter((s) => s.weight > 0).length, w);
       results = await Promise.all([...mine].flatMap((shard) => {
-        const body = this.pushBody(shard, parts.map((p) => p.get(shard) ?? null), total, base.get(shard) ?? null, slices.flatMap((s) => s.batches));
+        const body = this.pushBody(shard, parts.map((p) => p.get(shard) ?? null), total, base.get(shard) ?? null, slices.flatMap((s) => s.batches), lrMult);
         return body === null ? [] : [this.o.stepper.push(shard, body).then((r) => ({ shard, r }))];
       }));
     }
@@ -967,14 +971,14 @@ export class GroupMember {
   }
 
   /** One push of `shard`'s parts (the first now, the rest as `later_steps`); null when no part touches the shard. */
-  private pushBody(shard: string, parts: readonly (ShardTensors | null)[], weight: number, baseVersion: number | null, batches: readonly string[]): PushRequest | null {
+  private pushBody(shard: string, parts: readonly (ShardTensors | null)[], weight: number, baseVersion: number | null, batches: readonly string[], lrMult = 1): PushRequest | null {
     const steps = parts.filter((p): p is ShardTensors => p !== null && (p.dense.length > 0 || p.sparse.length > 0));
     if (steps.length === 0) return null;
     if (baseVersion === null) throw new HetpsError(`group ${this.o.group.name}: gradient for shard ${shard} but no member reported the version it pulled`);
     const [first, ...later] = steps;
     return {
       plan_version: this.o.plan.version, round: null, expected: null, weight, base_version: baseVersion,
-      dense: first!.dense, sparse: first!.sparse, later_steps: later.map((t) => ({ dense: t.dense, sparse: t.sparse })),
+      dense: first!.dense, sparse: first!.sparse, later_steps: later.map((t) => ({ dense: t.dense, sparse: t.sparse })), lr_mult: lrMult,
       batches: [...batches],
     };
   }

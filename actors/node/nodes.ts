@@ -9,7 +9,7 @@
  * those profiles before it writes the job info.
  */
 import { ConfigError, TimeoutError, type ActorSystem, type Clock, type Logger } from '../../runtime/mod.ts';
-import { allWorkerNodes, nodeOverrides, replicasOn, standbyWorkerNodes, type HetpsConfig, type ShardPlan, type StalenessPolicy, type WorkerNode } from '../../topology/mod.ts';
+import { allWorkerNodes, nodeOverrides, replicasOn, standbyWorkerNodes, type GroupLrRule, type HetpsConfig, type ShardPlan, type StalenessPolicy, type WorkerNode } from '../../topology/mod.ts';
 import { initDenseParams, type CtrModel, type DataSource, type DeviceProfile, type ExecutionProvider, type MlpModel } from '../../native-bridge/mod.ts';
 import type { BatchQueue } from '../store/batch-queue.ts';
 import {
@@ -60,6 +60,13 @@ export function modelAndData(config: HetpsConfig): ModelAndData {
 export function stalenessPolicyFromConfig(config: HetpsConfig): StalenessPolicy | null {
   return config.training.mode === 'hps'
     ? { maxStaleness: config.training.max_staleness, scaling: 'inverse', tolerance: config.training.staleness_tolerance }
+    : null;
+}
+
+/** hps: the learning-rate rule for a group's updates (topology/group-lr.ts); null in asp and bsp, or when `none`. */
+export function groupLrRuleFromConfig(config: HetpsConfig): GroupLrRule | null {
+  return config.training.mode === 'hps' && config.training.group_lr_scaling !== 'none'
+    ? { scaling: config.training.group_lr_scaling, warmupWindows: config.training.group_lr_warmup_windows }
     : null;
 }
 
@@ -191,6 +198,7 @@ export async function startWorkerNode(o: {
     referenceStepMs: config.training.emulation_reference_step_ms,
     bandwidthMbps: overrides.emulate?.bandwidth_mbps ?? null,
     groupSync,
+    groupLr: groupLrRuleFromConfig(config),
     planStore: o.planStore,
     health: o.health ?? null,
     ...(o.regroupResumeTimeoutMs !== undefined ? { regroupResumeTimeoutMs: o.regroupResumeTimeoutMs } : {}),

@@ -459,7 +459,7 @@ export class Replica {
     const out = this.o.state.lowerRoundExpected(m.plan_version, m.round, m.expected);
     const entry: ReplicationEntry = {
       rseq: ++this.rseq, kind: 'round_expected', from: this.o.node, seq: 0,
-      push: { plan_version: m.plan_version, round: m.round, expected: m.expected, weight: 0, base_version: 0, dense: [], sparse: [], later_steps: [], batches: [] },
+      push: { plan_version: m.plan_version, round: m.round, expected: m.expected, weight: 0, base_version: 0, dense: [], sparse: [], later_steps: [], lr_mult: 1, batches: [] },
       lr_scale: 0, reply: null,
     };
     this.stream(entry);

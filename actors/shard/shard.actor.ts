@@ -301,6 +301,7 @@ export class ShardState {
     if (m.round !== null) this.checkRound(m.round, m.expected);
     else if (m.expected !== null) throw new ValidationError(`shard ${this.shard}: push has expected = ${m.expected} but no round; expected is only for synchronous rounds`);
     if (m.round !== null && m.later_steps.length > 0) throw new ValidationError(`shard ${this.shard}: a contribution to synchronous round ${m.round} cannot carry further steps (later_steps); only async pushes can`);
+    if (m.round !== null && m.lr_mult !== 1) throw new ValidationError(`shard ${this.shard}: a contribution to synchronous round ${m.round} cannot carry a learning-rate multiplier (lr_mult ${m.lr_mult}); only a group's async push can`);
     this.checkPushTensors(m.dense, m.sparse, '');
     for (let k = 0; k < m.later_steps.length; k++) this.checkPushTensors(m.later_steps[k]!.dense, m.later_steps[k]!.sparse, `later_steps[${k}].`);
     const staleness = Math.max(0, this.versionValue - m.base_version);
@@ -323,6 +324,8 @@ export class ShardState {
         lrScale = d.lrScale;
         if (lrScale < 1) this.staleScaled++;
       }
+      // A group's update at its learning-rate rule (1 for one worker's push).
+      lrScale *= m.lr_mult;
       this.applyAsync(m, lrScale);
       return { version: this.versionValue, applied: true, staleness, lr_scale: lrScale };
     }
@@ -340,7 +343,8 @@ export class ShardState {
     this.pushes++;
     if (m.round === null) {
       if (this.stalenessPolicy !== null) this.recentStaleness.add(Math.max(0, this.versionValue - m.base_version));
-      if (lrScale < 1) this.staleScaled++;
+      // Scaled down for staleness by the primary (lr_scale is that scale times the group's lr_mult).
+      if (lrScale < m.lr_mult) this.staleScaled++;
       this.applyAsync(m, lrScale);
     } else {
       this.contribute(m);

@@ -65,6 +65,13 @@ export const shardMessages = {
      */
     later_steps: z.array(z.object({ dense: z.array(denseGrad), sparse: z.array(sparseGrads) })).default([]),
     /**
+     * hps: the learning-rate multiplier of a group's update, which averages
+     * several members' batches (training.group_lr_scaling,
+     * topology/group-lr.ts); it multiplies the staleness scale. Async pushes
+     * only; 1 for everything else.
+     */
+    lr_mult: z.number().positive().max(1024).default(1),
+    /**
      * The ids of the batches whose gradients this push carries (a group
      * window carries its members' batches). A shard keeps the log of the
      * batches it applied, for the end-of-run integrity check; a push whose

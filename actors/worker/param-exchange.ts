@@ -127,7 +127,7 @@ export function pushRequest(
     }
   }
   return {
-    plan_version: plan.version, round: meta.round, expected: meta.expected, weight: meta.weight, base_version: meta.baseVersion, later_steps: [],
+    plan_version: plan.version, round: meta.round, expected: meta.expected, weight: meta.weight, base_version: meta.baseVersion, later_steps: [], lr_mult: 1,
     dense, sparse, batches: [...(meta.batches ?? [])],
   };
 }

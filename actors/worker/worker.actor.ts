@@ -20,7 +20,7 @@
  * every telemetry message (`emulated`, `emulated_speed`).
  */
 import { ConfigError, type ActorContext, type ActorDefinition } from '../../runtime/mod.ts';
-import type { ShardPlan, WorkerGroupConfig } from '../../topology/mod.ts';
+import type { GroupLrRule, ShardPlan, WorkerGroupConfig } from '../../topology/mod.ts';
 import { StepSession, type CtrModel, type DataSource, type ExecutionProvider, type MlpModel } from '../../native-bridge/mod.ts';
 import type { BatchQueue } from '../store/batch-queue.ts';
 import type { SparseLayout } from '../node/config-bridge.ts';
@@ -61,6 +61,8 @@ export interface WorkerActorOptions {
   bandwidthMbps?: number | null;
   /** hps: this worker's group (members, sync strategy); required in hps, ignored otherwise. */
   groupSync?: WorkerGroupConfig | null;
+  /** hps: the learning-rate rule for the group's updates (training.group_lr_scaling); null or absent: none. */
+  groupLr?: GroupLrRule | null;
   /** Per request attempt to a shard. Default 10 s. */
   requestTimeoutMs?: number;
   /** How long a bsp worker looks for a batch before it contributes an empty one. Default 1.5 s. */

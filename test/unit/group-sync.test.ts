@@ -250,6 +250,24 @@ test('sync group of 2, sync_steps 2 (fixed-step): a window is 2 updates — step
   }, delayedSteps([union([b1!, b3!]), union([b2!, b4!])]), uniqueIdsOf(union([b1!, b2!, b3!, b4!, b5!])));
 });
 
+test('group_lr_scaling linear, no warm-up: a sync window of 2 members is the union step at twice the learning rate (SGD: the union gradient doubled)', async () => {
+  const [b1, b2] = batches;
+  const u = union([b1!, b2!]);
+  await sameAsReference(async (c) => {
+    const g = group('sync', ['a', 'b'], 1);
+    const groupLr = { scaling: 'linear' as const, warmupWindows: 0 };
+    const [ma, mb] = [await member(c, g, 'a', sessions[0]!, { groupLr }), await member(c, g, 'b', sessions[1]!, { groupLr })];
+    await Promise.all([runUntilDone(ma, source([b1!])), runUntilDone(mb, source([b2!]))]);
+  }, async (stepper) => {
+    const c = await stepper.compute(u, { reuseDense: false });
+    const twice = (m: ReadonlyMap<string, Float32Array>) => new Map([...m].map(([k, v]) => [k, v.map((x) => 2 * x)]));
+    for (const ex of planExchange(plan, c.uniqueIds, { dense: true, allShards: false })) {
+      const r = await stepper.push(ex.shard, pushRequest(plan, ex, layout.tables, twice(c.denseGrads), c.rowGrads && twice(c.rowGrads), { round: null, expected: null, weight: c.samples, baseVersion: c.versions.get(ex.shard) ?? 0 }));
+      assert.equal(r.refused, false);
+    }
+  }, uniqueIdsOf(u));
+});
+
 test('sync group of 2, sync_steps 2, one member runs short: step 2 is the other member\'s batch alone', async () => {
   const [b1, b2, b3] = batches;
   await sameAsReference(async (c) => {

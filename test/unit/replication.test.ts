@@ -156,7 +156,7 @@ class Lab {
 function push(p: ShardPlan, o: { grad?: number; batches?: string[]; round?: number | null; expected?: number | null } = {}): PushRequest {
   const ids = Int32Array.from([1, 2, 3].filter((id) => shardOfSparseId(p, id) === 's0'));
   return {
-    plan_version: p.version, round: o.round ?? null, expected: o.expected ?? null, weight: 1, base_version: 0, later_steps: [],
+    plan_version: p.version, round: o.round ?? null, expected: o.expected ?? null, weight: 1, base_version: 0, later_steps: [], lr_mult: 1,
     dense: [{ block: 0, grad: Float32Array.from([o.grad ?? 1, 1, 1, 1]) }],
     sparse: ids.length ? [{ table: 'emb', ids, grads: new Float32Array(ids.length * 2).fill(o.grad ?? 1) }] : [],
     batches: o.batches ?? [],

@@ -174,3 +174,33 @@ test('a push with later_steps is consecutive updates at one rate; a bad later st
     await s.stop();
   }
 });
+
+test('a group update\'s lr_mult (training.group_lr_scaling) multiplies the staleness scale; a bad one, or one on a sync round, is refused and changes nothing', async () => {
+  const s = await shard({ maxStaleness: 4, scaling: 'inverse', tolerance: 0 });
+  try {
+    const body = (baseVersion: number, g: number, extra: Record<string, unknown>) => ({
+      plan_version: 1, round: null, expected: null, weight: 16, base_version: baseVersion,
+      dense: [{ block: 0, grad: Float32Array.from([g, -g, 2 * g, 0]) }],
+      sparse: [{ table: 'emb', ids: Int32Array.from([7]), grads: Float32Array.from([g, 2 * g]) }], ...extra,
+    });
+    let before = await s.pull();
+    assert.deepEqual(await s.rawPush(body(0, 1, { lr_mult: 2 })), { version: 1, applied: true, staleness: 0, lr_scale: 2 });
+    let after = await s.pull();
+    expectStep(before, after, 1, 2);
+    // One update stale: lr/(1+1) from the policy, ×2 from the group's rule.
+    before = after;
+    assert.deepEqual(await s.rawPush(body(0, 0.5, { lr_mult: 2 })), { version: 2, applied: true, staleness: 1, lr_scale: 1 });
+    after = await s.pull();
+    expectStep(before, after, 0.5, 1);
+    const st = await s.stats();
+    assert.equal(st.version, 2);
+    for (const bad of [0, -1, Number.NaN, Number.POSITIVE_INFINITY, 2000, '2']) {
+      await assert.rejects(s.rawPush(body(2, 1, { lr_mult: bad })), /lr_mult/, `lr_mult ${String(bad)} is refused by name`);
+    }
+    await assert.rejects(s.rawPush({ ...body(2, 1, { lr_mult: 2 }), round: 0, expected: 1 }), /cannot carry a learning-rate multiplier/);
+    assert.deepEqual([...(await s.pull()).dense[0]!], [...after.dense[0]!], 'nothing of a refused push was applied');
+    assert.equal((await s.stats()).version, 2);
+  } finally {
+    await s.stop();
+  }
+});
