@@ -155,6 +155,8 @@ export interface UpSummary {
   eval_samples: number | null;
   /** Test loss on that subset during training: one point at the start, every eval_every_s, one at the end. Empty without --eval-every. */
   curve: CurvePoint[];
+  /** When the run's first training step began, seconds on the curve's time axis (from the first worker loop's start); null if unknown. */
+  first_step_s: number | null;
   /** Busy time / training window per worker. */
   utilisation: UtilisationReport;
   /** CPU time of the job's processes over the training window. */
@@ -670,6 +672,7 @@ function summaryOf(ctx: RunContext, c: Conducted, o: {
     eval_every_s: o.evalEveryS > 0 ? o.evalEveryS : null,
     eval_samples: o.evalEveryS > 0 ? Math.min(o.evalSamples, md.source.describe().testSize) : null,
     curve: report.curve,
+    first_step_s: report.first_step_s,
     utilisation: report.utilisation,
     cpu,
     staleness,

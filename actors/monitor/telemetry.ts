@@ -64,6 +64,8 @@ export const progressTelemetrySchema = z.object({
   busy_ms: z.number().nonnegative().default(0),
   emulated_step_ms: z.number().nonnegative().default(0),
   window_ms: z.number().nonnegative().default(0),
+  /** How long before this message the worker's first training step began (time to target counts from a run's first step); null before it. */
+  first_step_ago_ms: msOrNull(),
 });
 export type ProgressTelemetry = z.infer<typeof progressTelemetrySchema>;
 

@@ -82,6 +82,8 @@ export interface TrainingReport {
   unconfirmed_acks: number;
   redelivered: number;
   train_s: number;
+  /** When the run's first training step began, seconds after the first worker loop started (the curve's origin); null if no worker reported one. */
+  first_step_s: number | null;
   samples_per_s: number;
   /** Sample-weighted mean loss over the last 10% of acknowledged batches. */
   final_loss: number | null;
@@ -163,6 +165,8 @@ export class TrainingMonitor {
   private readonly done = new Map<string, string>();
   /** When the first worker loop started and the last batch was acknowledged (monotonic ms), for the throughput. */
   private firstStart: number | null = null;
+  /** When the run's first training step began (clock.monotonic, from the workers' progress telemetry); null before any. */
+  private firstStep: number | null = null;
   private lastAck: number | null = null;
   private unconfirmed = 0;
   private redelivered = 0;
@@ -183,7 +187,14 @@ export class TrainingMonitor {
   constructor(transport: Transport, job: string, private readonly clock: Clock, private readonly log: Logger) {
     const seen = (node: string) => { this.lastSeen.set(node, this.clock.monotonic()); };
     this.unsubscribe = subscribeTelemetry(transport, job, {
-      progress: (t) => { seen(t.node); this.latestRate.set(t.node, t.samples_per_s); },
+      progress: (t) => {
+        seen(t.node);
+        this.latestRate.set(t.node, t.samples_per_s);
+        if (t.first_step_ago_ms !== null) {
+          const at = this.clock.monotonic() - t.first_step_ago_ms;
+          if (this.firstStep === null || at < this.firstStep) this.firstStep = at;
+        }
+      },
       batch: (t) => {
         seen(t.node);
         const a = this.activityOf(t.node);
@@ -388,7 +399,7 @@ export class TrainingMonitor {
     for (const t of tail) { const s = samplesOf.get(t.id) ?? t.samples; tl += t.loss * s; ts += s; }
     return {
       samples, batches: total, batches_acked: this.acks.size, duplicate_acks: duplicate, unconfirmed_acks: this.unconfirmed, redelivered: this.redelivered,
-      train_s: trainS, samples_per_s: trainS > 0 ? samples / trainS : 0, final_loss: ts > 0 ? tl / ts : null,
+      train_s: trainS, first_step_s: this.firstStep === null ? null : Math.max(0, this.firstStep - origin) / 1000, samples_per_s: trainS > 0 ? samples / trainS : 0, final_loss: ts > 0 ? tl / ts : null,
       per_worker: { ...this.perWorker }, per_worker_group: JSON.parse(JSON.stringify(this.perWorkerGroup)) as Record<string, Record<string, number>>, missing: prepared.descriptors.filter((d) => !this.acks.has(d.batch_id)).map((d) => d.batch_id),
       curve, utilisation: this.utilisation(prepared.info.workers, trainS, o.nominalStepMs ?? (() => null)),
     };

@@ -111,6 +111,8 @@ export class WorkerStepper {
   private densePulled = false;
   readonly pacer: ComputePacer;
   readonly link: EmulatedLink;
+  /** When (clock.monotonic) the first step graph began; null before it. */
+  firstStepAt: number | null = null;
 
   constructor(private readonly o: WorkerStepperOptions) {
     this.dense = allocateDense(o.plan);
@@ -235,6 +237,7 @@ export class WorkerStepper {
     const { model } = this.o;
     const step = ++this.steps;
     const t0 = this.o.clock.monotonic();
+    this.firstStepAt ??= t0;
     const result = await this.onSession(() => {
       if (model instanceof CtrModel) {
         const b = batch as Extract<Batch, { kind: 'ctr' }>;

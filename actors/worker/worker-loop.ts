@@ -52,8 +52,12 @@ export interface TrainingLedgerOptions {
   emulateSpeed: number | null;
   emulated: boolean;
   ackWaitMs: number;
+  /** When (clock.monotonic) the worker's first step began; null before it (progress telemetry: first_step_ago_ms). */
+  firstStepAt?: () => number | null;
   onBatchTrained: ((t: BatchTelemetry) => void) | null;
 }
+
+const firstStepAgo = (at: number | null, now: number): number | null => (at === null ? null : Math.max(0, now - at));
 
 export class TrainingLedger {
   /** Loss, samples and time since the last progress message. */
@@ -79,6 +83,7 @@ export class TrainingLedger {
         samples_per_s: now > w.start ? (w.samples * 1000) / (now - w.start) : 0,
         round: stats.round, emulated_speed: this.o.emulateSpeed, emulated: this.o.emulated,
         busy_ms: w.busy, emulated_step_ms: w.stepMs, window_ms: Math.max(0, now - w.start),
+        first_step_ago_ms: firstStepAgo(this.o.firstStepAt?.() ?? null, now),
       };
       publishTelemetry(this.o.transport, this.o.job, 'progress', this.o.node, body);
       this.since = { loss: 0, samples: 0, start: now, busy: 0, stepMs: 0 };

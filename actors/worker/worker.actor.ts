@@ -138,6 +138,7 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
     const ledger = new TrainingLedger({
       node: o.node, group: o.group, batchGroup: () => hps?.groupName ?? null, stats, transport: system.transport, job, clock, log,
       emulateSpeed: o.emulateSpeed, emulated, ackWaitMs: o.job.ack_wait_ms, onBatchTrained: o.onBatchTrained ?? null,
+      firstStepAt: () => stepper.firstStepAt,
     });
     const env: WorkerLoopEnv = { o, stats, control, ledger, stepper, system, clock, log, requestTimeoutMs };
     if (groupSync !== null) hps = new HpsLoop(env, groupSync);

@@ -60,6 +60,14 @@ test('TrainingMonitor: the curve starts when the first worker does, has a point 
   await advance(300);
   assert.deepEqual(edges, ['start']);
   assert.equal(evaluations, 1, 'the first point is taken as training starts');
+  // Progress says when each worker's first step began: the run's first step is the earliest (w1's, 100 ms ago, at t = 1.2 s), 0.15 s after the monitor saw the first loop start (the tick after it was published, t = 1.05 s).
+  const progress = (node: string, ago: number | null) => ({
+    node, group: 'g', steps: 1, samples: 32, loss: 0.5, samples_per_s: 10, round: null, emulated_speed: null, first_step_ago_ms: ago,
+  });
+  publishTelemetry(workerT, JOB, 'progress', 'w2', progress('w2', 50));
+  publishTelemetry(workerT, JOB, 'progress', 'w1', progress('w1', 100));
+  publishTelemetry(workerT, JOB, 'progress', 'w1', progress('w1', null));
+  await flush();
 
   // w1 takes four batches (emulated step 200 ms, 3 ms of real compute each), w2 two.
   for (const [i, node] of ['w1', 'w1', 'w2', 'w1', 'w2', 'w1'].entries()) {
@@ -84,6 +92,7 @@ test('TrainingMonitor: the curve starts when the first worker does, has a point 
 
   assert.deepEqual(edges, ['start', 'end']);
   assert.equal(report.batches_acked, 6);
+  assert.ok(report.first_step_s !== null && Math.abs(report.first_step_s - 0.15) < 1e-9, `first step at ${report.first_step_s} s`);
   assert.deepEqual(report.utilisation.per_node.w1!.window_phases_s, { steps: 0.8, slices: 0.01, round: 0.02, gather: 0, push: 0.03, reports: 0.04 });
   assert.equal(report.utilisation.per_node.w1!.windows, 2);
   assert.equal(report.utilisation.per_node.w2!.window_phases_s, null, 'asp / bsp workers have no windows');
