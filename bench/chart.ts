@@ -10,6 +10,8 @@ import * as vegaLite from 'vega-lite';
 export interface LineSeries {
   name: string;
   points: { x: number; y: number }[];
+  /** A shaded range around the line (e.g. min–max over repeated runs), in the series' colour. */
+  band?: { x: number; lo: number; hi: number }[];
 }
 
 export interface LineChartOptions {
@@ -38,18 +40,33 @@ export async function lineChartSvg(o: LineChartOptions): Promise<string> {
   const names = o.series.map((s) => s.name);
   // Not clamped: points outside the domain are cut off by the clip, not drawn on the edge as if they were there.
   const yScale = o.yDomain ? { domain: o.yDomain, zero: false } : { zero: false };
-  const layers: Record<string, unknown>[] = [{
+  const colorScale = { domain: names, range: (o.colors ?? DEFAULT_COLORS).slice(0, names.length) };
+  const bands = o.series.flatMap((s) => (s.band ?? []).map((p) => ({ series: s.name, x: p.x, lo: p.lo, hi: p.hi })));
+  const layers: Record<string, unknown>[] = [];
+  if (bands.length > 0) {
+    layers.push({
+      data: { values: bands },
+      mark: { type: 'area', opacity: 0.18, clip: true },
+      encoding: {
+        x: { field: 'x', type: 'quantitative' },
+        y: { field: 'lo', type: 'quantitative', scale: yScale },
+        y2: { field: 'hi' },
+        color: { field: 'series', type: 'nominal', scale: colorScale, legend: null },
+      },
+    });
+  }
+  layers.push({
     mark: { type: 'line', point: { filled: true, size: 28 }, strokeWidth: 2, clip: true },
     encoding: {
       x: { field: 'x', type: 'quantitative', title: o.xTitle },
       y: { field: 'y', type: 'quantitative', title: o.yTitle, scale: yScale },
       color: {
         field: 'series', type: 'nominal', title: o.legendTitle ?? null,
-        scale: { domain: names, range: (o.colors ?? DEFAULT_COLORS).slice(0, names.length) },
+        scale: colorScale,
         legend: { orient: 'top-right', labelFontSize: 13, labelLimit: 600, symbolStrokeWidth: 3, fillColor: 'white', padding: 6, strokeColor: '#ccc' },
       },
     },
-  }];
+  });
   if (o.rules?.length) {
     layers.push({
       data: { values: o.rules },

@@ -132,6 +132,11 @@ export interface UpSummary {
   test_auc: number | null;
   test_logloss: number;
   test_accuracy?: number;
+  /**
+   * Mean training loss of the last 10 % of acknowledged batches (sample-weighted), each computed before
+   * its update: with one epoch, a held-out estimate (progressive validation); null when none.
+   */
+  final_train_loss: number | null;
   wall_s: number;
   transport: 'nats' | 'embedded';
   batches: number;
@@ -654,6 +659,7 @@ function summaryOf(ctx: RunContext, c: Conducted, o: {
     test_auc: evaluation.kind === 'ctr' ? evaluation.auc : null,
     test_logloss: evaluation.logloss,
     ...(evaluation.kind === 'mlp' ? { test_accuracy: evaluation.accuracy } : {}),
+    final_train_loss: report.final_loss,
     wall_s: (performance.now() - o.t0) / 1000,
     transport: o.embedded ? 'embedded' : 'nats',
     // A resumed job's batches include those done before its checkpoint (resumed_from.batches_done).
