@@ -72,6 +72,7 @@
  *   npm run bench:hetero     → bench/results/hetero.json, hetero.svg, hetero-mlp.svg
  *   options: --workloads ctr,mlp  --peers a,b  --repeats N  --no-grid  --samples N  --quick  --out DIR
  *            --reference-ms N  --ctr-hidden a,b  --mlp-hidden a,b (to explore; results then go to a temp dir)
+ *            --collect DIR: aggregate the runs an earlier invocation left in DIR (e.g. one stopped after a workload)
  */
 import { spawn } from 'node:child_process';
 import { createWriteStream, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
@@ -215,8 +216,19 @@ interface UpSummary {
   grouping?: { groups: { name: string; nodes: string[]; sync_mode: string; sync_steps: number | null }[] } | null;
 }
 
+/** `--collect DIR`: the runs of an earlier invocation, read back from its directory instead of run again (same protocol, same order). */
+const COLLECT = option('--collect');
+
 let runCounter = 0;
 async function hetpsUp(tag: string, yaml: string, dir: string): Promise<UpSummary> {
+  if (COLLECT !== null) {
+    const { readdirSync } = await import('node:fs');
+    const file = readdirSync(COLLECT).find((f) => f.endsWith(`-${tag}-summary.json`));
+    if (file === undefined) throw new Error(`--collect ${COLLECT}: run ${tag} is not there (the invocation stopped before it)`);
+    const head = readFileSync(join(COLLECT, file.replace(/-summary\.json$/, '.yaml')), 'utf8').split('\n')[0];
+    if (head !== yaml.split('\n')[0]) throw new Error(`--collect: ${file} was run as "${head}", not "${yaml.split('\n')[0]}"`);
+    return JSON.parse(readFileSync(join(COLLECT, file), 'utf8')) as UpSummary;
+  }
   const n = ++runCounter;
   const cfg = join(dir, `${n}-${tag}.yaml`);
   writeFileSync(cfg, yaml);
@@ -443,7 +455,7 @@ async function chart(r: WorkloadResult, w: Workload): Promise<string> {
 // ---------------------------------------------------------------- main
 
 async function main(): Promise<void> {
-  const full = !QUICK && GRID && REPEATS >= 3 && SAMPLES_OVERRIDE === null && !['--reference-ms', '--ctr-hidden', '--mlp-hidden'].some((o) => option(o) !== null) && PEER_KEYS.length === PEERS.length && WORKLOAD_KEYS.length === WORKLOADS.length;
+  const full = !QUICK && GRID && REPEATS >= 3 && SAMPLES_OVERRIDE === null && !['--reference-ms', '--ctr-hidden', '--mlp-hidden'].some((o) => option(o) !== null) && PEER_KEYS.length === PEERS.length && (WORKLOAD_KEYS.length === WORKLOADS.length || COLLECT !== null);
   const dir = mkdtempSync(join(tmpdir(), 'hetps-bench-hetero-'));
   const outDir = option('--out') ?? (full ? RESULTS : dir);
   mkdirSync(outDir, { recursive: true });
@@ -465,6 +477,7 @@ async function main(): Promise<void> {
     version: 2,
     commit: git.commit,
     dirty: git.dirty,
+    runs_commit: COLLECT === null ? git.commit : option('--runs-commit'),
     date: new Date().toISOString(),
     machine: { cpu: cpus()[0]?.model ?? null, cores: availableParallelism(), memory_gib: Math.round(totalmem() / 2 ** 30), node: process.version, nats_server: natsServerVersion(), shared: 'other work may run on the same machine: see machine_busy_fraction per run' },
     emulated: true,
@@ -502,7 +515,9 @@ async function main(): Promise<void> {
       repeats: REPEATS,
       evaluation: { every_s: EVAL_EVERY_S, subset: EVAL_SAMPLES, final: 'final_auc / final_accuracy / final_loss on the whole test split after training' },
       samples_per_s: 'acknowledged samples / (first worker loop → last acknowledgement)',
-      bench_wall_s: Math.round((Date.now() - started) / 1000),
+      bench_wall_s: COLLECT === null ? Math.round((Date.now() - started) / 1000) : null,
+      collected_from: COLLECT === null ? null : 'the runs were made by an earlier invocation of this protocol and aggregated from its directory (--collect)',
+      workloads_run: Object.keys(results),
       quick: QUICK,
     },
   };
