@@ -456,6 +456,8 @@ async function chart(r: WorkloadResult, w: Workload): Promise<string> {
 
 async function main(): Promise<void> {
   const full = !QUICK && GRID && REPEATS >= 3 && SAMPLES_OVERRIDE === null && !['--reference-ms', '--ctr-hidden', '--mlp-hidden'].some((o) => option(o) !== null) && PEER_KEYS.length === PEERS.length && (WORKLOAD_KEYS.length === WORKLOADS.length || COLLECT !== null);
+  // Before anything is written: the results' own files would make the tree look dirty.
+  const git = gitCommit(ROOT);
   const dir = mkdtempSync(join(tmpdir(), 'hetps-bench-hetero-'));
   const outDir = option('--out') ?? (full ? RESULTS : dir);
   mkdirSync(outDir, { recursive: true });
@@ -471,7 +473,6 @@ async function main(): Promise<void> {
   const rate = (k: PeerKey) => main.peers[k]?.samples_per_s.median ?? null;
   const ratio = (a: number | null, b: number | null) => (a !== null && b !== null && b > 0 ? round(a / b, 3) : null);
   const hpsRate = Math.max(rate('hps_config') ?? 0, rate('hps_auto') ?? 0) || null;
-  const git = gitCommit(ROOT);
   const out = {
     benchmark: 'hetero',
     version: 2,
