@@ -389,7 +389,7 @@ function goals(r: WorkloadResult, w: Workload) {
   const ratio = (a: number | null, b: number | null) => (a !== null && b !== null && b > 0 ? round(a / b, 3) : null);
   const autoOverConfig = present('hps_auto') && present('hps_config') ? ratio(p.hps_auto.samples_per_s.median, p.hps_config.samples_per_s.median) : null;
   return {
-    time_to_target: { goal: 'hps (better of hps_config, hps_auto) reaches the target in ≤ 0.8 × the best peer\'s time (medians)', hps_s: hpsTime, best_peer_s: peerTime, ratio: ratio(hpsTime, peerTime), met: hpsTime !== null && peerTime !== null ? hpsTime <= 0.8 * peerTime : null },
+    time_to_target: { goal: 'hps (better of hps_config, hps_auto) reaches the target in ≤ 0.8 × the best peer\'s time (medians)', hps_s: hpsTime, best_peer_s: peerTime, ratio: ratio(hpsTime, peerTime), met: peerTime === null ? null : hpsTime !== null && hpsTime <= 0.8 * peerTime, ...(hpsTime === null && hpsPeers.length > 0 ? { note: 'no hps run reached the target loss' } : {}) },
     final_quality: {
       goal: w.key === 'ctr' ? 'hps final AUC ≥ the best peer\'s − 0.002 (medians)' : 'hps final accuracy ≥ the best peer\'s − 0.002 (medians; recorded, the issue sets this goal on the ctr workload)',
       hps: hpsQ, best_peer: peerQ, met: hpsQ !== null && peerQ !== null ? hpsQ >= peerQ - 0.002 : null,
