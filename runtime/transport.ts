@@ -44,6 +44,9 @@ export interface TransportStats {
   requests: number;
   requestTimeouts: number;
   noResponders: number;
+  /** Payload bytes published (chunks included) and received by this client's subscriptions (replies included): its bytes on the wire, headers aside. */
+  bytesOut: number;
+  bytesIn: number;
 }
 
 interface PartialMessage {
@@ -66,7 +69,7 @@ interface Pending {
 
 export class Transport {
   readonly stats: TransportStats = {
-    published: 0, chunkedSent: 0, chunksSent: 0, reassembled: 0, reassemblyDropped: 0, requests: 0, requestTimeouts: 0, noResponders: 0,
+    published: 0, chunkedSent: 0, chunksSent: 0, reassembled: 0, reassemblyDropped: 0, requests: 0, requestTimeouts: 0, noResponders: 0, bytesOut: 0, bytesIn: 0,
   };
   private readonly opts: TransportOptions;
   private readonly inbox: string;
@@ -95,6 +98,7 @@ export class Transport {
   publish(subject: string, data: Uint8Array, opts: { reply?: string | null; headers?: Headers | null } = {}): void {
     if (this.closed) throw new ConnectionError('transport is closed');
     this.stats.published++;
+    this.stats.bytesOut += data.byteLength;
     const limit = this.chunkBytes;
     if (data.byteLength <= limit) {
       this.bus.publish(subject, data, opts);
@@ -123,6 +127,7 @@ export class Transport {
   subscribe(subject: string, handler: (msg: TransportMsg) => void, opts: { queue?: string | null } = {}): RawSubscription {
     const partials = new Map<string, PartialMessage>();
     const sub = this.bus.subscribe(subject, (m) => {
+      this.stats.bytesIn += m.data.byteLength;
       const chunk = m.headers?.[CHUNK_HEADER];
       if (chunk === undefined) {
         handler(m);

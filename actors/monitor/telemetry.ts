@@ -66,6 +66,9 @@ export const progressTelemetrySchema = z.object({
   window_ms: z.number().nonnegative().default(0),
   /** How long before this message the worker's first training step began (time to target counts from a run's first step); null before it. */
   first_step_ago_ms: msOrNull(),
+  /** The worker process's payload bytes on the wire so far, sent and received (its transport's counters). */
+  bytes_out: z.number().nonnegative().default(0),
+  bytes_in: z.number().nonnegative().default(0),
 });
 export type ProgressTelemetry = z.infer<typeof progressTelemetrySchema>;
 

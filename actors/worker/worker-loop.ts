@@ -84,6 +84,7 @@ export class TrainingLedger {
         round: stats.round, emulated_speed: this.o.emulateSpeed, emulated: this.o.emulated,
         busy_ms: w.busy, emulated_step_ms: w.stepMs, window_ms: Math.max(0, now - w.start),
         first_step_ago_ms: firstStepAgo(this.o.firstStepAt?.() ?? null, now),
+        bytes_out: this.o.transport.stats.bytesOut, bytes_in: this.o.transport.stats.bytesIn,
       };
       publishTelemetry(this.o.transport, this.o.job, 'progress', this.o.node, body);
       this.since = { loss: 0, samples: 0, start: now, busy: 0, stepMs: 0 };
