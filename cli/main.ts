@@ -34,6 +34,8 @@ async function loadCommands(): Promise<void> {
     import('./plan.ts').catch(missingModule),
     import('./checkpoint.ts').catch(missingModule),
     import('./recover.ts').catch(missingModule),
+    import('./ctl.ts').catch(missingModule),
+    import('./report.ts').catch(missingModule),
     import('./export.ts').catch(missingModule),
   ]);
   for (const m of mods) if (m && typeof m.register === 'function') commandRegistry.push(m.register as Register);

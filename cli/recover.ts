@@ -6,7 +6,8 @@
  * `hps.<job>.ctl.recover` like any NATS client would.
  */
 import type { Command } from 'commander';
-import { ConfigError, HetpsError, JSON_CONTENT_TYPE, connectTransport, controlSubject } from '../runtime/mod.ts';
+import { ConfigError, connectTransport } from '../runtime/mod.ts';
+import { sendControl } from './ctl.ts';
 import { loadConfig, natsConnection } from '../topology/mod.ts';
 import { natsServersFrom, withJobName } from './launch.ts';
 
@@ -28,17 +29,9 @@ export function register(program: Command): void {
       const conn = natsConnection(config);
       const transport = await connectTransport({ servers: natsServersFrom(flags.nats, config), name: 'hetps-recover', auth: conn.auth, tls: conn.tls });
       try {
-        let m;
-        try {
-          m = await transport.request(controlSubject(config.job.name, 'recover'), new TextEncoder().encode(JSON.stringify({ reason: flags.reason })),
-            { timeoutMs: 30_000, headers: { 'Content-Type': JSON_CONTENT_TYPE } });
-        } catch (e) {
-          throw new HetpsError(`no answer from the scheduler of job ${config.job.name} (${(e as Error).message}); is the job running on these NATS servers?`, { cause: e });
-        }
-        const reply = JSON.parse(new TextDecoder().decode(m.data)) as { type: string; result?: { groups_version: number; groups: { name: string; nodes: string[] }[] }; error?: { message: string } };
-        if (reply.type !== 'reply' || reply.result === undefined) throw new HetpsError(`recover refused: ${reply.error?.message ?? JSON.stringify(reply)}`);
-        if (flags.json) process.stdout.write(`${JSON.stringify(reply.result)}\n`);
-        else process.stdout.write(`recover: groups v${reply.result.groups_version}: ${reply.result.groups.map((g) => `${g.name} [${g.nodes.join(', ')}]`).join('; ')} re-form at their next window boundary (a fresh pull, then synchronous rounds)\n`);
+        const result = await sendControl(transport, config.job.name, 'recover', { reason: flags.reason }, 30_000) as { groups_version: number; groups: { name: string; nodes: string[] }[] };
+        if (flags.json) process.stdout.write(`${JSON.stringify(result)}\n`);
+        else process.stdout.write(`recover: groups v${result.groups_version}: ${result.groups.map((g) => `${g.name} [${g.nodes.join(', ')}]`).join('; ')} re-form at their next window boundary (a fresh pull, then synchronous rounds)\n`);
       } finally {
         await transport.close();
       }

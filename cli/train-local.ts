@@ -8,6 +8,7 @@
 import type { Command } from 'commander';
 import { performance } from 'node:perf_hooks';
 import { ConfigError } from '../runtime/errors.ts';
+import { ProgressLine } from './progress.ts';
 import { loadConfig } from '../topology/mod.ts';
 import { LocalTrainer, type EpochProgress, type Evaluation, type ExecutionProvider } from '../native-bridge/mod.ts';
 import { EMBEDDING_INIT_SCALE, dataSourceFromConfig, modelFromConfig, optimizersFromConfig } from '../actors/node/config-bridge.ts';
@@ -20,49 +21,11 @@ const EVAL_BATCH_MIN = 512;
 
 // ---------------------------------------------------------------- progress
 
-/** A redrawn bar on a TTY; otherwise (logs, CI) a plain line every quarter of the epoch or 10 s. */
-class ProgressReporter {
-  private lastDraw = 0;
-  private lastLineQuarter = 0;
-  private lastLineAt = 0;
-  private drawn = false;
-
-  constructor(private readonly out: NodeJS.WriteStream, private readonly tty: boolean, private readonly epochs: number) {}
-
-  update(p: EpochProgress, elapsedS: number): void {
-    const now = performance.now();
-    const fraction = p.totalSamples === 0 ? 1 : p.samples / p.totalSamples;
-    const rate = elapsedS > 0 ? p.samples / elapsedS : 0;
-    const head = `epoch ${p.epoch + 1}/${this.epochs}`;
-    const tail = `${p.samples}/${p.totalSamples} samples  loss ${p.meanLoss.toFixed(4)}  ${Math.round(rate)} samples/s`;
-    if (this.tty) {
-      if (now - this.lastDraw < 100 && p.batches < p.totalBatches) return;
-      this.lastDraw = now;
-      const width = 30;
-      const filled = Math.round(fraction * width);
-      this.out.write(`\r\x1b[2K${head} [${'#'.repeat(filled)}${'-'.repeat(width - filled)}] ${(fraction * 100).toFixed(0).padStart(3)}%  ${tail}`);
-      this.drawn = true;
-      return;
-    }
-    const quarter = Math.floor(fraction * 4);
-    if (p.batches === 1) { this.lastLineQuarter = 0; this.lastLineAt = now; }
-    if (quarter > this.lastLineQuarter || now - this.lastLineAt >= 10_000) {
-      this.lastLineQuarter = quarter;
-      this.lastLineAt = now;
-      this.out.write(`${head}: ${(fraction * 100).toFixed(0)}%  ${tail}\n`);
-    }
-  }
-
-  /** Clears the bar so the next line starts clean. */
-  clear(): void {
-    if (this.tty && this.drawn) this.out.write('\r\x1b[2K');
-    this.drawn = false;
-  }
-
-  note(line: string): void {
-    this.clear();
-    this.out.write(`${line}\n`);
-  }
+/** One epoch's progress as the bar's text. */
+function epochText(p: EpochProgress, epochs: number, elapsedS: number): string {
+  const rate = elapsedS > 0 ? p.samples / elapsedS : 0;
+  const pct = p.totalSamples === 0 ? 100 : Math.floor((100 * p.samples) / p.totalSamples);
+  return `epoch ${p.epoch + 1}/${epochs}: ${pct}%  ${p.samples}/${p.totalSamples} samples  loss ${p.meanLoss.toFixed(4)}  ${Math.round(rate)} samples/s`;
 }
 
 // ---------------------------------------------------------------- the command
@@ -111,7 +74,7 @@ export async function trainLocal(flags: TrainLocalFlags): Promise<TrainLocalResu
   const config = await loadConfig(flags.config);
   const epochs = epochsFlag ?? config.data.epochs;
   const human = flags.json ? process.stderr : process.stdout;
-  const progress = new ProgressReporter(process.stderr, Boolean(process.stderr.isTTY), epochs);
+  const progress = new ProgressLine(process.stderr, { plainEveryMs: 10_000 });
 
   const source = dataSourceFromConfig(config);
   const model = modelFromConfig(config, source);
@@ -133,7 +96,7 @@ export async function trainLocal(flags: TrainLocalFlags): Promise<TrainLocalResu
     const batchSize = config.data.batch_size;
     const evalBatch = Math.max(batchSize, EVAL_BATCH_MIN);
     const params = model.denseParams.reduce((n, p) => n + p.dims.reduce((a, b) => a * b, 1), 0);
-    progress.note(`train-local: ${model.family} on ${desc.name} (${desc.trainSize} train / ${desc.testSize} test samples), ${params} dense parameters, `
+    progress.line(`train-local: ${model.family} on ${desc.name} (${desc.trainSize} train / ${desc.testSize} test samples), ${params} dense parameters, `
       + `batch ${batchSize}, ${epochs} epoch${epochs === 1 ? '' : 's'}, ${denseOptimizer.config.type}${sparseOptimizer ? ` + ${sparseOptimizer.config.type} for rows` : ''}; one process, no NATS`);
 
     let samples = 0; let trainS = 0;
@@ -143,12 +106,12 @@ export async function trainLocal(flags: TrainLocalFlags): Promise<TrainLocalResu
       const e0 = performance.now();
       const summary = await trainer.trainEpoch(source, {
         epoch, batchSize, maxSamples,
-        onBatch: (p) => progress.update(p, (performance.now() - e0) / 1000),
+        onBatch: (p) => progress.update(epochText(p, epochs, (performance.now() - e0) / 1000), p.totalSamples === 0 ? 1 : p.samples / p.totalSamples),
       });
       const epochTrainS = (performance.now() - e0) / 1000;
       trainS += epochTrainS;
       samples += summary.samples;
-      progress.clear();
+      progress.end();
       const evaluation = await trainer.evaluate(source, evalBatch);
       const seconds = (performance.now() - e0) / 1000;
       history.push({

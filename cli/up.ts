@@ -6,6 +6,7 @@
  * and prints the result.
  */
 import type { Command } from 'commander';
+import { ProgressLine } from './progress.ts';
 import { z } from 'zod';
 import { readFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
@@ -45,6 +46,10 @@ export interface UpFlags {
   nats?: string;
   /** `latest` (the newest checkpoint under checkpoint.dir that verifies) or a checkpoint directory. */
   resume?: string;
+  /** The dashboard's and `/metrics`' port (monitoring.port); 0: off. */
+  monitorPort?: string;
+  /** The address they listen on (monitoring.host). */
+  monitorHost?: string;
 }
 
 const ctlScriptSchema = z.array(z.object({
@@ -56,31 +61,12 @@ const ctlScriptSchema = z.array(z.object({
 /** Test samples of the periodic evaluation unless --eval-samples says otherwise. */
 export const DEFAULT_EVAL_SAMPLES = 4096;
 
-/** Progress on stderr: a redrawn line on a terminal, a plain line every few seconds otherwise; other lines print above it. */
+/** Progress on stderr (cli/progress.ts): a bar on a terminal, plain lines otherwise; other lines print above it. */
 class Console implements JobPrinter {
-  private bar: string | null = null;
-  private lastLine = 0;
-  constructor(private readonly out: NodeJS.WriteStream = process.stderr) {}
-  private get tty(): boolean { return Boolean(this.out.isTTY); }
-  line(s: string): void {
-    if (this.tty && this.bar !== null) this.out.write('\r\x1b[2K');
-    this.out.write(`${s}\n`);
-    if (this.tty && this.bar !== null) this.out.write(this.bar);
-  }
-  progress(s: string, final = false): void {
-    if (this.tty) {
-      this.bar = s;
-      this.out.write(`\r\x1b[2K${s}`);
-      if (final) { this.out.write('\n'); this.bar = null; }
-      return;
-    }
-    const now = performance.now();
-    if (final || now - this.lastLine >= 5_000) { this.lastLine = now; this.out.write(`${s}\n`); }
-  }
-  end(): void {
-    if (this.tty && this.bar !== null) this.out.write('\n');
-    this.bar = null;
-  }
+  private readonly bar = new ProgressLine(process.stderr);
+  line(s: string): void { this.bar.line(s); }
+  progress(s: string, fraction: number | null = null): void { this.bar.update(s, fraction); }
+  end(): void { this.bar.end(); }
 }
 
 async function readCtlScript(file: string): Promise<ControlCommand[]> {
@@ -94,6 +80,12 @@ export async function runUp(flags: UpFlags): Promise<UpSummary | null> {
   const configPath = resolve(flags.config);
   let config = withJobName(await loadConfig(configPath), flags.job);
   if (flags.nats !== undefined) config = { ...config, nats: { ...config.nats, servers: natsServersFrom(flags.nats, config) } };
+  if (flags.monitorPort !== undefined) {
+    const port = Number(flags.monitorPort);
+    if (!Number.isInteger(port) || port < 0 || port > 65535) throw new ConfigError(`--monitor-port must be a port number from 0 (off) to 65535, got ${flags.monitorPort}`, { data: { field: '--monitor-port' } });
+    config = { ...config, monitoring: { ...config.monitoring, port } };
+  }
+  if (flags.monitorHost !== undefined) config = { ...config, monitoring: { ...config.monitoring, host: flags.monitorHost } };
   const evalEveryS = flags.evalEvery === undefined ? 0 : Number(flags.evalEvery);
   if (!(evalEveryS >= 0)) throw new ConfigError(`--eval-every must be a number of seconds ≥ 0, got ${flags.evalEvery}`, { data: { field: '--eval-every' } });
   const evalSamples = flags.evalSamples === undefined ? DEFAULT_EVAL_SAMPLES : Number(flags.evalSamples);
@@ -136,6 +128,8 @@ export function register(program: Command): void {
     .option('--ctl-script <file>', 'JSON [{ after_batches, command, body }]: control commands the driver sends as a JSON NATS client during training (tests, demos); replies in the summary')
     .option('--standby', 'a standby driver: start no cluster and no nodes, wait on the job\'s scheduler lease and take the job over if its driver dies (needs --nats or nats.servers)', false)
     .option('--nats <urls>', 'NATS URLs, comma-separated, instead of nats.servers')
+    .option('--monitor-port <port>', 'serve the dashboard and /metrics on this port (default monitoring.port, 8888); 0: off')
+    .option('--monitor-host <address>', 'the address they listen on (default monitoring.host, 127.0.0.1: the page\'s buttons steer the job; 0.0.0.0 for every interface)')
     .option('--resume <latest|dir>', 'start from a checkpoint: latest (the newest under checkpoint.dir that verifies; newer ones that do not are refused by name) or a checkpoint directory; the shards are restored and only the batches not done are queued')
     .action(async (flags: UpFlags) => {
       let s: UpSummary | null;

@@ -16,8 +16,8 @@ import type { CpuProcess } from './process-cpu.ts';
 /** Where a job run prints: the command line implements it (a progress line that other lines print above). */
 export interface JobPrinter {
   line(s: string): void;
-  /** The progress line, redrawn; `final` ends it. */
-  progress(s: string, final?: boolean): void;
+  /** The progress line, redrawn; `fraction` of the work done in [0, 1] (null: unknown). */
+  progress(s: string, fraction?: number | null): void;
   /** Ends the progress line, if one is showing. */
   end(): void;
 }

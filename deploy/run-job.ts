@@ -45,6 +45,7 @@ import { DEFAULT_NODE_WAIT_MS, modelAndData } from '../actors/node/nodes.ts';
 import { RegroupController, type RegroupRecord } from '../actors/scheduler/regroup.ts';
 import { startControlPlane, type ControlPlane } from '../actors/scheduler/control-plane.ts';
 import { createMonitorActor } from '../actors/monitor/monitor.actor.ts';
+import { TELEMETRY_LOG } from '../actors/monitor/monitor-http.ts';
 import { LeaseStandby, leaseBucketName, type LeaseHolder, type TakeoverRecord } from '../actors/scheduler/lease.ts';
 import { ShardFailover, createFailoverActor, type FailoverRecord, type ReplicaRecord } from '../actors/scheduler/failover.ts';
 import { checkIntegrity, type IntegrityReport } from '../actors/scheduler/integrity.ts';
@@ -397,7 +398,7 @@ async function supervise(
   let cpu: CpuReport | null = null;
   const report = await monitor.supervise({
     queue: backend.queue, prepared,
-    onProgress: (p) => { out.progress(progressText(p, config.training.mode)); control.onProgress(p.batches_acked); },
+    onProgress: (p) => { out.progress(progressText(p, config.training.mode), p.total_batches > 0 ? p.batches_acked / p.total_batches : null); control.onProgress(p.batches_acked); },
     check,
     ...(evaluator ? { evaluation: { everyMs: evalEveryS * 1000, run: () => evaluator.evaluate() } } : {}),
     // Emulated nodes step at reference / speed: their busy time while their telemetry does not report one.
@@ -701,6 +702,11 @@ function summaryOf(ctx: RunContext, c: Conducted, o: {
   };
 }
 
+/** Where the monitor serves the dashboard and `/metrics` (monitoring.enabled, monitoring.port; 0: off). */
+function monitorHttpOf(config: HetpsConfig): { port: number; host: string } | null {
+  return config.monitoring.enabled && config.monitoring.port > 0 ? { port: config.monitoring.port, host: config.monitoring.host } : null;
+}
+
 /** What the lease says of this driver for `check`: a deposed scheduler must stop supervising. */
 function leaseCheck(lease: LeaseHolder | null): string | null {
   return lease?.lost ? lease.lost.message : null;
@@ -771,6 +777,8 @@ export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSumma
       policy: { heartbeatMs: config.fault_tolerance.heartbeat_ms, deadAfterMs: config.fault_tolerance.dead_after_ms }, log,
       onShutdown: (reason) => { shutdownRequested = reason; },
       nats: servers === null ? null : { servers, ...natsAuthOf(config) },
+      http: monitorHttpOf(config), onServing: (url) => ctx.out.line(`dashboard: ${url}  (metrics: ${url}metrics)`),
+      telemetryLog: join(ctx.runDir, TELEMETRY_LOG),
     });
     const p = plane;
     backend.onNodeExit((node, how) => p.nodeExited(node, how));
@@ -904,6 +912,8 @@ export async function runStandby(o: StandbyRunOptions, out: JobPrinter): Promise
       policy: { heartbeatMs: config.fault_tolerance.heartbeat_ms, deadAfterMs: config.fault_tolerance.dead_after_ms }, log,
       onShutdown: (reason) => { shutdownRequested = reason; },
       nats: { servers, ...natsAuthOf(config) }, monitor: monitorDef,
+      http: monitorHttpOf(config), onServing: (url) => out.line(`dashboard: ${url}  (metrics: ${url}metrics)`),
+      telemetryLog: join(runDir, TELEMETRY_LOG),
     });
     const pending = await backend.queue.pending().catch(() => null);
     out.line(`run ${info.run_id} (${info.mode}): ${pending ?? '?'} of ${info.total_batches} batches not acknowledged yet; `

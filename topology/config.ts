@@ -498,7 +498,10 @@ const configSchema = section({
   }).prefault({}),
   monitoring: section({
     enabled: bool().default(true),
+    /** The dashboard's and `/metrics`' port; 0: off. */
     port: z.number({ error: mustBe('a port number from 0 to 65535') }).int().min(0).max(65535).default(8888),
+    /** The address they listen on: this machine only by default (the dashboard's buttons steer the job). */
+    host: z.string({ error: mustBe('an address, e.g. 127.0.0.1 or 0.0.0.0') }).min(1).default('127.0.0.1'),
   }).prefault({}),
   server: section({
     use_gpu: bool().default(false),
@@ -597,8 +600,6 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   { path: 'load_balancing.sustain_seconds', when: () => true, instead: 'shards stay where the initial plan put them' },
   { path: 'server.use_gpu', when: (c) => c.server.use_gpu, instead: 'server-side optimizers run on the CPU' },
   { path: 'server.gpu_id', when: () => true, instead: 'server-side optimizers run on the CPU' },
-  { path: 'monitoring.enabled', when: (c) => c.monitoring.enabled, instead: 'no dashboard' },
-  { path: 'monitoring.port', when: () => true, instead: 'no dashboard' },
 ];
 
 /**

@@ -6,11 +6,11 @@
  * resuming). Its mailbox answers `figures` and `events`, which `ctl.status`
  * reads; the dashboard and `/metrics` will read the same.
  */
-import { decode, telemetryWildcard, type ActorDefinition, type Clock, type Logger, type Transport } from '../../runtime/mod.ts';
-import { healthVerdictSchema } from '../health/health.messages.ts';
+import type { ActorDefinition, Clock, Logger, Transport } from '../../runtime/mod.ts';
+import { healthVerdictSchema, type HealthVerdictMessage } from '../health/health.messages.ts';
 import { HEALTH_TELEMETRY_KIND } from '../health/health.actor.ts';
 import { subscribeTelemetry } from './telemetry.ts';
-import { monitorMessages, subscribeEvents, type JobEvent, type MonitorMessages } from './monitor.messages.ts';
+import { monitorMessages, subscribeEvents, subscribeValidated, type JobEvent, type MonitorMessages } from './monitor.messages.ts';
 import { TrainingMonitor, type LiveFigures } from './training-monitor.ts';
 
 export const MONITOR_ACTOR_ID = 'main';
@@ -23,6 +23,11 @@ export type MonitorActorDefinition = ActorDefinition<MonitorMessages> & {
   figures(): LiveFigures;
   events(limit?: number): JobEvent[];
 };
+
+/** The health actor's verdicts (`tel.health.<node>`), validated; malformed ones are skipped. */
+export function subscribeVerdicts(transport: Transport, job: string, on: (v: HealthVerdictMessage) => void): () => void {
+  return subscribeValidated(transport, job, HEALTH_TELEMETRY_KIND, healthVerdictSchema, on);
+}
 
 export function createMonitorActor(o: { transport: Transport; job: string; clock: Clock; log: Logger }): MonitorActorDefinition {
   // Subscribed from construction: nodes may report before the job exists.
@@ -42,13 +47,7 @@ export function createMonitorActor(o: { transport: Transport; job: string; clock
       }),
     }),
   ];
-  const healthSub = o.transport.subscribe(telemetryWildcard(o.job, HEALTH_TELEMETRY_KIND), (m) => {
-    let v: unknown;
-    try { v = decode(m.data); } catch { return; }
-    const r = healthVerdictSchema.safeParse(v);
-    if (r.success) add({ at_ms: r.data.since_ms, kind: 'health', node: r.data.node, text: `${r.data.role} ${r.data.node} ${r.data.state}: ${r.data.reason}` });
-  });
-  unsubs.push(() => healthSub.unsubscribe());
+  unsubs.push(subscribeVerdicts(o.transport, o.job, (v) => add({ at_ms: v.since_ms, kind: 'health', node: v.node, text: `${v.role} ${v.node} ${v.state}: ${v.reason}` })));
   const figures = () => training.liveFigures(total);
   const events = (limit = 50) => tail.slice(-limit);
   return {

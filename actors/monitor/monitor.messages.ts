@@ -35,12 +35,17 @@ export function publishEvent(transport: Transport, job: string, source: string, 
   }
 }
 
-export function subscribeEvents(transport: Transport, job: string, on: (e: JobEvent) => void): () => void {
-  const sub = transport.subscribe(telemetryWildcard(job, EVENT_TELEMETRY_KIND), (m) => {
+/** Telemetry of one kind, decoded and validated by `schema`; a message that is not msgpack or does not validate is skipped. */
+export function subscribeValidated<T>(transport: Transport, job: string, kind: string, schema: z.ZodType<T>, on: (v: T) => void): () => void {
+  const sub = transport.subscribe(telemetryWildcard(job, kind), (m) => {
     let v: unknown;
     try { v = decode(m.data); } catch { return; }
-    const r = jobEventSchema.safeParse(v);
+    const r = schema.safeParse(v);
     if (r.success) on(r.data);
   });
   return () => sub.unsubscribe();
+}
+
+export function subscribeEvents(transport: Transport, job: string, on: (e: JobEvent) => void): () => void {
+  return subscribeValidated(transport, job, EVENT_TELEMETRY_KIND, jobEventSchema, on);
 }

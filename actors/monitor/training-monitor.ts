@@ -101,8 +101,11 @@ export interface TrainingReport {
 export interface LiveFigures {
   progress: { samples: number; batches_acked: number; batches_total: number | null; samples_per_s: number; loss: number | null; elapsed_s: number };
   /** Per worker that reported anything: `loop` is how its training loop ended (null while it runs). */
-  workers: Record<string, { steps: number; samples: number; samples_per_s: number; loop: string | null }>;
+  workers: Record<string, { steps: number; samples: number; samples_per_s: number; loop: string | null; utilisation: number | null }>;
 }
+
+/** One periodic evaluation as it completes. */
+export interface EvaluationPoint { samples: number; logloss: number; auc: number | null; accuracy: number | null }
 
 export interface PeriodicEvaluation {
   /** Between evaluation starts; one also runs as training starts and one when it has ended. */
@@ -165,6 +168,7 @@ export class TrainingMonitor {
   private readonly done = new Map<string, string>();
   /** When the first worker loop started and the last batch was acknowledged (monotonic ms), for the throughput. */
   private firstStart: number | null = null;
+  private readonly evaluationListeners: ((e: EvaluationPoint) => void)[] = [];
   /** When the run's first training step began (clock.monotonic, from the workers' progress telemetry); null before any. */
   private firstStep: number | null = null;
   private lastAck: number | null = null;
@@ -237,6 +241,12 @@ export class TrainingMonitor {
   /** The ids of the batches whose acknowledgement was reported (confirmed by the queue). */
   ackedBatches(): Set<string> { return new Set(this.acks.keys()); }
 
+  /** Calls `f` with each periodic evaluation as it completes (the dashboard's test loss line, `/metrics`). */
+  onEvaluation(f: (e: EvaluationPoint) => void): () => void {
+    this.evaluationListeners.push(f);
+    return () => { const i = this.evaluationListeners.indexOf(f); if (i >= 0) this.evaluationListeners.splice(i, 1); };
+  }
+
   liveFigures(totalBatches: number | null, lossWindow = 50): LiveFigures {
     let samples = 0;
     for (const t of this.batchTelemetry) samples += t.samples;
@@ -247,7 +257,10 @@ export class TrainingMonitor {
     const elapsedS = this.firstStart === null ? 0 : Math.max(0, end - this.firstStart) / 1000;
     const workers: LiveFigures['workers'] = {};
     for (const [node, a] of this.activity) {
-      workers[node] = { steps: a.steps, samples: a.samples, samples_per_s: this.latestRate.get(node) ?? 0, loop: this.done.get(node) ?? null };
+      workers[node] = {
+        steps: a.steps, samples: a.samples, samples_per_s: this.latestRate.get(node) ?? 0, loop: this.done.get(node) ?? null,
+        utilisation: a.stepMs === null || elapsedS <= 0 ? null : Math.min(1, a.stepMs / 1000 / elapsedS),
+      };
     }
     return {
       progress: {
@@ -308,7 +321,10 @@ export class TrainingMonitor {
       const samplesAt = samples;
       lastEvalAt = at;
       const p = o.evaluation!.run().then(
-        (e) => { evaluated.push({ at, samples: samplesAt, e }); },
+        (e) => {
+          evaluated.push({ at, samples: samplesAt, e });
+          for (const f of this.evaluationListeners) f({ samples: samplesAt, logloss: e.logloss, auc: e.kind === 'ctr' ? e.auc : null, accuracy: e.kind === 'mlp' ? e.accuracy : null });
+        },
         (e: unknown) => { log.warn({ err: (e as Error).message }, 'periodic evaluation failed; training goes on'); },
       ).finally(() => { evalInFlight = null; });
       evalInFlight = p;

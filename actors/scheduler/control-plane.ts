@@ -20,11 +20,16 @@ import { HeartbeatPublisher, ThreadedHeartbeat } from '../health/heartbeat.ts';
 import { HEALTH_ACTOR_ID } from '../health/health.actor.ts';
 import { createMonitorActor, type MonitorActorDefinition } from '../monitor/monitor.actor.ts';
 import { createSchedulerActor, type SchedulerActorDefinition } from './scheduler.actor.ts';
+import { JobWatch, MonitorServer } from '../monitor/monitor-http.ts';
 
 export interface ControlPlane {
   health: HealthActorDefinition;
   monitor: MonitorActorDefinition;
   scheduler: SchedulerActorDefinition;
+  /** Snapshots of the job every second: the dashboard's, `/metrics`' and the run's telemetry log. */
+  watch: JobWatch;
+  /** The dashboard and `/metrics` (monitoring.port); null when off or when the port could not be had. */
+  server: MonitorServer | null;
   /** A node process exited (seen by its parent): dead at once. */
   nodeExited(node: string, how: string): void;
   stop(): Promise<void>;
@@ -36,6 +41,12 @@ export async function startControlPlane(system: ActorSystem, o: {
   nats: { servers: string[]; auth: NatsAuth | null; tls: NatsTls | null } | null;
   /** A monitor made (and listening) before now, not spawned yet; absent: a new one. */
   monitor?: MonitorActorDefinition | null;
+  /** Where the monitor serves the dashboard and `/metrics`; null or absent: nowhere. */
+  http?: { port: number; host: string } | null;
+  /** Told the dashboard's URL once it listens. */
+  onServing?: (url: string) => void;
+  /** Append every snapshot to this file (`<run dir>/telemetry.jsonl`, for `hetps report`); null or absent: kept in memory only. */
+  telemetryLog?: string | null;
 }): Promise<ControlPlane> {
   const health = createHealthActor({ policy: o.policy });
   const monitor = o.monitor ?? createMonitorActor({ transport: system.transport, job: system.job, clock: system.clock, log: o.log });
@@ -46,15 +57,29 @@ export async function startControlPlane(system: ActorSystem, o: {
   const heartbeat = o.nats !== null
     ? new ThreadedHeartbeat({ ...beat, ...o.nats })
     : new HeartbeatPublisher({ ...beat, transport: system.transport }).start();
+  const watch = new JobWatch({ job: system.job, transport: system.transport, monitor, recordTo: o.telemetryLog ?? null });
+  let server: MonitorServer | null = null;
+  if (o.http) {
+    try {
+      server = await MonitorServer.start({ port: o.http.port, host: o.http.host, job: system.job, transport: system.transport, watch, log: o.log });
+      o.onServing?.(server.url);
+    } catch (e) {
+      o.log.warn({ port: o.http.port, err: (e as Error).message },
+        `no dashboard: cannot listen on ${o.http.host}:${o.http.port} (${(e as Error).message}); give another port with --monitor-port N (0: off), or monitoring.port`);
+    }
+  }
   let stopped = false;
   return {
-    health, monitor, scheduler,
+    health, monitor, scheduler, watch, server,
     nodeExited(node, how) {
       void system.ref('health', HEALTH_ACTOR_ID).request('exited', { node, how }).catch(() => undefined);
     },
     async stop() {
       if (stopped) return;
       stopped = true;
+      // The page keeps its last state: the stream says the job ended before the server goes.
+      await watch.end().catch(() => undefined);
+      await server?.close().catch(() => undefined);
       await heartbeat.stop(true);
       // The scheduler first: no command may start while the rest goes away.
       for (const a of [...actors].reverse()) await system.despawn(a).catch(() => undefined);

@@ -47,6 +47,8 @@ export interface JobStatus {
   groups: { name: string; sync_mode: string; members: { node: string; state: NodeStatusState }[] }[];
   workers: {
     node: string; group: string | null; state: NodeStatusState; health: string | null; steps: number; samples: number; samples_per_s: number;
+    /** Time in (emulated) steps over training time so far; null before its first batch. */
+    utilisation: number | null;
     last_heartbeat_ms: number | null;
   }[];
   shards: {

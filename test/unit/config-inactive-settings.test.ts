@@ -15,6 +15,7 @@ const NOT_ACTIVE = [
   'training.sync_initial_params',
   'training.eval_every',
   'training.staleness_tolerance',
+  'training.group_lr_scaling',
   'training.max_staleness',
   'communication.backend',
   'communication.compression',
@@ -25,8 +26,6 @@ const NOT_ACTIVE = [
   'load_balancing.sustain_seconds',
   'server.use_gpu',
   'server.gpu_id',
-  'monitoring.enabled',
-  'monitoring.port',
 ];
 
 const CLUSTER = SMALL_CLUSTER;
@@ -36,6 +35,7 @@ const EVERYTHING = (mode: string) => `${CLUSTER}training:
   mode: ${mode}
   sync_initial_params: false
   eval_every: 10
+  group_lr_scaling: sqrt
 ${mode === 'bsp' ? '' : '  max_staleness: 4\n  staleness_tolerance: 2\n'}communication: { backend: nccl, compression: fp16, compression_threshold: 0.3 }
 fault_tolerance:
   worker_recovery_timeout: 5
@@ -70,7 +70,7 @@ describe('inactiveSettings', () => {
 
   test('hps enforces max_staleness and staleness_tolerance: not listed there', () => {
     const listed = inactiveSettings(parseConfig(EVERYTHING('hps'), FILE)).map(pathOf);
-    assert.deepEqual(listed, NOT_ACTIVE.filter((p) => p !== 'training.max_staleness' && p !== 'training.staleness_tolerance' && p !== 'fault_tolerance.worker_recovery_timeout'));
+    assert.deepEqual(listed, NOT_ACTIVE.filter((p) => p !== 'training.max_staleness' && p !== 'training.staleness_tolerance' && p !== 'fault_tolerance.worker_recovery_timeout' && p !== 'training.group_lr_scaling'));
   });
 
   test('worker_recovery_timeout is active in hps only (the groups\' wait for a silent member); ack_wait_ms in every mode', () => {
