@@ -28,6 +28,13 @@ test('hetps up --embedded (bsp) runs the shards and workers in one process and w
   assert.match(r.stdout, /done \(bsp over embedded\)/);
   const inRunDir = JSON.parse(await readFile(join(s.run_dir as string, 'summary.json'), 'utf8')) as Record<string, unknown>;
   assert.equal(inRunDir.run_id, s.run_id, 'the summary is also written to the run dir');
+  // The training loss of the last batches, each scored before its update: a held-out estimate with one epoch.
+  assert.ok(typeof s.final_train_loss === 'number' && s.final_train_loss > 0 && s.final_train_loss < 0.7, `final_train_loss ${String(s.final_train_loss)}`);
+  // The monitor's telemetry log (hetps report reads it): a snapshot a second, the last one marked ended.
+  const snaps = (await readFile(join(s.run_dir as string, 'telemetry.jsonl'), 'utf8')).trim().split('\n').map((l) => JSON.parse(l) as { ended: boolean; job: string });
+  assert.ok(snaps.length >= 1);
+  assert.equal(snaps.at(-1)!.ended, true);
+  assert.equal(snaps[0]!.job, 'embbsp');
 });
 
 test('without a nats-server binary hetps up falls back to the embedded bus and warns', { timeout: 60_000 }, async () => {
