@@ -51,7 +51,8 @@ export async function lineChartSvg(o: LineChartOptions): Promise<string> {
         x: { field: 'x', type: 'quantitative' },
         y: { field: 'lo', type: 'quantitative', scale: yScale },
         y2: { field: 'hi' },
-        color: { field: 'series', type: 'nominal', scale: colorScale, legend: null },
+        // The same colour scale as the lines: Vega-Lite merges the two into the lines' legend.
+        color: { field: 'series', type: 'nominal', scale: colorScale },
       },
     });
   }
