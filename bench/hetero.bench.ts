@@ -75,7 +75,7 @@
  *            --collect DIR: aggregate the runs an earlier invocation left in DIR (e.g. one stopped after a workload)
  */
 import { spawn } from 'node:child_process';
-import { createWriteStream, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { createWriteStream, mkdirSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { availableParallelism, cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -222,7 +222,6 @@ const COLLECT = option('--collect');
 let runCounter = 0;
 async function hetpsUp(tag: string, yaml: string, dir: string): Promise<UpSummary> {
   if (COLLECT !== null) {
-    const { readdirSync } = await import('node:fs');
     const file = readdirSync(COLLECT).find((f) => f.endsWith(`-${tag}-summary.json`));
     if (file === undefined) throw new Error(`--collect ${COLLECT}: run ${tag} is not there (the invocation stopped before it)`);
     const head = readFileSync(join(COLLECT, file.replace(/-summary\.json$/, '.yaml')), 'utf8').split('\n')[0];

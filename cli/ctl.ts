@@ -17,8 +17,9 @@
  */
 import type { Command } from 'commander';
 import {
-  ConfigError, HetpsError, JSON_CONTENT_TYPE, connectTransport, controlSubject, decode, jobPrefix, telemetryWildcard, token, type Transport,
+  ConfigError, HetpsError, connectTransport, decode, jobPrefix, telemetryWildcard, token, type Transport,
 } from '../runtime/mod.ts';
+import { requestControl } from '../actors/scheduler/scheduler.messages.ts';
 import { loadConfig, natsConnection, type HetpsConfig } from '../topology/mod.ts';
 import { natsServersFrom, withJobName } from './launch.ts';
 
@@ -41,14 +42,12 @@ export async function connectToJob(flags: ConnectFlags, name: string): Promise<{
 
 /** A control command as a JSON NATS client sends it; the reply's result, or a HetpsError with the job's error message. */
 export async function sendControl(transport: Transport, job: string, command: string, fields: unknown, timeoutMs = 60_000): Promise<unknown> {
-  let m;
+  let reply;
   try {
-    m = await transport.request(controlSubject(job, command), new TextEncoder().encode(JSON.stringify(fields ?? {})),
-      { timeoutMs, headers: { 'Content-Type': JSON_CONTENT_TYPE } });
+    reply = await requestControl(transport, job, command, fields, timeoutMs);
   } catch (e) {
     throw new HetpsError(`no answer to ctl.${command} from the scheduler of job ${job} (${(e as Error).message}); is the job running on these NATS servers, under this name?`, { cause: e });
   }
-  const reply = JSON.parse(new TextDecoder().decode(m.data)) as { type: string; result?: unknown; error?: { message: string } };
   if (reply.type !== 'reply' || reply.result === undefined) throw new HetpsError(`ctl.${command} refused: ${reply.error?.message ?? JSON.stringify(reply)}`);
   return reply.result;
 }

@@ -10,7 +10,6 @@ import { ProgressLine } from './progress.ts';
 import { z } from 'zod';
 import { readFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
-import { performance } from 'node:perf_hooks';
 import { ConfigError, HetpsError } from '../runtime/mod.ts';
 import { loadConfig } from '../topology/mod.ts';
 import type { JobPrinter } from '../deploy/job-backend.ts';

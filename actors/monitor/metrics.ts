@@ -11,7 +11,7 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { Transport } from '../../runtime/mod.ts';
 import type { HealthVerdictMessage } from '../health/health.messages.ts';
-import type { JobStatus } from '../scheduler/scheduler.messages.ts';
+import { requestControl, type JobStatus } from '../scheduler/scheduler.messages.ts';
 import type { JobEvent } from './monitor.messages.ts';
 import type { BatchTelemetry, ProgressTelemetry } from './telemetry.ts';
 
@@ -173,10 +173,9 @@ export function groupProgress(s: Pick<JobStatus, 'groups' | 'workers'>): Record<
 }
 
 /** The monitor's status request, as any NATS client sends it (JSON over `hps.<job>.ctl.status`). */
-export function statusOverControl(transport: Transport, subject: string, timeoutMs = 2_000): () => Promise<JobStatus | null> {
+export function statusOverControl(transport: Transport, job: string, timeoutMs = 2_000): () => Promise<JobStatus | null> {
   return async () => {
-    const m = await transport.request(subject, new TextEncoder().encode('{"events":30}'), { timeoutMs, headers: { 'Content-Type': 'application/json' } });
-    const reply = JSON.parse(new TextDecoder().decode(m.data)) as { type: string; result?: JobStatus };
-    return reply.type === 'reply' && reply.result !== undefined ? reply.result : null;
+    const reply = await requestControl(transport, job, 'status', { events: 30 }, timeoutMs);
+    return reply.type === 'reply' && reply.result !== undefined ? reply.result as JobStatus : null;
   };
 }

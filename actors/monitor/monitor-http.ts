@@ -24,8 +24,8 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { JSON_CONTENT_TYPE, controlSubject, type Logger, type Transport } from '../../runtime/mod.ts';
-import type { JobStatus } from '../scheduler/scheduler.messages.ts';
+import type { Logger, Transport } from '../../runtime/mod.ts';
+import { requestControl, type JobStatus } from '../scheduler/scheduler.messages.ts';
 import { JobMetrics, STALENESS_BUCKETS, groupProgress, statusOverControl } from './metrics.ts';
 import { subscribeVerdicts, type MonitorActorDefinition } from './monitor.actor.ts';
 import { subscribeEvents } from './monitor.messages.ts';
@@ -98,8 +98,9 @@ export class JobWatch {
   private ticking: Promise<void> | null = null;
 
   constructor(private readonly o: { job: string; transport: Transport; monitor: MonitorActorDefinition; recordTo?: string | null; everyMs?: number }) {
-    this.status = statusOverControl(o.transport, controlSubject(o.job, 'status'));
-    this.metrics = new JobMetrics({ status: this.status });
+    this.status = statusOverControl(o.transport, o.job);
+    // A scrape reads the status of the latest snapshot (at most a second old): no request of its own.
+    this.metrics = new JobMetrics({ status: async () => this.latest?.status ?? null });
     this.unsubs.push(subscribeTelemetry(o.transport, o.job, {
       batch: (t) => this.metrics.batch(t),
       progress: (t) => { this.metrics.progress(t); this.wire.set(t.node, { out: t.bytes_out, in: t.bytes_in }); },
@@ -262,9 +263,7 @@ export class MonitorServer {
     }
     this.o.log.info({ command, from: 'dashboard', remote: req.socket.remoteAddress }, `dashboard: ctl.${command}`);
     try {
-      const m = await this.o.transport.request(controlSubject(this.o.job, command), new TextEncoder().encode(JSON.stringify(fields)),
-        { timeoutMs: 60_000, headers: { 'Content-Type': JSON_CONTENT_TYPE } });
-      this.json(res, 200, JSON.parse(new TextDecoder().decode(m.data)));
+      this.json(res, 200, await requestControl(this.o.transport, this.o.job, command, fields, 60_000));
     } catch (e) {
       this.json(res, 502, { error: `no answer from the job's scheduler: ${(e as Error).message}` });
     }

@@ -7,6 +7,7 @@
  */
 import { isAbsolute } from 'node:path';
 import { z } from 'zod';
+import { JSON_CONTENT_TYPE, controlSubject, type Transport } from '../../runtime/mod.ts';
 import { regroupRequestSchema } from './regroup.ts';
 
 export const schedulerMessages = {
@@ -60,4 +61,14 @@ export interface JobStatus {
   progress: { samples: number; batches_acked: number; batches_total: number | null; samples_per_s: number; loss: number | null };
   regroups: unknown[];
   events: { at_ms: number; kind: string; node: string | null; text: string }[];
+}
+
+/** What a JSON caller gets back from `hps.<job>.ctl.<command>`: the result, or the error the scheduler refused with. */
+export interface ControlReply { type: string; result?: unknown; error?: { message: string } }
+
+/** A control command as any JSON NATS client sends it (the dashboard, `hetps ctl`, the monitor's status); the reply as it came. */
+export async function requestControl(transport: Transport, job: string, command: string, fields: unknown, timeoutMs: number): Promise<ControlReply> {
+  const m = await transport.request(controlSubject(job, command), new TextEncoder().encode(JSON.stringify(fields ?? {})),
+    { timeoutMs, headers: { 'Content-Type': JSON_CONTENT_TYPE } });
+  return JSON.parse(new TextDecoder().decode(m.data)) as ControlReply;
 }
