@@ -20,13 +20,13 @@ import {
   ConfigError, HetpsError, connectTransport, decode, jobPrefix, telemetryWildcard, token, type Transport,
 } from '../runtime/mod.ts';
 import { requestControl } from '../actors/scheduler/scheduler.messages.ts';
-import { loadConfig, natsConnection, type HetpsConfig } from '../topology/mod.ts';
+import { loadConfig, natsConnection, natsConnectionAs, readRoleFile, roleAuth, type HetpsConfig, type Role } from '../topology/mod.ts';
 import { natsServersFrom, withJobName } from './launch.ts';
 
-interface ConnectFlags { config?: string; nats?: string; job?: string }
+interface ConnectFlags { config?: string; nats?: string; job?: string; auth?: string }
 
 /** The job's name and a connection to its NATS cluster, from --config and/or --nats and --job. */
-export async function connectToJob(flags: ConnectFlags, name: string): Promise<{ job: string; transport: Transport }> {
+export async function connectToJob(flags: ConnectFlags, name: string, role: Role = 'operator'): Promise<{ job: string; transport: Transport }> {
   let config: HetpsConfig | null = null;
   if (flags.config !== undefined) config = withJobName(await loadConfig(flags.config), flags.job);
   const job = config?.job.name ?? (flags.job !== undefined ? token(flags.job, '--job') : null);
@@ -35,7 +35,10 @@ export async function connectToJob(flags: ConnectFlags, name: string): Promise<{
   if (config !== null) servers = natsServersFrom(flags.nats, config);
   else if (flags.nats !== undefined) servers = flags.nats.split(',').map((s) => s.trim()).filter(Boolean);
   else throw new ConfigError(`hetps ${name} needs NATS: give --nats URL[,URL…] or --config FILE with nats.servers (\`hetps up\` prints "NATS cluster up: …")`, { data: { field: '--nats' } });
-  const conn = config !== null ? natsConnection(config) : { auth: null, tls: null };
+  // --auth: a role's credentials file; else, with nats.secure in the config, this command's role from nats.auth_dir.
+  const conn = flags.auth !== undefined
+    ? { auth: roleAuth(readRoleFile(flags.auth)), tls: config !== null ? natsConnection(config).tls : null }
+    : config !== null ? natsConnectionAs(config, role) : { auth: null, tls: null };
   const transport = await connectTransport({ servers, name: `hetps-${name}`, auth: conn.auth, tls: conn.tls });
   return { job, transport };
 }
@@ -126,6 +129,7 @@ export function register(program: Command): void {
     .option('--config <file>', 'the job\'s config (its job name and NATS servers)')
     .option('--nats <urls>', 'NATS URLs, comma-separated (instead of, or over, nats.servers)')
     .option('--job <name>', 'job name (default: job.name of the config)')
+    .option('--auth <file>', 'access control: log in with this role\'s credentials (<dir>/auth/<role>.json of `hetps nats up --secure`; default with nats.secure: the operator role of nats.auth_dir)')
     .option('--timeout <seconds>', 'how long to wait for the reply', '60')
     .option('--json', 'print the reply\'s result as JSON', false)
     .action(async (command: string, json: string | undefined, flags: ConnectFlags & { json: boolean; timeout: string }) => {
@@ -152,12 +156,13 @@ export function register(program: Command): void {
     .option('--config <file>', 'the job\'s config (its job name and NATS servers)')
     .option('--nats <urls>', 'NATS URLs, comma-separated (instead of, or over, nats.servers)')
     .option('--job <name>', 'job name (default: job.name of the config)')
+    .option('--auth <file>', 'access control: log in with this role\'s credentials (<dir>/auth/<role>.json of `hetps nats up --secure`; default with nats.secure: the monitor role of nats.auth_dir)')
     .option('--every <seconds>', 'refresh interval', '1')
     .option('--once', 'print one screen and exit', false)
     .action(async (flags: ConnectFlags & { every: string; once: boolean }) => {
       const everyS = Number(flags.every);
       if (!(everyS > 0)) throw new ConfigError(`--every must be a positive number of seconds, got ${flags.every}`, { data: { field: '--every' } });
-      const { job, transport } = await connectToJob(flags, 'top');
+      const { job, transport } = await connectToJob(flags, 'top', 'monitor');
       const tty = Boolean(process.stdout.isTTY) && !flags.once;
       const { createLogUpdate } = await import('log-update');
       const draw = tty ? createLogUpdate(process.stdout) : (s: string) => process.stdout.write(`${s}\n\n`);
@@ -192,12 +197,13 @@ export function register(program: Command): void {
     .option('--config <file>', 'the job\'s config (its job name and NATS servers)')
     .option('--nats <urls>', 'NATS URLs, comma-separated (instead of, or over, nats.servers)')
     .option('--job <name>', 'job name (default: job.name of the config)')
+    .option('--auth <file>', 'access control: log in with this role\'s credentials (<dir>/auth/<role>.json of `hetps nats up --secure`; default with nats.secure: the monitor role of nats.auth_dir)')
     .option('--json', 'one JSON object per line: { subject, kind, source, at, data }', false)
     .option('--count <n>', 'stop after this many messages')
     .action(async (kinds: string[], flags: ConnectFlags & { json: boolean; count?: string }) => {
       const count = flags.count === undefined ? null : Number(flags.count);
       if (count !== null && (!Number.isInteger(count) || count <= 0)) throw new ConfigError(`--count must be a positive integer, got ${flags.count}`, { data: { field: '--count' } });
-      const { job, transport } = await connectToJob(flags, 'tail');
+      const { job, transport } = await connectToJob(flags, 'tail', 'monitor');
       const prefix = `${jobPrefix(job)}.tel.`;
       let seen = 0;
       let done!: () => void;

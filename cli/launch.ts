@@ -12,7 +12,7 @@ import {
   ActorSystem, ConfigError, SeededRandom, connectTransport, controlSubject, createLogger, heartbeatWildcard, decode, hashString, systemClock, token,
   type Logger, type Transport,
 } from '../runtime/mod.ts';
-import { loadConfig, natsConnection, type HetpsConfig } from '../topology/mod.ts';
+import { loadConfig, natsConnectionAs, type HetpsConfig } from '../topology/mod.ts';
 import { natsBatchQueue } from '../actors/store/batch-queue.ts';
 import { natsJobInfoStore } from '../actors/store/job-info.ts';
 import { ThreadedHeartbeat } from '../actors/health/heartbeat.ts';
@@ -32,6 +32,7 @@ export interface LaunchFlags {
   node?: string;
   hostProfile?: string;
   nats?: string;
+  authDir?: string;
   job?: string;
   runId?: string;
   wait?: string;
@@ -140,7 +141,8 @@ export async function runLaunch(flags: LaunchFlags): Promise<number> {
   const waitMs = flags.wait !== undefined ? Number(flags.wait) * 1000 : DEFAULT_NODE_WAIT_MS;
   if (!(waitMs > 0)) throw new ConfigError(`--wait must be a positive number of seconds, got ${JSON.stringify(flags.wait)}`, { data: { field: '--wait' } });
   const log = createLogger({ level: process.env.HETPS_LOG_LEVEL ?? config.logging.level, name: node, stderr: true });
-  const conn = natsConnection(config);
+  // Secure (nats.secure): a server process logs in as the shard role, a worker as the worker role.
+  const conn = natsConnectionAs(config, flags.role === 'server' ? 'shard' : 'worker', flags.authDir ?? null);
   const transport = await connectTransport({
     servers, name: `hetps-${node}`, auth: conn.auth, tls: conn.tls, logger: log,
     pingIntervalMs: conn.pingIntervalMs, connectTimeoutMs: conn.connectTimeoutMs,
@@ -226,6 +228,7 @@ export function register(program: Command): void {
     .option('--node-rank <n>', 'position of the node in its group, from 0 (role worker, with --group)', '0')
     .option('--host-profile <file>', 'role worker: this machine\'s device and network profile as `hetps up` measured it once for the processes it starts (default: the worker measures itself)')
     .option('--nats <urls>', 'NATS URLs, comma-separated (default: nats.servers of the config)')
+    .option('--auth-dir <dir>', 'nats.secure: where the roles\' credentials are (<role>.json; default nats.auth_dir of the config)')
     .option('--job <name>', 'job name (default: job.name of the config)')
     .option('--run-id <id>', 'take part in this run of the job only (set by hetps up)')
     .option('--wait <seconds>', 'how long to wait for the driver and the shards', String(DEFAULT_NODE_WAIT_MS / 1000))

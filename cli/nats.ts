@@ -4,7 +4,9 @@
  * later commands find them.
  */
 import { InvalidArgumentError, type Command } from 'commander';
-import { clusterStatus, startLocalCluster, stopLocalCluster, type ClusterStatus } from '../deploy/local-cluster.ts';
+import { resolve } from 'node:path';
+import { clusterStatus, refuseIfRunning, startLocalCluster, stopLocalCluster, type ClusterStatus } from '../deploy/local-cluster.ts';
+import { writeAuthFiles, type AuthFiles } from '../deploy/auth.ts';
 
 function parseNodes(v: string): number {
   const n = Number(v);
@@ -38,6 +40,8 @@ interface UpOptions {
   jetstream: boolean;
   timeout: number;
   json?: boolean;
+  secure?: boolean;
+  job?: string;
 }
 
 export function register(program: Command): void {
@@ -58,7 +62,13 @@ export function register(program: Command): void {
       return n;
     }, 30)
     .option('--json', 'print the cluster description as JSON')
+    .option('--secure', 'refuse anonymous clients: a user per role (scheduler, worker, shard, operator, monitor) with subject permissions; credentials under DIR/auth/')
+    .option('--job <name>', 'with --secure: grant the subjects and JetStream streams of this job only (default: any job)')
     .action(async (opts: UpOptions, cmd: Command) => {
+      if (opts.job !== undefined && !opts.secure) throw new InvalidArgumentError('--job only applies with --secure (it narrows the permissions to one job).');
+      // Fresh credentials must not replace those of servers still running from DIR.
+      if (opts.secure) await refuseIfRunning(resolve(opts.dir));
+      const auth: AuthFiles | null = opts.secure ? await writeAuthFiles(opts.dir, opts.job ?? null) : null;
       // `--port 0` alone means "all random"; an explicitly given route/http base still wins.
       const explicit = (key: string) => cmd.getOptionValueSource(key) === 'cli';
       const allRandom = opts.port === 0;
@@ -75,9 +85,11 @@ export function register(program: Command): void {
         detached: true,
         readyTimeoutMs: opts.timeout * 1000,
         logger: (line) => process.stderr.write(`hetps nats: ${line}\n`),
+        authorization: auth?.authorization ?? null,
       });
       if (opts.json) {
-        process.stdout.write(JSON.stringify({ dir: cluster.dir, urls: cluster.urls, nodes: cluster.nodes }, null, 2) + '\n');
+        const secure = auth ? { auth_dir: auth.dir, job: auth.job, roles: auth.roles } : null;
+        process.stdout.write(JSON.stringify({ dir: cluster.dir, urls: cluster.urls, nodes: cluster.nodes, secure }, null, 2) + '\n');
         return;
       }
       process.stdout.write(
@@ -85,7 +97,13 @@ export function register(program: Command): void {
         `${opts.jetstream ? 'JetStream on' : 'no JetStream'}).\n` +
         `  NATS_URL=${cluster.urls.join(',')}\n` +
         `  status: hetps nats status --dir ${opts.dir}\n` +
-        `  stop:   hetps nats down --dir ${opts.dir}\n`,
+        `  stop:   hetps nats down --dir ${opts.dir}\n` +
+        (auth
+          ? `Access control is on (job ${auth.job === '*' ? 'any' : auth.job}); anonymous clients are refused. Credentials, one per role (user/password and nkey seed):\n`
+            + Object.entries(auth.roles).map(([role, file]) => `  ${role.padEnd(9)} ${file}\n`).join('')
+            + `  jobs:     nats.secure: true and nats.auth_dir: ${auth.dir} in the job's YAML\n`
+            + `  commands: hetps ctl status --auth ${auth.roles.operator} --nats ${cluster.urls.join(',')}\n`
+          : ''),
       );
     });
 

@@ -8,7 +8,7 @@
 import type { Command } from 'commander';
 import { ConfigError, connectTransport } from '../runtime/mod.ts';
 import { sendControl } from './ctl.ts';
-import { loadConfig, natsConnection } from '../topology/mod.ts';
+import { loadConfig, natsConnectionAs } from '../topology/mod.ts';
 import { natsServersFrom, withJobName } from './launch.ts';
 
 interface RecoverFlags { config: string; forceSync: boolean; nats?: string; job?: string; reason: string; json: boolean }
@@ -26,7 +26,7 @@ export function register(program: Command): void {
     .action(async (flags: RecoverFlags) => {
       if (!flags.forceSync) throw new ConfigError('hetps recover needs --force-sync (every group re-forms: a fresh pull, then synchronous rounds)', { data: { field: '--force-sync' } });
       const config = withJobName(await loadConfig(flags.config), flags.job);
-      const conn = natsConnection(config);
+      const conn = natsConnectionAs(config, 'operator');
       const transport = await connectTransport({ servers: natsServersFrom(flags.nats, config), name: 'hetps-recover', auth: conn.auth, tls: conn.tls });
       try {
         const result = await sendControl(transport, config.job.name, 'recover', { reason: flags.reason }, 30_000) as { groups_version: number; groups: { name: string; nodes: string[] }[] };

@@ -38,6 +38,11 @@ export interface JobContext {
   out: JobPrinter;
   md: ModelAndData;
   ackWaitMs: number;
+  /**
+   * nats.secure: the directory of the roles' credentials (nats.auth_dir, or the
+   * one this run wrote for its own secure cluster); null when not secure.
+   */
+  authDir: string | null;
 }
 
 export interface JobBackend {

@@ -115,6 +115,11 @@ export interface StartLocalClusterOptions {
   detached?: boolean;
   /** How long to wait for routes and JetStream on every node (default 20 s). */
   readyTimeoutMs?: number;
+  /**
+   * The servers' `authorization { … }` block (deploy/auth.ts renderAuthorization):
+   * clients must log in and get only their role's subjects. null or omitted: open.
+   */
+  authorization?: string | null;
 }
 
 const CLUSTER_FILE = 'cluster.json';
@@ -222,6 +227,7 @@ interface ConfShared {
   listenHost: string;
   maxPayload: number | null;
   jetstream: boolean;
+  authorization: string | null;
 }
 
 function renderConf(p: NodePlan, shared: ConfShared, note: string): string {
@@ -247,6 +253,7 @@ function renderConf(p: NodePlan, shared: ConfShared, note: string): string {
       '}',
     );
   }
+  if (shared.authorization !== null) lines.push(shared.authorization.trimEnd());
   if (shared.jetstream) {
     // No sync_interval: nats-server 2.9 refuses it (see the top of this file).
     lines.push(
@@ -674,7 +681,7 @@ export async function startLocalCluster(opts: StartLocalClusterOptions): Promise
   if (!listenHost || /[\s"]/.test(listenHost)) {
     throw new ConfigError(`listenHost must be an IP address such as 127.0.0.1 or 0.0.0.0, got ${JSON.stringify(opts.listenHost)}`);
   }
-  const shared: ConfShared = { clusterName: opts.clusterName ?? 'hetps', listenHost, maxPayload, jetstream: opts.jetstream ?? true };
+  const shared: ConfShared = { clusterName: opts.clusterName ?? 'hetps', listenHost, maxPayload, jetstream: opts.jetstream ?? true, authorization: opts.authorization ?? null };
   const logger = opts.logger ?? (() => undefined);
   const bin = findNatsServer();
 
@@ -761,7 +768,8 @@ async function launch(
   for (const p of plans) {
     await mkdir(join(p.dir, 'js'), { recursive: true });
     removeStalePortsFiles(p.dir);
-    await writeFile(p.conf, renderConf(p, shared, 'Ports are pinned to the actual ones once the node is up.'));
+    // 0600: with access control on, the configuration holds the users' passwords.
+    await writeFile(p.conf, renderConf(p, shared, 'Ports are pinned to the actual ones once the node is up.'), { mode: 0o600 });
   }
   for (const p of plans) {
     const pid = cluster.spawnNode(bin, p.name, p.conf, p.log);
@@ -793,7 +801,7 @@ async function launch(
   logger(`cluster ready in ${((Date.now() - started) / 1000).toFixed(1)} s: ${cluster.urls.join(',')}`);
 }
 
-async function refuseIfRunning(dir: string): Promise<void> {
+export async function refuseIfRunning(dir: string): Promise<void> {
   const file = join(dir, CLUSTER_FILE);
   if (!existsSync(file)) return;
   let prev: LocalClusterFile;

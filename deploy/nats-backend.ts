@@ -14,7 +14,7 @@ import type { NatsConnection } from '@nats-io/nats-core';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { ActorRef, ActorSystem, ConfigError, SeededRandom, connectTransport, controlAddress, systemClock, type Logger, type Transport } from '../runtime/mod.ts';
-import { allWorkerNodes, natsConnection, standbyWorkerNodes, type HetpsConfig } from '../topology/mod.ts';
+import { allWorkerNodes, natsConnectionAs, standbyWorkerNodes, type HetpsConfig } from '../topology/mod.ts';
 import type { ExecutionProvider } from '../native-bridge/mod.ts';
 import { batchStreamName, createBatchStream, natsBatchQueue, type BatchQueue } from '../actors/store/batch-queue.ts';
 import { createJobInfoBucket, jobInfoBucket, natsJobInfoStore, resetNatsJobInfo, type JobInfoStore } from '../actors/store/job-info.ts';
@@ -24,6 +24,7 @@ import { createProfileBucket, natsProfileStore, profileBucket, resetNatsProfiles
 import { defaultReplicas } from '../actors/store/replicas.ts';
 import { acquireLease, leaseBucketName, openLeaseBucket, type LeaseHolder, type LeaseKv } from '../actors/scheduler/lease.ts';
 import type { LocalCluster } from './local-cluster.ts';
+
 import { NodeProcesses, type NodeProcess } from './node-processes.ts';
 import type { CpuProcess } from './process-cpu.ts';
 import type { JobBackend, JobContext } from './job-backend.ts';
@@ -134,9 +135,10 @@ export interface DriverConnection {
 }
 
 /** Connects (a named set-up step) and opens (or creates) the job's lease bucket. */
-export async function connectDriver(o: { config: HetpsConfig; job: string; log: Logger; servers: string[]; natsDir: string | null; name: string }): Promise<DriverConnection> {
+export async function connectDriver(o: { config: HetpsConfig; job: string; log: Logger; servers: string[]; natsDir: string | null; name: string; authDir: string | null }): Promise<DriverConnection> {
   const { config, job, log, servers } = o;
-  const conn = natsConnection(config);
+  // Secure: the driver is the job's scheduler.
+  const conn = natsConnectionAs(config, 'scheduler', o.authDir);
   const transport: Transport = await setupStep({ what: 'connecting to NATS', servers, check: connectCheck(o.natsDir) }, () => connectTransport({
     servers, name: o.name, auth: conn.auth, tls: conn.tls, logger: log, pingIntervalMs: conn.pingIntervalMs, connectTimeoutMs: conn.connectTimeoutMs,
   }));
@@ -162,7 +164,7 @@ export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promi
   const { config, job, log, out: con, ackWaitMs, runId, runDir } = ctx;
   const { servers, cluster, skip } = o;
   const natsDir = natsLogDir(cluster, runDir);
-  const driver = await connectDriver({ config, job, log, servers, natsDir, name: 'hetps-driver' });
+  const driver = await connectDriver({ config, job, log, servers, natsDir, name: 'hetps-driver', authDir: ctx.authDir });
   const { transport, nc, system } = driver;
   let lease: LeaseHolder | null = null;
   try {
@@ -188,7 +190,7 @@ export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promi
   const started = (n: NodeProcess) => {
     void n.exited.then(() => { for (const l of exitListeners) l(n.spec.name, n.exit === null ? 'exited' : describeExit(n.exit)); });
   };
-  const common = ['--config', ctx.configPath, '--nats', servers.join(','), '--job', job, '--run-id', runId];
+  const common = ['--config', ctx.configPath, '--nats', servers.join(','), '--job', job, '--run-id', runId, ...(ctx.authDir !== null ? ['--auth-dir', ctx.authDir] : [])];
   const describeExit = (e: { code: number | null; signal: NodeJS.Signals | null }) => (e.signal ? `signal ${e.signal}` : `code ${e.code}`);
 
   return {

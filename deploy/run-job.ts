@@ -27,10 +27,11 @@ import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { randomUUID } from 'node:crypto';
 import { findNatsServer, startLocalCluster, type LocalCluster } from './local-cluster.ts';
+import { writeAuthFiles } from './auth.ts';
 import {
   ConfigError, HetpsError, JSON_CONTENT_TYPE, MissingDependencyError, controlSubject, systemClock, type Actor, type NatsAuth, type NatsTls,
 } from '../runtime/mod.ts';
-import { allWorkerNodes, groupsMeasuredAtStart, inactiveSettings, natsConnection, type HetpsConfig, type NodeProfile, type ShardPlan } from '../topology/mod.ts';
+import { allWorkerNodes, groupsMeasuredAtStart, inactiveSettings, natsConnectionAs, type HetpsConfig, type NodeProfile, type ShardPlan } from '../topology/mod.ts';
 import type { Evaluation } from '../native-bridge/mod.ts';
 import { replicaId } from '../actors/shard/replica.ts';
 import { ackWaitFromConfig } from '../actors/store/batch-queue.ts';
@@ -253,6 +254,7 @@ async function describeRun(o: JobRunOptions, out: JobPrinter): Promise<RunContex
   return {
     config, job, configPath: o.configPath, configArg: o.configArg, runId, runDir, level, log, out,
     md: modelAndData(config), ackWaitMs: ackWaitFromConfig(config.fault_tolerance), emulated, notActive,
+    authDir: config.nats.secure && config.nats.auth_dir !== null ? resolve(config.nats.auth_dir) : null,
   };
 }
 
@@ -266,15 +268,23 @@ async function startCluster(ctx: JobContext, embeddedFlag: boolean): Promise<{ s
   if (!embedded && !servers) {
     try {
       findNatsServer();
-      out.line('starting a local 3-node NATS cluster (random ports)');
+      // nats.secure: fresh credentials per role for this run's cluster, permissions for this job only.
+      const auth = config.nats.secure ? await writeAuthFiles(ctx.runDir, ctx.job) : null;
+      out.line(`starting a local 3-node NATS cluster (random ports${auth ? ', access control on' : ''})`);
       // Detached: a driver that is deposed (another took its lease over) leaves the cluster to the new scheduler;
       // every other end of this process stops it (runJob, the signal handlers, `stopClusterOnExit`).
       cluster = await startLocalCluster({
         nodes: 3, dir: join(ctx.runDir, 'nats'), clientPort: null, clusterPort: null, httpPort: null,
         maxPayload: config.nats.max_payload, jetstream: true, readyTimeoutMs: 60_000, detached: true,
+        authorization: auth?.authorization ?? null,
       });
       servers = cluster.urls;
       out.line(`NATS cluster up: ${servers.join(',')}`);
+      if (auth) {
+        ctx.authDir = auth.dir;
+        out.line(`access control: anonymous clients are refused; each process logs in as its role. Credentials in ${auth.dir}; `
+          + `steer the job with: hetps ctl status --auth ${auth.roles.operator} --nats ${servers.join(',')} --job ${ctx.job}`);
+      }
     } catch (e) {
       if (!(e instanceof MissingDependencyError)) throw e;
       out.line(`WARNING: ${e.message}`);
@@ -282,6 +292,7 @@ async function startCluster(ctx: JobContext, embeddedFlag: boolean): Promise<{ s
       embedded = true;
     }
   }
+  if (embedded && config.nats.secure) out.line('nats.secure: nothing to secure embedded (one process, no NATS, nothing listens on the network but the dashboard)');
   return { servers: embedded ? null : servers, cluster, embedded };
 }
 
@@ -492,8 +503,9 @@ async function writeSummary(summary: UpSummary, runDir: string, also: string | n
   if (also) await writeFile(resolve(also), text);
 }
 
-function natsAuthOf(config: HetpsConfig): { auth: NatsAuth | null; tls: NatsTls | null } {
-  const c = natsConnection(config);
+/** The driver's login: the scheduler role's in secure mode. */
+function natsAuthOf(ctx: JobContext): { auth: NatsAuth | null; tls: NatsTls | null } {
+  const c = natsConnectionAs(ctx.config, 'scheduler', ctx.authDir);
   return { auth: c.auth, tls: c.tls };
 }
 
@@ -776,7 +788,7 @@ export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSumma
     plane = await startControlPlane(backend.system, {
       policy: { heartbeatMs: config.fault_tolerance.heartbeat_ms, deadAfterMs: config.fault_tolerance.dead_after_ms }, log,
       onShutdown: (reason) => { shutdownRequested = reason; },
-      nats: servers === null ? null : { servers, ...natsAuthOf(config) },
+      nats: servers === null ? null : { servers, ...natsAuthOf(ctx) }, secure: servers !== null && config.nats.secure,
       http: monitorHttpOf(config), onServing: (url) => ctx.out.line(`dashboard: ${url}  (metrics: ${url}metrics)`),
       telemetryLog: join(ctx.runDir, TELEMETRY_LOG),
     });
@@ -843,7 +855,7 @@ export async function runStandby(o: StandbyRunOptions, out: JobPrinter): Promise
   out.line(`hetps up --standby: job ${job} on ${servers.join(',')}: standing by on the scheduler lease (KV bucket ${leaseBucketName(job)})`);
   // Loaded now, so a takeover does not wait for it.
   const md = modelAndData(config);
-  const driver = await connectDriver({ config, job, log, servers, natsDir: null, name: 'hetps-standby' });
+  const driver = await connectDriver({ config, job, log, servers, natsDir: null, name: 'hetps-standby', authDir: null });
   // Counting from now: the monitor listens as it is made (its mailbox only comes with a takeover).
   const monitorDef = createMonitorActor({ transport: driver.transport, job, clock: systemClock, log });
   await driver.transport.flush();
@@ -903,6 +915,7 @@ export async function runStandby(o: StandbyRunOptions, out: JobPrinter): Promise
     ctx = {
       config, job, configPath: o.configPath, configArg: o.configArg, runId: info.run_id, runDir, level, log, out, md,
       ackWaitMs: info.ack_wait_ms, emulated: emulatedSpeeds(config), notActive,
+      authDir: config.nats.secure && config.nats.auth_dir !== null ? resolve(config.nats.auth_dir) : null,
     };
     backend = natsStandbyBackend(driver, { job, runId: info.run_id, lease });
     removeSignalHandlers = onSignals(ctx, backend, null);
@@ -911,7 +924,7 @@ export async function runStandby(o: StandbyRunOptions, out: JobPrinter): Promise
     plane = await startControlPlane(driver.system, {
       policy: { heartbeatMs: config.fault_tolerance.heartbeat_ms, deadAfterMs: config.fault_tolerance.dead_after_ms }, log,
       onShutdown: (reason) => { shutdownRequested = reason; },
-      nats: { servers, ...natsAuthOf(config) }, monitor: monitorDef,
+      nats: { servers, ...natsAuthOf(ctx) }, monitor: monitorDef, secure: config.nats.secure,
       http: monitorHttpOf(config), onServing: (url) => out.line(`dashboard: ${url}  (metrics: ${url}metrics)`),
       telemetryLog: join(runDir, TELEMETRY_LOG),
     });

@@ -386,6 +386,14 @@ const configSchema = section({
     token: text().nullable().default(null),
     nkey_seed: text().nullable().default(null),
     creds_file: text().nullable().default(null),
+    /**
+     * Access control: every process logs in as its role (scheduler, worker, shard; operator for `hetps ctl`)
+     * with the subject permissions of deploy/auth.ts. Without nats.servers the local cluster is started so
+     * (credentials under <run dir>/auth); with nats.servers, nats.auth_dir says where `hetps nats up --secure` wrote them.
+     */
+    secure: bool().default(false),
+    /** The `auth` directory of `hetps nats up --secure --dir DIR` (DIR/auth), holding <role>.json. */
+    auth_dir: text().nullable().default(null),
     tls: section({
       ca_file: text().nullable().default(null),
       cert_file: text().nullable().default(null),
@@ -929,6 +937,14 @@ function crossChecks(raw: Obj, where: (p: Path) => string): RawIssue[] {
       if (nats.tls.cert_file !== undefined && nats.tls.key_file === undefined) add(['nats', 'tls', 'cert_file'], 'nats.tls.cert_file needs nats.tls.key_file (a client certificate needs its key)', 'key');
       if (nats.tls.key_file !== undefined && nats.tls.cert_file === undefined) add(['nats', 'tls', 'key_file'], 'nats.tls.key_file needs nats.tls.cert_file', 'key');
     }
+    if (nats.secure === true) {
+      const own = methods.map(([m]) => m);
+      if (own.length) add(['nats', 'secure'], `nats.secure logs every process in with its role's credentials; remove ${own.join(', ')} (one login for every process is what secure mode replaces)`, 'key');
+      if (nats.servers !== undefined && nats.auth_dir === undefined) {
+        add(['nats', 'auth_dir'], 'nats.secure with nats.servers needs nats.auth_dir: the DIR/auth directory that `hetps nats up --secure --dir DIR` wrote (each role\'s <role>.json)', 'key');
+      }
+    }
+    if (nats.auth_dir !== undefined && nats.secure !== true) add(['nats', 'auth_dir'], 'nats.auth_dir only applies with nats.secure: true', 'key');
     if (nats.max_payload !== undefined && nats.servers !== undefined) {
       add(['nats', 'max_payload'], 'max_payload only applies to the local cluster (nats.servers is set; the servers\' own max_payload is used)', 'key');
     }

@@ -7,3 +7,4 @@ export * from './regroup.ts';
 export * from './health.ts';
 export * from './replication.ts';
 export * from './group-lr.ts';
+export * from './nats-roles.ts';

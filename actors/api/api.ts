@@ -28,7 +28,7 @@ import {
   ActorSystem, ConfigError, HetpsError, JSON_CONTENT_TYPE, NoRespondersError, SeededRandom, connectTransport, controlSubject, createLogger, decode, hashString, systemClock,
   type Logger, type Transport,
 } from '../../runtime/mod.ts';
-import { loadConfig, natsConnection, nodeOverrides, type HetpsConfig, type OptimizerType, type ShardPlan, type WorkerNode } from '../../topology/mod.ts';
+import { loadConfig, natsConnectionAs, nodeOverrides, type HetpsConfig, type OptimizerType, type ShardPlan, type WorkerNode } from '../../topology/mod.ts';
 import { StepSession, type Batch, type DataSource } from '../../native-bridge/mod.ts';
 import { natsBatchQueue, type BatchDescriptor, type BatchQueue, type QueuedBatch } from '../store/batch-queue.ts';
 import { sparseLayoutFromConfig } from '../node/config-bridge.ts';
@@ -151,7 +151,8 @@ export class HeterogeneousParameterServer {
     } else {
       throw new ConfigError(`role must be worker or server, got ${JSON.stringify(o.role)}`);
     }
-    const conn = natsConnection(config);
+    // Secure (nats.secure): the shard role for a server, the worker role for a worker.
+    const conn = natsConnectionAs(config, o.role === 'server' ? 'shard' : 'worker');
     this.transport = await connectTransport({ servers, name: `hetps-api-${node}`, auth: conn.auth, tls: conn.tls, logger: this.log, connectTimeoutMs: conn.connectTimeoutMs });
     const nc = natsConnectionOf(this.transport)!;
     const job = config.job.name;

@@ -47,10 +47,12 @@ export async function startControlPlane(system: ActorSystem, o: {
   onServing?: (url: string) => void;
   /** Append every snapshot to this file (`<run dir>/telemetry.jsonl`, for `hetps report`); null or absent: kept in memory only. */
   telemetryLog?: string | null;
+  /** nats.secure: the servers enforce who may send commands, so the scheduler logs each one's sender role. */
+  secure?: boolean;
 }): Promise<ControlPlane> {
   const health = createHealthActor({ policy: o.policy });
   const monitor = o.monitor ?? createMonitorActor({ transport: system.transport, job: system.job, clock: system.clock, log: o.log });
-  const scheduler = createSchedulerActor({ job: system.job, onShutdown: o.onShutdown });
+  const scheduler = createSchedulerActor({ job: system.job, onShutdown: o.onShutdown, secure: o.secure ?? false });
   const actors: Actor<never>[] = [];
   for (const def of [health, monitor, scheduler] as const) actors.push(await system.spawn(def as never) as Actor<never>);
   const beat = { job: system.job, node: system.node, role: 'scheduler' as const, incarnation: system.senderId, periodMs: o.policy.heartbeatMs, clock: system.clock, state: () => 'running' };

@@ -41,6 +41,27 @@ export interface SchedulerActorOptions {
   onShutdown: (reason: string) => void;
   /** How long status waits for each shard's, the health actor's and the monitor's answer. Default 1 s. */
   statusTimeoutMs?: number;
+  /**
+   * nats.secure: the servers let only the operator and scheduler users send
+   * commands (and the monitor user `status`), so a command tells its sender's
+   * role (controlSender). Default false.
+   */
+  secure?: boolean;
+}
+
+/**
+ * Who sent a control command, as the scheduler logs it. The driver's own
+ * commands carry its sender id; every driver of a job (active or standby)
+ * is node `driver`. Under access control the servers admit commands only
+ * from the operator and scheduler users (and `status` from the monitor
+ * user too), so any other sender is the operator (or, for status, a
+ * monitor). Without it the sender is whoever reached the servers.
+ */
+export function controlSender(command: string, from: string, self: string, secure: boolean): string {
+  if (from === self) return 'scheduler (this driver)';
+  if (from.startsWith('driver#')) return 'scheduler (another driver)';
+  if (!secure) return 'unauthenticated client (nats.secure is off)';
+  return command === 'status' ? 'operator or monitor' : 'operator';
 }
 
 export type SchedulerActorDefinition = ActorDefinition<SchedulerMessages> & {
@@ -53,8 +74,24 @@ export function createSchedulerActor(o: SchedulerActorOptions): SchedulerActorDe
   let attached: AttachedJob | null = null;
   let ended: 'stopping' | 'done' | null = null;
   const timeoutMs = o.statusTimeoutMs ?? 1_000;
-  const event = (c: ActorContext, kind: JobEvent['kind'], text: string) => {
-    publishEvent(c.system.transport, o.job, 'scheduler', { at_ms: c.clock.now(), kind, node: null, text });
+  const secure = o.secure ?? false;
+  const event = (c: ActorContext, kind: JobEvent['kind'], text: string, from: string) => {
+    const by = controlSender(kind, from, c.system.senderId, secure);
+    publishEvent(c.system.transport, o.job, 'scheduler', { at_ms: c.clock.now(), kind, node: null, text: `${text} [by ${by}, ${from}]` });
+  };
+  /** Every command is logged with its sender; status (asked every second by the dashboard) at debug only. */
+  const loggedAll = (handlers: ActorDefinition<SchedulerMessages>['handlers']): ActorDefinition<SchedulerMessages>['handlers'] => {
+    const out: Record<string, (m: { from: string }, c: ActorContext) => unknown> = {};
+    for (const [command, h] of Object.entries(handlers)) {
+      out[command] = (m, c) => {
+        const sender = controlSender(command, m.from, c.system.senderId, secure);
+        const fields = { command, sender, client: m.from, secure };
+        if (command === 'status') c.log.debug(fields, 'control command');
+        else c.log.info(fields, `control command ${command} from ${sender} (${m.from})`);
+        return (h as (m: { from: string }, c: ActorContext) => unknown)(m, c);
+      };
+    }
+    return out as unknown as ActorDefinition<SchedulerMessages>['handlers'];
   };
   const need = (what: string): AttachedJob => {
     if (attached === null) throw new HetpsError(`${what}: the job is still starting (no job info yet); try again in a moment`);
@@ -118,26 +155,26 @@ export function createSchedulerActor(o: SchedulerActorOptions): SchedulerActorDe
     messages: schedulerMessages,
     attach(job) { attached = job; },
     setEnded(state) { ended = state; },
-    handlers: {
+    handlers: loggedAll({
       status: (m, c) => status(c, m.events),
       pause: async (m, c) => {
         const r = await need('pause').controller.pause(m.reason);
-        if (!r.already) event(c, 'pause', `pause requested (${m.reason}): workers stop at their next boundary (groups v${r.groups_version})`);
+        if (!r.already) event(c, 'pause', `pause requested (${m.reason}): workers stop at their next boundary (groups v${r.groups_version})`, m.from);
         return r;
       },
-      resume: async (_m, c) => {
+      resume: async (m, c) => {
         const r = await need('resume').controller.resume();
-        event(c, 'resume', `resumed after ${r.paused_s.toFixed(1)} s paused`);
+        event(c, 'resume', `resumed after ${r.paused_s.toFixed(1)} s paused`, m.from);
         return r;
       },
       regroup: async (m, c) => {
         const r = await need('regroup').controller.regroup(m.groups, m.reason, 'command');
-        if (r.accepted) event(c, 'regroup', `regroup to groups v${r.groups_version} (${m.reason})`);
+        if (r.accepted) event(c, 'regroup', `regroup to groups v${r.groups_version} (${m.reason})`, m.from);
         return r;
       },
       recover: async (m, c) => {
         const r = await need('recover').controller.recover(m.reason);
-        event(c, 'regroup', `recover: every group re-forms (groups v${r.groups_version}, ${m.reason})`);
+        event(c, 'regroup', `recover: every group re-forms (groups v${r.groups_version}, ${m.reason})`, m.from);
         return r;
       },
       checkpoint: async (m, c) => {
@@ -146,7 +183,7 @@ export function createSchedulerActor(o: SchedulerActorOptions): SchedulerActorDe
         if (ended !== null) throw new HetpsError(`checkpoint: the job has ended (it is ${ended}); its end-of-job checkpoint (checkpoint.at_end) holds the final state`);
         if (k === undefined) throw new HetpsError('checkpoint: this job takes no checkpoints');
         const r = await k.take(m.trigger, m.path);
-        event(c, 'checkpoint', `checkpoint ${r.name}: ${r.files} shard files, ${r.bytes} bytes, ${r.batches_done} batches done; paused ${r.pause_ms} ms`);
+        event(c, 'checkpoint', `checkpoint ${r.name}: ${r.files} shard files, ${r.bytes} bytes, ${r.batches_done} batches done; paused ${r.pause_ms} ms`, m.from);
         return { ...r };
       },
       shutdown: (m, c) => {
@@ -154,11 +191,11 @@ export function createSchedulerActor(o: SchedulerActorOptions): SchedulerActorDe
         if (m.from === c.system.senderId) return { stopping: true };
         const info = attached?.info() ?? null;
         if (m.run_id !== null && info !== null && m.run_id !== info.run_id) return { stopping: false, note: `run ${m.run_id} is not this run (${info.run_id})` };
-        event(c, 'shutdown', `shutdown requested: ${m.reason}`);
+        event(c, 'shutdown', `shutdown requested: ${m.reason}`, m.from);
         ended = 'stopping';
         o.onShutdown(m.reason);
         return { stopping: true };
       },
-    },
+    }),
   };
 }

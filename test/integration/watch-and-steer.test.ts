@@ -9,7 +9,8 @@
  * - the dashboard in a real browser (playwright-core driving Debian's
  *   chromium): the numbers change, every worker and shard is listed, pause
  *   stops the samples/s line and resume restarts it, and the pause shows in
- *   the events. With HETPS_DASHBOARD_SCREENSHOT=<file> it also saves a
+ *   the events; the checkpoint and regroup buttons get their replies and
+ *   events. With HETPS_DASHBOARD_SCREENSHOT=<file> it also saves a
  *   screenshot of the running page there (docs/dashboard.png is one).
  */
 import { test } from 'node:test';
@@ -108,6 +109,21 @@ test('the quick start, watched and steered: /metrics, hetps ctl / tail / top, an
       await page.click('#resume');
       await until(async () => (await rate()) > 0, 'samples/s back above 0 after resume', 60_000, () => up.stderr().slice(-2000));
       assert.ok(await page.locator('#events li[data-kind="resume"]').count() >= 1, 'the resume is in the events');
+
+      // Checkpoint and regroup (recompute), from their buttons: the reply on the page, the event in the list.
+      await page.click('#checkpoint');
+      await until(async () => /^ctl\.checkpoint: /.test(await text('reply')), 'the checkpoint reply on the page', 60_000, () => up.stderr().slice(-2000));
+      const ck = JSON.parse((await text('reply')).replace(/^ctl\.checkpoint: /, '')) as { path?: string; bytes?: number };
+      assert.ok(typeof ck.path === 'string' && ck.bytes! > 0, `a checkpoint written: ${await text('reply')}`);
+      await until(async () => (await page.locator('#events li[data-kind="checkpoint"]').count()) >= 1, 'the checkpoint in the events', 10_000);
+      await page.click('#regroup');
+      await until(async () => /^ctl\.regroup: /.test(await text('reply')), 'the regroup reply on the page', 60_000, () => up.stderr().slice(-2000));
+      const rg = JSON.parse((await text('reply')).replace(/^ctl\.regroup: /, '')) as { accepted?: boolean; groups_version?: number; groups?: { nodes: string[] }[]; note?: string };
+      assert.equal(typeof rg.groups_version, 'number', `a regroup reply: ${await text('reply')}`);
+      assert.deepEqual(rg.groups!.flatMap((g) => g.nodes).sort(), WORKERS, 'the groups recomputed from the profiles hold every worker');
+      // Recomputed groups equal to the current ones are answered, not applied (accepted: false, with a note).
+      if (rg.accepted) await until(async () => (await page.locator('#events li[data-kind="regroup"]').count()) >= 1, 'the regroup in the events', 10_000);
+      else assert.match(rg.note ?? '', /same as the current one/);
 
       // ---- the CLI against the running job, by its NATS URLs and name.
       const status = await hetps(['ctl', 'status', '--json', '--nats', nats, '--job', job], { timeoutMs: 30_000 }).exited;
