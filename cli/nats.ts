@@ -5,6 +5,7 @@
  */
 import { InvalidArgumentError, type Command } from 'commander';
 import { resolve } from 'node:path';
+import { ConfigError } from '../runtime/mod.ts';
 import { clusterStatus, refuseIfRunning, startLocalCluster, stopLocalCluster, type ClusterStatus } from '../deploy/local-cluster.ts';
 import { writeAuthFiles, type AuthFiles } from '../deploy/auth.ts';
 
@@ -65,7 +66,7 @@ export function register(program: Command): void {
     .option('--secure', 'refuse anonymous clients: a user per role (scheduler, worker, shard, operator, monitor) with subject permissions; credentials under DIR/auth/')
     .option('--job <name>', 'with --secure: grant the subjects and JetStream streams of this job only (default: any job)')
     .action(async (opts: UpOptions, cmd: Command) => {
-      if (opts.job !== undefined && !opts.secure) throw new InvalidArgumentError('--job only applies with --secure (it narrows the permissions to one job).');
+      if (opts.job !== undefined && !opts.secure) throw new ConfigError('--job only applies with --secure (it narrows the permissions to one job); add --secure or leave --job out', { data: { field: '--job' } });
       // Fresh credentials must not replace those of servers still running from DIR.
       if (opts.secure) await refuseIfRunning(resolve(opts.dir));
       const auth: AuthFiles | null = opts.secure ? await writeAuthFiles(opts.dir, opts.job ?? null) : null;

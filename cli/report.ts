@@ -9,11 +9,16 @@ import { readFile, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { ConfigError } from '../runtime/mod.ts';
 import { TELEMETRY_LOG, assetPath, dashboardAsset, type Snapshot } from '../actors/monitor/monitor-http.ts';
+import type { JobStatus } from '../actors/scheduler/scheduler.messages.ts';
 
 /** The report's HTML for the snapshots of a run's telemetry log. */
 export async function reportHtml(snapshots: Snapshot[]): Promise<string> {
   if (snapshots.length === 0) throw new ConfigError('the telemetry log has no snapshot: the run ended before its first second of training?', { data: { field: 'RUN_DIR' } });
-  const last = snapshots[snapshots.length - 1]!;
+  const final = snapshots[snapshots.length - 1]!;
+  // Each snapshot carries only the latest events: the report lists every one of the run.
+  const events = new Map<string, JobStatus['events'][number]>();
+  for (const s of snapshots) for (const e of s.status?.events ?? []) events.set(`${e.at_ms}|${e.kind}|${e.node}|${e.text}`, e);
+  const last: Snapshot = final.status === null ? final : { ...final, status: { ...final.status, events: [...events.values()].sort((a, b) => a.at_ms - b.at_ms) } };
   const data = { history: snapshots.map((s) => s.point), last };
   const read = (f: string) => readFile(f, 'utf8');
   const [page, js, css, uplotJs, uplotCss] = await Promise.all([

@@ -221,3 +221,21 @@ export async function readAuthDir(authDir: string): Promise<Record<Role, RoleCre
   return out;
 }
 
+
+/** Whether NATS subject pattern `pattern` (with `*` and `>` wildcards) matches `subject`. */
+export function subjectMatches(pattern: string, subject: string): boolean {
+  const p = pattern.split('.');
+  const s = subject.split('.');
+  for (let i = 0; i < p.length; i++) {
+    if (p[i] === '>') return s.length > i;
+    if (i >= s.length) return false;
+    if (p[i] !== '*' && p[i] !== s[i]) return false;
+  }
+  return p.length === s.length;
+}
+
+/** Whether `perm` lets its user publish (or subscribe to) `subject`, as nats-server decides: allowed and not denied. */
+export function permits(perm: SubjectPermissions, op: 'publish' | 'subscribe', subject: string): boolean {
+  const x = perm[op];
+  return x.allow.some((a) => subjectMatches(a, subject)) && !x.deny.some((d) => subjectMatches(d, subject));
+}

@@ -28,15 +28,22 @@ export interface RoleLogin {
 
 /** The credentials of `<role>.json` (as `hetps nats up --secure` or `nats.secure` wrote it), checked. */
 export function readRoleFile(file: string): RoleLogin {
+  const hint = 'use a <role>.json that `hetps nats up --secure` wrote under <dir>/auth/';
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8');
+  } catch (e) {
+    throw new ConfigError(`credentials ${file}: cannot read it (${(e as NodeJS.ErrnoException).code ?? (e as Error).message}); ${hint}`, { cause: e });
+  }
   let raw: unknown;
   try {
-    raw = JSON.parse(readFileSync(file, 'utf8'));
+    raw = JSON.parse(text);
   } catch (e) {
-    throw new ConfigError(`credentials ${file}: cannot read it as JSON (${(e as Error).message}); use a <role>.json that \`hetps nats up --secure\` wrote under <dir>/auth/`, { cause: e });
+    throw new ConfigError(`credentials ${file}: not JSON (${(e as Error).message}); ${hint}`, { cause: e });
   }
   const r = raw as Partial<RoleLogin>;
   const missing = (['role', 'user', 'password', 'nkey_seed'] as const).filter((k) => typeof r[k] !== 'string' || r[k] === '');
-  if (missing.length) throw new ConfigError(`credentials ${file}: missing ${missing.join(', ')}; use a <role>.json that \`hetps nats up --secure\` wrote under <dir>/auth/`);
+  if (missing.length) throw new ConfigError(`credentials ${file}: missing ${missing.join(', ')}; ${hint}`);
   if (!(ROLES as readonly string[]).includes(r.role!)) throw new ConfigError(`credentials ${file}: unknown role ${JSON.stringify(r.role)} (expected one of ${ROLES.join(', ')})`);
   try {
     fromSeed(new TextEncoder().encode(r.nkey_seed!));

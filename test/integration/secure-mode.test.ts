@@ -128,3 +128,49 @@ test('nats.secure: anonymous refused, a worker\'s credentials cannot steer the j
     await up.exited;
   }
 });
+
+test('hetps nats up --secure --job: credentials per role for one job, anonymous refused, a running cluster\'s credentials never replaced', { timeout: 120_000 }, async () => {
+  const dir = join(tempDir(), 'nats');
+  const upCmd = (args: string[]) => hetps(['nats', 'up', '--dir', dir, '--port', '0', '--nodes', '1', ...args], { timeoutMs: 60_000 }).exited;
+  const misuse = await upCmd(['--job', 'j1']);
+  assert.equal(misuse.code, 2);
+  assert.match(misuse.stderr, /--job only applies with --secure/);
+  const started = await upCmd(['--secure', '--job', 'j1', '--json']);
+  assert.equal(started.code, 0, explainExit(started));
+  const conns: NatsConnection[] = [];
+  try {
+    const desc = JSON.parse(started.stdout) as { urls: string[]; secure: { auth_dir: string; job: string; roles: Record<string, string> } };
+    assert.equal(desc.secure.job, 'j1');
+    assert.deepEqual(Object.keys(desc.secure.roles).sort(), [...ROLES].sort());
+    const servers = desc.urls;
+    await assert.rejects(connect({ servers, reconnect: false }), /Authorization Violation/i);
+    const w = JSON.parse(await readFile(desc.secure.roles.worker!, 'utf8')) as { user: string; password: string };
+    const worker = await connect({ servers, user: w.user, pass: w.password });
+    conns.push(worker);
+    const errors = errorsOf(worker);
+    worker.publish('hps.j1.shard.s0@n1.push', json({}));
+    worker.publish('hps.j1.ctl.pause', json({}));
+    worker.publish('hps.other.shard.s0@n1.push', json({}));
+    await worker.flush();
+    await until(() => errors.length >= 2, 'the violations', 10_000, () => errors.join('\n'));
+    await new Promise((r) => setTimeout(r, 300));
+    assert.ok(!errors.some((e) => e.includes('"hps.j1.shard.s0@n1.push"')), `a push to a shard of its job is allowed: ${errors.join('; ')}`);
+    assert.ok(errors.some((e) => e.includes('"hps.j1.ctl.pause"')), 'no control command');
+    assert.ok(errors.some((e) => e.includes('"hps.other.shard.s0@n1.push"')), 'another job is out of reach');
+    // The operator's nkey (the seed file) logs in as hetps' own clients do.
+    const op = JSON.parse(await readFile(desc.secure.roles.operator!, 'utf8')) as { nkey_seed: string };
+    const { nkeyAuthenticator } = await import('@nats-io/nats-core');
+    const operator = await connect({ servers, authenticator: nkeyAuthenticator(new TextEncoder().encode(op.nkey_seed)) });
+    conns.push(operator);
+    await operator.flush();
+    // A second start on the same directory is refused before any credentials are written.
+    const before = await readFile(desc.secure.roles.worker!, 'utf8');
+    const again = await upCmd(['--secure']);
+    assert.equal(again.code, 2);
+    assert.match(again.stderr, /already running/);
+    assert.equal(await readFile(desc.secure.roles.worker!, 'utf8'), before, 'the running cluster\'s credentials are untouched');
+  } finally {
+    for (const c of conns) await c.close().catch(() => undefined);
+    await hetps(['nats', 'down', '--dir', dir], { timeoutMs: 30_000 }).exited;
+  }
+});

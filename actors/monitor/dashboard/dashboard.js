@@ -2,6 +2,8 @@
 (() => {
   'use strict';
   const $ = (id) => document.getElementById(id);
+  const MAX_EVENTS = 500;
+  const seen = new Map();
   const fmt = (x, d = 0) => (x === null || x === undefined || !Number.isFinite(x) ? '–' : x.toLocaleString('en-US', { maximumFractionDigits: d, minimumFractionDigits: d }));
   const bytes = (b) => (b === null || b === undefined ? '–' : b >= 2 ** 30 ? `${(b / 2 ** 30).toFixed(2)} GiB` : b >= 2 ** 20 ? `${(b / 2 ** 20).toFixed(1)} MiB` : `${(b / 1024).toFixed(0)} KiB`);
   const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' })[c]);
@@ -37,7 +39,10 @@
       const mean = load.length ? load.reduce((a, b) => a + b, 0) / load.length : 0;
       const max = load.length ? Math.max(...load) : 0;
       $('shards').tFoot.innerHTML = `<tr><td colspan="8">requests per shard: max ${fmt(max)}, mean ${fmt(mean, 0)}, max/mean ${mean > 0 ? (max / mean).toFixed(2) : '–'}</td></tr>`;
-      $('events').innerHTML = s.events.slice().reverse().map((e) => `<li data-kind="${esc(e.kind)}"><time>${new Date(e.at_ms).toLocaleTimeString()}</time> <b>${esc(e.kind)}</b> ${esc(e.text)}</li>`).join('');
+      // Every event seen since the page opened (a snapshot carries only the latest few), newest first.
+      for (const e of s.events) seen.set(`${e.at_ms}|${e.kind}|${e.node}|${e.text}`, e);
+      const all = [...seen.values()].sort((x, y) => x.at_ms - y.at_ms).slice(-MAX_EVENTS);
+      $('events').innerHTML = all.reverse().map((e) => `<li data-kind="${esc(e.kind)}"><time>${new Date(e.at_ms).toLocaleTimeString()}</time> <b>${esc(e.kind)}</b> ${esc(e.text)}</li>`).join('');
     }
     const total = snap.staleness.reduce((a, b) => a + b.count, 0);
     $('staleness').innerHTML = snap.staleness.map((b, i) => {
