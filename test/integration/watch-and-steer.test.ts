@@ -41,7 +41,7 @@ async function freePort(): Promise<number> {
 
 const WORKERS = ['fast-1', 'fast-2', 'fast-3', 'slow-1', 'slow-2'];
 
-test('the quick start, watched and steered: /metrics, hetps ctl / tail / top, and the dashboard in chromium (pause and resume)', { timeout: 420_000 }, async (t) => {
+test('the quick start, watched and steered: /metrics, hetps ctl / tail / top, and the dashboard in chromium (pause, resume, checkpoint, regroup)', { timeout: 420_000 }, async (t) => {
   // The quick start as shipped, with its runs in a temp dir, ten epochs (time to look at it: ~2 min of training), and a job name of its own.
   const quick = parse(await readFile(join(ROOT, 'examples', 'quickstart.yaml'), 'utf8')) as Record<string, Record<string, unknown>>;
   const job = `watch${process.pid}`;
