@@ -156,13 +156,13 @@ export function register(program: Command): void {
     .option('--config <file>', 'the job\'s config (its job name and NATS servers)')
     .option('--nats <urls>', 'NATS URLs, comma-separated (instead of, or over, nats.servers)')
     .option('--job <name>', 'job name (default: job.name of the config)')
-    .option('--auth <file>', 'access control: log in with this role\'s credentials (<dir>/auth/<role>.json of `hetps nats up --secure`; default with nats.secure: the monitor role of nats.auth_dir)')
+    .option('--auth <file>', 'access control: log in with this role\'s credentials (<dir>/auth/<role>.json of `hetps nats up --secure`; default with nats.secure: the operator role of nats.auth_dir: top asks status)')
     .option('--every <seconds>', 'refresh interval', '1')
     .option('--once', 'print one screen and exit', false)
     .action(async (flags: ConnectFlags & { every: string; once: boolean }) => {
       const everyS = Number(flags.every);
       if (!(everyS > 0)) throw new ConfigError(`--every must be a positive number of seconds, got ${flags.every}`, { data: { field: '--every' } });
-      const { job, transport } = await connectToJob(flags, 'top', 'monitor');
+      const { job, transport } = await connectToJob(flags, 'top', 'operator');
       const tty = Boolean(process.stdout.isTTY) && !flags.once;
       const { createLogUpdate } = await import('log-update');
       const draw = tty ? createLogUpdate(process.stdout) : (s: string) => process.stdout.write(`${s}\n\n`);

@@ -17,8 +17,8 @@
  *              shard.*.snapshot (nor any other shard op but pull/push/stats)
  *   shard      its replies, replication between shards, telemetry, heartbeats
  *   operator   control commands (`hetps ctl`), reads telemetry
- *   monitor    reads telemetry and heartbeats; of the control commands only
- *              `status`, which changes nothing (`hetps top`)
+ *   monitor    reads telemetry and heartbeats (`hetps tail`, a collector);
+ *              sends no control command, not even `status`
  * Replies go back through `allow_responses`. JetStream API subjects are
  * granted per operation and per stream of the job (`HPS_<job>_batches`,
  * `KV_HPS_<job>_plan`, …), never `$JS.>`; with no job given (`*`) they are
@@ -36,9 +36,6 @@ import { AUTH_DIR, ROLES, readRoleFile, roleFile, type Role, type RoleLogin } fr
 
 export { AUTH_DIR, ROLES, readRoleFile, roleFile, type Role, type RoleLogin };
 
-
-/** The commands that change a job; `status` only reads it. */
-export const MUTATING_COMMANDS = ['pause', 'resume', 'regroup', 'recover', 'checkpoint', 'shutdown'] as const;
 
 export interface SubjectPermissions {
   publish: { allow: string[]; deny: string[] };
@@ -132,7 +129,8 @@ export function rolePermissions(role: Role, job: string): SubjectPermissions {
       };
     case 'monitor':
       return {
-        publish: { allow: [`${p}.ctl.status`], deny: MUTATING_COMMANDS.map((c) => `${p}.ctl.${c}`) },
+        // An allow list with only its own probe: nothing else (an empty list would allow everything).
+        publish: { allow: [...probe], deny: [`${p}.ctl.>`] },
         subscribe: { allow: [...telemetry, ...heartbeat, ...inboxes], deny: [] },
         allow_responses: false,
       };

@@ -43,8 +43,7 @@ export interface SchedulerActorOptions {
   statusTimeoutMs?: number;
   /**
    * nats.secure: the servers let only the operator and scheduler users send
-   * commands (and the monitor user `status`), so a command tells its sender's
-   * role (controlSender). Default false.
+   * commands, so a command tells its sender's role (controlSender). Default false.
    */
   secure?: boolean;
 }
@@ -53,15 +52,13 @@ export interface SchedulerActorOptions {
  * Who sent a control command, as the scheduler logs it. The driver's own
  * commands carry its sender id; every driver of a job (active or standby)
  * is node `driver`. Under access control the servers admit commands only
- * from the operator and scheduler users (and `status` from the monitor
- * user too), so any other sender is the operator (or, for status, a
- * monitor). Without it the sender is whoever reached the servers.
+ * from the operator and scheduler users, so any other sender is the
+ * operator. Without it the sender is whoever reached the servers.
  */
-export function controlSender(command: string, from: string, self: string, secure: boolean): string {
+export function controlSender(from: string, self: string, secure: boolean): string {
   if (from === self) return 'scheduler (this driver)';
   if (from.startsWith('driver#')) return 'scheduler (another driver)';
-  if (!secure) return 'unauthenticated client (nats.secure is off)';
-  return command === 'status' ? 'operator or monitor' : 'operator';
+  return secure ? 'operator' : 'unauthenticated client (nats.secure is off)';
 }
 
 export type SchedulerActorDefinition = ActorDefinition<SchedulerMessages> & {
@@ -76,7 +73,7 @@ export function createSchedulerActor(o: SchedulerActorOptions): SchedulerActorDe
   const timeoutMs = o.statusTimeoutMs ?? 1_000;
   const secure = o.secure ?? false;
   const event = (c: ActorContext, kind: JobEvent['kind'], text: string, from: string) => {
-    const by = controlSender(kind, from, c.system.senderId, secure);
+    const by = controlSender(from, c.system.senderId, secure);
     publishEvent(c.system.transport, o.job, 'scheduler', { at_ms: c.clock.now(), kind, node: null, text: `${text} [by ${by}, ${from}]` });
   };
   /** Every command is logged with its sender; status (asked every second by the dashboard) at debug only. */
@@ -84,7 +81,7 @@ export function createSchedulerActor(o: SchedulerActorOptions): SchedulerActorDe
     const out: Record<string, (m: { from: string }, c: ActorContext) => unknown> = {};
     for (const [command, h] of Object.entries(handlers)) {
       out[command] = (m, c) => {
-        const sender = controlSender(command, m.from, c.system.senderId, secure);
+        const sender = controlSender(m.from, c.system.senderId, secure);
         const fields = { command, sender, client: m.from, secure };
         if (command === 'status') c.log.debug(fields, 'control command');
         else c.log.info(fields, `control command ${command} from ${sender} (${m.from})`);

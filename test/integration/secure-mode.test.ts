@@ -9,7 +9,7 @@
  * - with the worker's user/password, publishing `ctl.shutdown`, `ctl.regroup`,
  *   `shard.*.restore` or `shard.*.snapshot` is a permissions violation, and
  *   the job goes on unaffected (every batch acknowledged once, no shutdown);
- * - the monitor user may ask `status` and nothing else;
+ * - the monitor user reads telemetry and sends no control command;
  * - the operator's credentials regroup the job (`hetps ctl regroup --auth`),
  *   and the driver logs the command with its sender's role.
  */
@@ -89,12 +89,19 @@ test('nats.secure: anonymous refused, a worker\'s credentials cannot steer the j
     }
     t.diagnostic(`worker user: ${workerErrors.length} permissions violations reported`);
 
-    // ---- the monitor user: status yes, pause no.
+    // ---- the monitor user: telemetry yes, control commands (not even status) no.
     const monitor = await connect({ servers, user: creds.monitor!.user, pass: creds.monitor!.password });
     conns.push(monitor);
-    const st = JSON.parse(new TextDecoder().decode((await monitor.request(`hps.${job}.ctl.status`, json({}), { timeout: 10_000, headers: jsonHeaders() })).data)) as { ok: boolean; result: { job: string } };
-    assert.equal(st.result.job, job, 'the monitor user reads the status');
-    await assert.rejects(monitor.request(`hps.${job}.ctl.pause`, json({ reason: 'monitor' }), { timeout: 10_000, headers: jsonHeaders() }), /Permissions Violation for Publish/);
+    const heard = monitor.subscribe(`hps.${job}.tel.>`, { max: 1 });
+    for await (const m of heard) assert.match(m.subject, new RegExp(`^hps\\.${job}\\.tel\\.`));
+    for (const cmd of ['status', 'pause']) {
+      await assert.rejects(monitor.request(`hps.${job}.ctl.${cmd}`, json({}), { timeout: 10_000, headers: jsonHeaders() }), /Permissions Violation for Publish/, `the monitor user cannot send ${cmd}`);
+    }
+    // The operator's user/password, from a raw client: any NATS client in any language can steer the job.
+    const operator = await connect({ servers, user: creds.operator!.user, pass: creds.operator!.password });
+    conns.push(operator);
+    const st = JSON.parse(new TextDecoder().decode((await operator.request(`hps.${job}.ctl.status`, json({}), { timeout: 10_000, headers: jsonHeaders() })).data)) as { result: { job: string } };
+    assert.equal(st.result.job, job, 'the operator user reads the status');
 
     // ---- the operator regroups: slow-1 joins the fast group.
     const groups = [

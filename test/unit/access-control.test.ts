@@ -32,15 +32,15 @@ test('subject patterns match as NATS matches them', () => {
   assert.ok(!subjectMatches('a.b', 'a.b.c'));
 });
 
-test('only the operator and the scheduler send control commands; the monitor only asks status', () => {
-  for (const cmd of ['shutdown', 'regroup', 'pause', 'resume', 'checkpoint', 'recover']) {
+test('only the operator and the scheduler send control commands', () => {
+  for (const cmd of ['shutdown', 'regroup', 'pause', 'resume', 'checkpoint', 'recover', 'status']) {
     const subject = `hps.${J}.ctl.${cmd}`;
     assert.ok(pub('operator', subject), `operator ${cmd}`);
     assert.ok(pub('scheduler', subject), `scheduler ${cmd}`);
     for (const role of ['worker', 'shard', 'monitor'] as const) assert.ok(!pub(role, subject), `${role} may not send ${cmd}`);
   }
-  assert.ok(pub('monitor', `hps.${J}.ctl.status`));
-  assert.ok(!pub('worker', `hps.${J}.ctl.status`));
+  assert.ok(sub('monitor', `hps.${J}.tel.batch.fast-1`), 'the monitor reads telemetry');
+  assert.ok(!pub('monitor', `hps.${J}.tel.batch.fast-1`), 'and publishes nothing of the job');
   // Every node hears the shutdown broadcast.
   for (const role of ['worker', 'shard'] as const) assert.ok(sub(role, `hps.${J}.ctl.shutdown`), `${role} hears shutdown`);
 });
@@ -180,10 +180,9 @@ test('the config refuses secure settings that cannot work, naming the key', () =
 
 test('a control command\'s sender, as the scheduler logs it', () => {
   const self = 'driver#abc';
-  assert.equal(controlSender('pause', self, self, true), 'scheduler (this driver)');
-  assert.equal(controlSender('pause', 'driver#other', self, true), 'scheduler (another driver)');
-  assert.equal(controlSender('pause', 'ctl#x1', self, true), 'operator');
-  assert.equal(controlSender('pause', 'json-client', self, true), 'operator');
-  assert.equal(controlSender('status', 'top#x1', self, true), 'operator or monitor');
-  assert.equal(controlSender('regroup', 'json-client', self, false), 'unauthenticated client (nats.secure is off)');
+  assert.equal(controlSender(self, self, true), 'scheduler (this driver)');
+  assert.equal(controlSender('driver#other', self, true), 'scheduler (another driver)');
+  assert.equal(controlSender('ctl#x1', self, true), 'operator');
+  assert.equal(controlSender('json-client', self, true), 'operator');
+  assert.equal(controlSender('json-client', self, false), 'unauthenticated client (nats.secure is off)');
 });
