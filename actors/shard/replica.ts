@@ -286,6 +286,8 @@ export class Replica {
   private rseq = 0;
   private readonly links = new Map<string, ReplicationLink>();
   private readonly dedup = new DedupTable();
+  /** The dedup table and batch logs frozen with the state for a checkpoint (`freeze` … `takeFrozen`). */
+  private frozenLogs: { token: string; dedup: DedupWindowWire[]; applied: [string, number][]; refused: string[] } | null = null;
   private readonly pending = new Map<string, DeferredReply[]>();
   private readonly applied = new Map<string, number>();
   private readonly refused = new Set<string>();
@@ -492,6 +494,13 @@ export class Replica {
   restore(state: unknown): ReturnType<ShardState['restore']> {
     this.requirePrimary('restore');
     const out = this.o.state.restore(state);
+    // The table and logs as of the snapshot's cut (none in an older checkpoint): pushes applied since are forgotten with their updates.
+    const logs = state as { dedup?: DedupWindowWire[]; applied?: [string, number][]; refused?: string[] };
+    this.dedup.import(logs.dedup ?? []);
+    this.applied.clear();
+    for (const [b, n] of logs.applied ?? []) this.applied.set(b, n);
+    this.refused.clear();
+    for (const b of logs.refused ?? []) this.refused.add(b);
     this.openRounds = [];
     for (const l of this.links.values()) l.reseed(this.rseq);
     return out;
@@ -502,14 +511,20 @@ export class Replica {
     return this.o.state.snapshot(false);
   }
 
+  /** A checkpoint's cut: the state's copy, and the dedup table as of the same moment. */
   freeze(token: string): ReturnType<ShardState['freeze']> {
     this.requirePrimary('freeze');
-    return this.o.state.freeze(token);
+    const out = this.o.state.freeze(token);
+    this.frozenLogs = { token, dedup: this.dedup.export(), applied: [...this.applied], refused: [...this.refused] };
+    return out;
   }
 
   takeFrozen(token: string): ReturnType<ShardState['takeFrozen']> {
     this.requirePrimary('take_frozen');
-    return this.o.state.takeFrozen(token);
+    const snap = this.o.state.takeFrozen(token);
+    const logs = this.frozenLogs?.token === token ? this.frozenLogs : { dedup: [], applied: [], refused: [] };
+    this.frozenLogs = null;
+    return { ...snap, dedup: logs.dedup, applied: logs.applied, refused: logs.refused };
   }
 
   /** What a new replica starts from: everything as of update `rseq` (see `seed`). */

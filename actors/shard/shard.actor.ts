@@ -25,7 +25,7 @@ import {
   createOptimizer, firstNonFinite, SparseTable, type Optimizer, type OptimizerConfigInput, type SparseTableSnapshot,
 } from '../../native-bridge/mod.ts';
 import {
-  shardMessages, type DenseBlockSnapshot, type PullReply, type PullRequest, type PushReply, type PushRequest,
+  dedupWindowSchema, shardMessages, type DenseBlockSnapshot, type PullReply, type PullRequest, type PushReply, type PushRequest,
   type RestoreReply, type ShardMessages, type ShardSnapshot, type ShardStats, type StalenessHistogram,
 } from './shard.messages.ts';
 import { StalePlanError, StaleUpdateError, SyncRoundError } from './shard.errors.ts';
@@ -859,4 +859,8 @@ const snapshotSchema = z.object({
     state: zf32(),
     steps: zu32(),
   })),
+  // The replica's (replica.ts), not the state's: accepted here so a checkpoint's snapshot restores as it is.
+  dedup: z.array(dedupWindowSchema).optional(),
+  applied: z.array(z.tuple([z.string(), z.number().int().positive()])).optional(),
+  refused: z.array(z.string()).optional(),
 });

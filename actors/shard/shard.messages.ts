@@ -247,6 +247,16 @@ export interface ShardSnapshot {
   sparse_optimizer: string;
   dense: DenseBlockSnapshot[];
   sparse: SparseTableSnapshot[];
+  /**
+   * The replica's `(from, seq)` dedup table at the cut (checkpoints; absent
+   * from a plain snapshot and from checkpoints written before it was kept):
+   * a restore puts it back, so a push applied before the cut and retried
+   * after the restore is answered from it, not applied twice.
+   */
+  dedup?: DedupWindowWire[];
+  /** The replica's log of applied batch ids (id → times) and of those refused as too stale, at the cut (checkpoints only). */
+  applied?: [string, number][];
+  refused?: string[];
 }
 
 export interface RestoreReply {

@@ -10,7 +10,7 @@
  * and round of the old ones, so versions only grow.
  */
 import { denseBlocksByShard, partitionOf, type ShardPlan } from '../../topology/mod.ts';
-import type { DenseBlockSnapshot, ShardSnapshot } from '../shard/shard.messages.ts';
+import type { DedupWindowWire, DenseBlockSnapshot, ShardSnapshot } from '../shard/shard.messages.ts';
 import type { SparseTableSnapshot } from '../../native-bridge/mod.ts';
 import { CheckpointError } from './checkpoint.ts';
 
@@ -90,6 +90,13 @@ export function reshard(snapshots: ReadonlyMap<string, ShardSnapshot>, plan: Sha
     }
   }
 
+  // Every old shard's dedup table goes to every new one: a sender's seq numbers are its own across shards, so they never collide.
+  const dedup = snaps.flatMap((s) => s.dedup ?? []);
+  // Each dense-owning shard logged every batch once: the new shards' log is the union (a batch's count: its most on any old shard).
+  const applied = new Map<string, number>();
+  for (const s of snaps) for (const [b, n] of s.applied ?? []) applied.set(b, Math.max(n, applied.get(b) ?? 0));
+  const refused = [...new Set(snaps.flatMap((s) => s.refused ?? []))];
+  const logs = snaps.some((s) => s.applied !== undefined) ? { applied: [...applied], refused } : {};
   const version = Math.max(...snaps.map((s) => s.version));
   const round = Math.max(...snaps.map((s) => s.round));
   const blocks = denseBlocksByShard(plan);
@@ -103,7 +110,7 @@ export function reshard(snapshots: ReadonlyMap<string, ShardSnapshot>, plan: Sha
     });
     out.set(shard, {
       format: 1, shard, plan_version: plan.version, version, round, dense_optimizer: first.dense_optimizer, sparse_optimizer: first.sparse_optimizer,
-      dense: myBlocks, sparse: [],
+      dense: myBlocks, sparse: [], ...(dedup.length ? { dedup: mergeDedup(dedup) } : {}), ...logs,
     });
   }
   for (const [table, parts] of rowsOf) {
@@ -132,4 +139,19 @@ export function reshard(snapshots: ReadonlyMap<string, ShardSnapshot>, plan: Sha
     for (const [shard, { at: _at, ...t }] of built) out.get(shard)!.sparse.push(t);
   }
   return out;
+}
+
+/** One window per sender: the windows of several shards for the same sender, merged. */
+function mergeDedup(windows: readonly DedupWindowWire[]): DedupWindowWire[] {
+  const by = new Map<string, { evicted: number; replies: Map<number, DedupWindowWire['replies'][number]> }>();
+  for (const w of windows) {
+    let m = by.get(w.from);
+    if (m === undefined) { m = { evicted: w.evicted_up_to, replies: new Map() }; by.set(w.from, m); }
+    m.evicted = Math.max(m.evicted, w.evicted_up_to);
+    w.seqs.forEach((seq, i) => m!.replies.set(seq, w.replies[i]!));
+  }
+  return [...by].map(([from, m]) => {
+    const seqs = [...m.replies.keys()].sort((a, b) => a - b);
+    return { from, evicted_up_to: m.evicted, seqs, replies: seqs.map((q) => m.replies.get(q)!) };
+  });
 }

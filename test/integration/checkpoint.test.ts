@@ -28,7 +28,7 @@ import { decode } from '@msgpack/msgpack';
 import * as ort from 'onnxruntime-node';
 import { type Child, clusterAndDirForFile, explainExit, hetps, ROOT } from '../support/ps.ts';
 import { until } from '../support/until.ts';
-import { listCheckpoints, newestValidCheckpoint, verifyCheckpoint } from '../../actors/store/checkpoint.ts';
+import { listCheckpoints, newestValidCheckpoint, readCheckpointState, verifyCheckpoint } from '../../actors/store/checkpoint.ts';
 
 const env = clusterAndDirForFile('hetps-ckpt-');
 const JOB = 'ckptq';
@@ -92,6 +92,11 @@ test('quick start with checkpoint.every_s 2: periodic, ctl.checkpoint and end-of
     assert.ok(mine.bytes > 0 && mine.files === 2, JSON.stringify(mine));
     assert.ok(mine.batches_done >= 100, `the cut counts the batches acknowledged so far (${mine.batches_done})`);
     await verifyCheckpoint(mine.path);
+    // Each shard's state holds its replica's (from, seq) dedup table and applied-batch log as of the cut.
+    for (const [shard, snap] of (await readCheckpointState(mine.path)).snapshots) {
+      assert.ok((snap.dedup ?? []).length >= 1 && snap.dedup!.every((w) => w.seqs.length === w.replies.length), `${shard}: a dedup table`);
+      assert.ok((snap.applied ?? []).length >= 1, `${shard}: the applied-batch log`);
+    }
     // A path of its own (the API's saveCheckpoint) must be absolute and new: refused by name, before any pause.
     const relative = await ctl(nc, 'checkpoint', { path: 'here' });
     assert.equal(relative.type, 'error');

@@ -106,3 +106,26 @@ test('what cannot be re-sharded is refused by name: a parameter the model lacks,
   dims.set('s1', { ...s1, sparse: [{ ...s1.sparse[0]!, dim: 5 }] });
   assert.throws(() => reshard(dims, to, '/ck'), /sparse table emb has rows of 5, the plan 3/);
 });
+
+test('re-sharded, every new shard gets the dedup table and the applied-batch log of all the old ones', () => {
+  const from = plan(['s1', 's2'], 4);
+  const snaps = snapshotsOf(from, [3, 10, 17]);
+  const reply = (v: number) => ({ version: v, applied: true, staleness: 0, lr_scale: 1 });
+  snaps.get('s1')!.dedup = [{ from: 'w1#a', evicted_up_to: -1, seqs: [4, 5], replies: [reply(1), reply(2)] }];
+  snaps.get('s2')!.dedup = [{ from: 'w1#a', evicted_up_to: 2, seqs: [6], replies: [reply(3)] }, { from: 'w2#b', evicted_up_to: -1, seqs: [1], replies: [reply(4)] }];
+  // Both dense-owning shards applied b1 and b2 once; s2 also refused b3 as too stale.
+  snaps.get('s1')!.applied = [['b1', 1], ['b2', 1]];
+  snaps.get('s2')!.applied = [['b1', 1], ['b2', 1]];
+  snaps.get('s2')!.refused = ['b3'];
+  const out = reshard(snaps, plan(['s1', 's2', 's3'], 9), '/ck');
+  for (const [shard, s] of out) {
+    assert.deepEqual(s.dedup, [
+      { from: 'w1#a', evicted_up_to: 2, seqs: [4, 5, 6], replies: [reply(1), reply(2), reply(3)] },
+      { from: 'w2#b', evicted_up_to: -1, seqs: [1], replies: [reply(4)] },
+    ], `${shard}: one window per sender`);
+    assert.deepEqual(s.applied, [['b1', 1], ['b2', 1]], `${shard}: each batch once, not once per old shard`);
+    assert.deepEqual(s.refused, ['b3']);
+  }
+  // A checkpoint written before the logs were kept re-shards without them.
+  assert.equal(reshard(snapshotsOf(from, [3]), plan(['s1', 's2', 's3'], 9), '/ck').get('s3')!.dedup, undefined);
+});

@@ -160,7 +160,7 @@ ${MODEL_AND_DATA}`);
     assert.deepEqual(c.job, { name: 'hetps', run_dir: '.hetps/runs' });
     assert.deepEqual(c.nats, {
       servers: null, user: null, pass: null, token: null, nkey_seed: null, creds_file: null, tls: null,
-      max_payload: null, connect_timeout_ms: 20_000, ping_interval_ms: 2_000,
+      max_payload: null, connect_timeout_ms: 20_000, ping_interval_ms: 2_000, secure: false, auth_dir: null,
     });
     assert.deepEqual(c.cluster.worker_groups[0], { name: 'g1', nodes: ['w1', 'w2'], sync_mode: 'sync', sync_steps: 4, accumulation_steps: null, adaptive_threshold: null });
     assert.deepEqual(c.nodes, {});

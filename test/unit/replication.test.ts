@@ -16,7 +16,7 @@ import {
 import { ShardState, type PushReply, type PushRequest, type ShardStats } from '../../actors/mod.ts';
 import { ShardHost } from '../../actors/shard/shard-host.ts';
 import { replicaId } from '../../actors/shard/replica.ts';
-import type { IntegrityReply } from '../../actors/shard/shard.messages.ts';
+import type { IntegrityReply, ShardSnapshot } from '../../actors/shard/shard.messages.ts';
 import { memoryPlanStore, type PlanStore } from '../../actors/store/plan-store.ts';
 import { ShardFailover, createFailoverActor } from '../../actors/scheduler/failover.ts';
 import type { HealthState, HealthView } from '../../actors/health/health.types.ts';
@@ -201,6 +201,33 @@ describe('replicated shards', () => {
       await lab.ask('n2', 'push', push(v2, { batches: ['y'] }) as unknown as Record<string, unknown>);
       await assert.rejects(lab.ask('n2', 'push', push(lab.plan, { batches: ['z'] }) as unknown as Record<string, unknown>), (e: Error) => e.name === 'StalePlanError');
       assert.equal((await lab.ask<ShardStats>('n2', 'stats')).version, 2);
+    } finally {
+      await lab.close();
+    }
+  });
+
+  test('a checkpoint\'s cut holds the dedup table: after a restore a push from before the cut is answered, one from after it is applied again', async () => {
+    const lab = new Lab(plan());
+    try {
+      await lab.start('n1'); await lab.start('n2');
+      const first = await lab.ask<PushReply>('n1', 'push', push(lab.plan, { batches: ['x'] }) as unknown as Record<string, unknown>, 77);
+      await lab.ask('n1', 'freeze', { token: 'cut1' });
+      const snap = await lab.ask<ShardSnapshot>('n1', 'take_frozen', { token: 'cut1' });
+      assert.equal(snap.version, 1);
+      assert.deepEqual(snap.dedup!.map((w) => w.seqs), [[77]], 'the table as of the cut');
+      await lab.ask('n1', 'push', push(lab.plan, { batches: ['y'] }) as unknown as Record<string, unknown>, 78);
+      assert.equal((await lab.ask<ShardStats>('n1', 'stats')).version, 2);
+      // Back to the cut (what a resume does): the push after it is gone with its update.
+      await lab.ask('n1', 'restore', { state: snap as unknown as Record<string, unknown> });
+      assert.equal((await lab.ask<ShardStats>('n1', 'stats')).version, 1);
+      assert.deepEqual(await lab.ask<PushReply>('n1', 'push', push(lab.plan, { batches: ['x'] }) as unknown as Record<string, unknown>, 77), first, 'x was in the checkpoint: answered, not applied twice');
+      assert.equal((await lab.ask<ShardStats>('n1', 'stats')).version, 1);
+      await lab.ask('n1', 'push', push(lab.plan, { batches: ['y'] }) as unknown as Record<string, unknown>, 78);
+      assert.equal((await lab.ask<ShardStats>('n1', 'stats')).version, 2, 'y was not: applied again');
+      // The backup was seeded again from the restored primary, dedup table included.
+      await until(async () => (await lab.ask<ShardStats>('n2', 'stats')).version === 2, 'the backup to follow', 5_000);
+      const [a, b] = await Promise.all(['n1', 'n2'].map((n) => lab.ask<IntegrityReply>(n, 'integrity')));
+      assert.equal(a!.hash, b!.hash);
     } finally {
       await lab.close();
     }
