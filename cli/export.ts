@@ -2,13 +2,15 @@
  * `hetps export --checkpoint DIR --out model.onnx`: a checkpoint's trained
  * weights and seen embedding rows as one self-contained ONNX inference
  * graph, checked to load in onnxruntime-node before it is written
- * (atomically). `hetps eval --model model.onnx --config X`: that file
+ * (atomically). A model over 2 GiB (a protobuf limit) keeps its large
+ * initializers in `model.onnx.data` next to it (ONNX external data), as
+ * does any model with `--external-data-above BYTES`. `hetps eval --model model.onnx --config X`: that file
  * scored on the config's test split by plain ONNX Runtime — the metrics of
  * the job's summary.
  */
 import type { Command } from 'commander';
-import { readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
+import { mkdtemp, open, readFile, rename, rm, stat } from 'node:fs/promises';
+import { basename, dirname, join, resolve } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import { ConfigError } from '../runtime/errors.ts';
 import { loadConfig } from '../topology/mod.ts';
@@ -20,6 +22,19 @@ import { newestValidCheckpoint, type CheckpointModel } from '../actors/store/che
 import { exportCheckpoint } from '../actors/store/checkpoint-export.ts';
 
 const mib = (bytes: number) => `${(bytes / 2 ** 20).toFixed(2)} MiB`;
+
+/** `chunks` written to `file` in order and fsynced. */
+async function writeDurably(file: string, chunks: readonly Uint8Array[]): Promise<void> {
+  const h = await open(file, 'w');
+  try {
+    for (const c of chunks) {
+      for (let at = 0; at < c.byteLength;) at += (await h.write(c, at, Math.min(c.byteLength - at, 1 << 30))).bytesWritten;
+    }
+    await h.sync();
+  } finally {
+    await h.close();
+  }
+}
 
 /** DIR itself when it is one checkpoint; a checkpoint root: its newest checkpoint that verifies (saying which, and what was refused). */
 async function checkpointDir(dir: string, say: (line: string) => void): Promise<string> {
@@ -53,8 +68,13 @@ export function register(program: Command): void {
     .requiredOption('--checkpoint <dir>', 'a checkpoint directory (a delta brings its chain), or a checkpoint root: its newest usable checkpoint')
     .requiredOption('--out <file>', 'the .onnx file to write')
     .option('--config <file>', 'the job\'s config: only for a checkpoint that does not record its model (written by an older hetps)')
-    .option('--json', 'print { path, checkpoint, job, model, rows, bytes, inputs, outputs } on stdout', false)
-    .action(async (flags: { checkpoint: string; out: string; config?: string; json: boolean }) => {
+    .option('--external-data-above <bytes>', 'write every initializer of at least this many bytes to <out>.data (ONNX external data); default: only when the model would exceed 2 GiB')
+    .option('--json', 'print { path, checkpoint, job, model, rows, bytes, external_data, inputs, outputs } on stdout', false)
+    .action(async (flags: { checkpoint: string; out: string; config?: string; externalDataAbove?: string; json: boolean }) => {
+      const externalAbove = flags.externalDataAbove === undefined ? null : Number(flags.externalDataAbove);
+      if (externalAbove !== null && !(Number.isInteger(externalAbove) && externalAbove >= 1)) {
+        throw new ConfigError(`--external-data-above must be a whole number of bytes ≥ 1, got ${JSON.stringify(flags.externalDataAbove)}`, { data: { field: '--external-data-above' } });
+      }
       const say = (line: string) => process.stderr.write(`${line}\n`);
       const dir = await checkpointDir(flags.checkpoint, say);
       let fallback: CheckpointModel | null = null;
@@ -64,28 +84,35 @@ export function register(program: Command): void {
       }
       say(`export: reading ${dir} (and its chain), building the inference graph`);
       const t0 = Date.now();
-      const { graph, manifest, model, rows } = await exportCheckpoint(dir, fallback);
-      say(`export: ${Object.entries(rows).map(([t, n]) => `${n} ${t} rows`).join(', ') || 'dense parameters only'}, ${mib(graph.bytes.byteLength)} `
-        + `in ${((Date.now() - t0) / 1000).toFixed(1)} s; checking that onnxruntime loads it`);
-      // What the user will do with it first: load it in plain ONNX Runtime. A file that does not load is not written.
-      const check = await ort.InferenceSession.create(graph.bytes);
-      await check.release();
       const out = resolve(flags.out);
-      const tmp = `${out}.tmp-${process.pid}`;
+      const location = `${basename(out)}.data`;
+      const { graph, manifest, model, rows } = await exportCheckpoint(dir, fallback, { externalLocation: location, externalAbove });
+      const ext = graph.external ?? null;
+      say(`export: ${Object.entries(rows).map(([t, n]) => `${n} ${t} rows`).join(', ') || 'dense parameters only'}, ${mib(graph.bytes.byteLength)}`
+        + `${ext ? ` + ${mib(ext.bytes)} of external data (${location})` : ''} in ${((Date.now() - t0) / 1000).toFixed(1)} s; checking that onnxruntime loads it`);
+      // Written under a temporary directory next to the target with their final names (the model names its data file),
+      // loaded from there by plain ONNX Runtime — what the user will do first — and only then moved into place.
+      const tmpDir = await mkdtemp(join(dirname(out), `.${basename(out)}.tmp-`));
       try {
-        await writeFile(tmp, graph.bytes);
-        await rename(tmp, out);
+        const tmpModel = join(tmpDir, basename(out));
+        await writeDurably(tmpModel, [graph.bytes]);
+        if (ext) await writeDurably(join(tmpDir, location), ext.chunks);
+        const check = await ort.InferenceSession.create(tmpModel);
+        await check.release();
+        if (ext) await rename(join(tmpDir, location), join(dirname(out), location));
+        await rename(tmpModel, out);
       } finally {
-        await rm(tmp, { force: true });
+        await rm(tmpDir, { recursive: true, force: true });
       }
+      const externalData = ext ? { path: join(dirname(out), location), bytes: ext.bytes } : null;
       const inputs = graph.inputs.map((i) => ({ name: i.name, dtype: i.dtype, dims: i.dims, doc: i.doc }));
       const outputs = graph.outputs.map((i) => ({ name: i.name, dtype: i.dtype, dims: i.dims, doc: i.doc }));
       if (flags.json) {
-        process.stdout.write(`${JSON.stringify({ path: out, checkpoint: dir, job: manifest.job, model, rows, bytes: graph.bytes.byteLength, inputs, outputs })}\n`);
+        process.stdout.write(`${JSON.stringify({ path: out, checkpoint: dir, job: manifest.job, model, rows, bytes: graph.bytes.byteLength, external_data: externalData, inputs, outputs })}\n`);
         return;
       }
       const rowText = Object.entries(rows).map(([t, n]) => `${n} ${t} rows`).join(', ');
-      process.stdout.write(`exported ${manifest.name} (job ${manifest.job}, ${model.type}${rowText ? `, ${rowText}` : ''}) to ${out}, ${mib(graph.bytes.byteLength)}\n`
+      process.stdout.write(`exported ${manifest.name} (job ${manifest.job}, ${model.type}${rowText ? `, ${rowText}` : ''}) to ${out}, ${mib(graph.bytes.byteLength)}${externalData ? ` (+ ${externalData.path}, ${mib(externalData.bytes)}: keep the two together)` : ''}\n`
         + `inputs: ${inputs.map((i) => `${i.name} ${i.dtype} [${i.dims.join(', ')}]`).join('; ')}\n`
         + `output: ${outputs.map((i) => `${i.name} ${i.dtype} [${i.dims.join(', ')}]`).join('; ')}\n`
         + `score the test split with: hetps eval --model ${flags.out} --config <the job's config>\n`);
@@ -119,7 +146,8 @@ export function register(program: Command): void {
       }
       let last = Date.now();
       const total = source.describe().testSize;
-      const evaluation = await evaluateExported(bytes, source, {
+      // From the file: a model with external data finds it next to itself.
+      const evaluation = await evaluateExported(resolve(flags.model), source, {
         batchSize: Math.max(config.data.batch_size, EVAL_BATCH_MIN), threads, inputWidth: model.family === 'mlp' ? (model as { inputWidth: number }).inputWidth : null,
         onBatch: (n) => { if (!flags.json && Date.now() - last > 2_000) { last = Date.now(); process.stderr.write(`eval: ${n}/${total} test samples\n`); } },
       });

@@ -61,7 +61,7 @@ import { connectDriver, natsBackend, natsStandbyBackend } from './nats-backend.t
 import { embeddedBackend } from './embedded-backend.ts';
 import { setupStep } from './setup-step.ts';
 import { Checkpointer, type CheckpointTaken } from '../actors/scheduler/checkpointer.ts';
-import { checkpointRoot, type ResumePoint } from '../actors/store/checkpoint.ts';
+import { checkpointRoot, readManifest, type CheckpointManifest, type ResumePoint } from '../actors/store/checkpoint.ts';
 import { layoutMatches, reshard } from '../actors/store/checkpoint-reshard.ts';
 import type { ShardSnapshot } from '../actors/shard/shard.messages.ts';
 
@@ -357,7 +357,7 @@ async function createJob(ctx: JobContext, backend: JobBackend, grouping: JobGrou
   const prepared = await prepareJob({
     config, runId: ctx.runId, maxPayload: backend.transport.bus.maxPayload, md: ctx.md, planStore: backend.planStore, jobStore: backend.jobStore,
     queue: backend.queue, ackWaitMs: ctx.ackWaitMs, groups: grouping?.criterion === 'config' ? null : grouping?.groups ?? null,
-    ...(resume === null ? {} : { beforeQueue: (plan: ShardPlan) => restoreShards(ctx, backend, plan, resume), done: resume.done }),
+    ...(resume === null ? {} : { beforeQueue: (plan: ShardPlan) => restoreShards(ctx, backend, plan, resume), done: resume.done, resumedFrom: resume.path }),
   });
   out.line(`job created: plan v${prepared.plan.version} (${prepared.plan.dense.length} dense blocks, ${prepared.plan.partitions} sparse partitions over ${prepared.plan.shards.join(', ')}), `
     + `${prepared.descriptors.length} batches of ${config.data.batch_size} over ${config.data.epochs} epoch(s) queued`
@@ -905,7 +905,10 @@ export async function runStandby(o: StandbyRunOptions, out: JobPrinter): Promise
     });
     const plan = await natsPlanStore(driver.nc, job).get();
     if (plan === null) throw new HetpsError(`run ${info.run_id} of job ${job} has job info but no shard plan: cannot take it over`);
-    const descriptors = batchDescriptors(config, md.source);
+    // A resumed run: the batches done before its checkpoint are not the run's (the checkpoint's manifest says which).
+    const done = info.resumed_from ? await doneBefore(info.resumed_from, info.run_id) : new Set<string>();
+    if (info.resumed_from) out.line(`run ${info.run_id} resumed from ${info.resumed_from.checkpoint}: its ${done.size} batches done before it are not this run's`);
+    const descriptors = batchDescriptors(config, md.source).filter((d) => !done.has(d.batch_id));
     if (descriptors.length !== info.total_batches) {
       throw new ConfigError(`${o.configArg} gives ${descriptors.length} batches, but run ${info.run_id} has ${info.total_batches}: `
         + 'the standby needs the config the job\'s driver was started with', { data: { field: 'data' } });
@@ -962,7 +965,7 @@ export async function runStandby(o: StandbyRunOptions, out: JobPrinter): Promise
 
   const summary = summaryOf(ctx, conducted, {
     t0, embedded: false, servers, evalEveryS: o.evalEveryS, evalSamples: o.evalSamples, controlReplies: null,
-    grouping: groupingAtTakeover(config, info),
+    grouping: groupingAtTakeover(config, info), resumedFrom: info.resumed_from ?? null,
     scheduler: {
       lease_ms: lease.leaseMs, holder: lease.holder, takeovers: lease.takeovers,
       acks_seen_from: infoAtStart !== null && infoAtStart.run_id === info.run_id ? 'standby_start' : 'job_start',
@@ -970,4 +973,20 @@ export async function runStandby(o: StandbyRunOptions, out: JobPrinter): Promise
   });
   await writeSummary(summary, ctx.runDir, o.summaryPath);
   return summary;
+}
+
+/** The batches done before the checkpoint a run resumed from, as its manifest records them; refused by name when it cannot be read. */
+async function doneBefore(from: { checkpoint: string; batches_done: number }, runId: string): Promise<Set<string>> {
+  let manifest: CheckpointManifest;
+  try {
+    manifest = await readManifest(from.checkpoint);
+  } catch (e) {
+    throw new HetpsError(`run ${runId} resumed from checkpoint ${from.checkpoint}, which this standby cannot read (${(e as Error).message}): `
+      + 'a standby of a resumed run needs that checkpoint directory (the same checkpoint.dir, on this machine or shared storage)', { cause: e });
+  }
+  const done = new Set(manifest.data?.acked ?? []);
+  if (done.size !== from.batches_done) {
+    throw new HetpsError(`run ${runId} resumed from checkpoint ${from.checkpoint} with ${from.batches_done} batches done, but its manifest lists ${done.size}: not the checkpoint the run started from`);
+  }
+  return done;
 }

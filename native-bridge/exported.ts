@@ -42,15 +42,17 @@ export function onnxMetadata(bytes: Uint8Array): Record<string, string> {
  * and log loss, an mlp graph (input `x`) accuracy and cross-entropy.
  * `onBatch` is called after each batch with the samples scored so far.
  */
-export async function evaluateExported(bytes: Uint8Array, source: DataSource, o: {
+export async function evaluateExported(model: Uint8Array | string, source: DataSource, o: {
   batchSize: number; threads: number | null;
   /** An mlp's input width, to hash token batches into features as the trainer does (`hashedBagOfIds`); null: not an mlp. */
   inputWidth: number | null;
   onBatch?: (samples: number) => void;
 }): Promise<Evaluation> {
-  const session = await ort.InferenceSession.create(bytes, {
+  // A file path lets ONNX Runtime find a model's external data next to it.
+  const options: ort.InferenceSession.SessionOptions = {
     executionProviders: ['cpu'], graphOptimizationLevel: 'all', ...(o.threads === null ? {} : { intraOpNumThreads: o.threads }),
-  });
+  };
+  const session = typeof model === 'string' ? await ort.InferenceSession.create(model, options) : await ort.InferenceSession.create(model, options);
   try {
     const inputs = new Set(session.inputNames);
     const stream = streamOptions('test', o.batchSize, { shuffle: false });

@@ -1,7 +1,7 @@
 /** Public entry of native-bridge: what actors, cli and bench import. */
 export type {
   TensorDType, TensorDataOf, TensorData, Dim, TensorSpec, HostTensor, StepFeeds, ExecutionProvider,
-  GraphKind, SessionOptions, ModelGraph, DenseParamSpec, MatmulProbeResult,
+  GraphKind, SessionOptions, ModelGraph, DenseParamSpec, MatmulProbeResult, ExternalData, ExternalDataOptions,
 } from './native.ts';
 export { f32, i32, i64 } from './native.ts';
 export { GraphBuilder, OPSET } from './onnx-builder.ts';

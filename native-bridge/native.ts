@@ -70,9 +70,29 @@ export interface ModelGraph {
   readonly kind: GraphKind;
   readonly inputs: readonly TensorSpec[];
   readonly outputs: readonly TensorSpec[];
-  /** ModelProto bytes, ready for `InferenceSession.create(bytes)`. */
+  /** ModelProto bytes, ready for `InferenceSession.create(bytes)` (with external data: from a file, next to it). */
   readonly bytes: Uint8Array;
+  /** Initializers kept out of `bytes` (ONNX external data), to be written to `location` next to the model file; absent: none. */
+  readonly external?: ExternalData | null;
 }
+
+/**
+ * ONNX external data: initializers of at least `minBytes` are written to a
+ * file of their own (`location`, relative to the model file) instead of into
+ * the model, which a protobuf message limits to 2 GiB.
+ */
+export interface ExternalDataOptions {
+  location: string;
+  minBytes: number;
+}
+
+/** The external data file's content: `chunks` written in order (offsets 4 KiB-aligned), `bytes` in all. */
+export interface ExternalData {
+  location: string;
+  chunks: Uint8Array[];
+  bytes: number;
+}
+
 
 /** A dense parameter of a model: fixed shape, float32. */
 export interface DenseParamSpec {

@@ -4,7 +4,7 @@
  */
 import onnxProto from 'onnx-proto';
 import type { onnx as Onnx } from 'onnx-proto';
-import type { Dim, TensorDType, TensorSpec } from './native.ts';
+import type { Dim, ExternalData, ExternalDataOptions, TensorDType, TensorSpec } from './native.ts';
 
 const { onnx } = onnxProto;
 
@@ -61,6 +61,8 @@ function rawBytes(data: Float32Array | Int32Array | BigInt64Array): Uint8Array {
   return new Uint8Array(data.buffer.slice(data.byteOffset, data.byteOffset + data.byteLength));
 }
 
+const EXTERNAL_ALIGN = 4096;
+
 export class GraphBuilder {
   private readonly inputs: Onnx.IValueInfoProto[] = [];
   private readonly outputs: Onnx.IValueInfoProto[] = [];
@@ -75,7 +77,20 @@ export class GraphBuilder {
   readonly inputSpecs: TensorSpec[] = [];
   readonly outputSpecs: TensorSpec[] = [];
 
-  constructor(readonly name: string) {}
+  private readonly externalChunks: Uint8Array[] = [];
+  private externalBytes = 0;
+
+  constructor(readonly name: string, private readonly externalOptions: ExternalDataOptions | null = null) {
+    if (externalOptions !== null && (!externalOptions.location || /[\\/]/.test(externalOptions.location))) {
+      throw new Error(`graph ${name}: external data location must be a file name next to the model, got ${JSON.stringify(externalOptions.location)}`);
+    }
+  }
+
+  /** What goes to the external data file; null when no initializer went there. */
+  get externalData(): ExternalData | null {
+    const o = this.externalOptions;
+    return o === null || this.externalBytes === 0 ? null : { location: o.location, chunks: this.externalChunks, bytes: this.externalBytes };
+  }
 
   private claim(name: string): string {
     if (this.names.has(name)) throw new Error(`graph ${this.name}: value ${name} defined twice`);
@@ -105,6 +120,20 @@ export class GraphBuilder {
   }
 
   initializer(name: string, dtype: TensorDType, dims: readonly number[], data: Float32Array | Int32Array | BigInt64Array): string {
+    const ext = this.externalOptions;
+    if (ext !== null && data.byteLength >= ext.minBytes) {
+      const pad = (EXTERNAL_ALIGN - (this.externalBytes % EXTERNAL_ALIGN)) % EXTERNAL_ALIGN;
+      if (pad > 0) { this.externalChunks.push(new Uint8Array(pad)); this.externalBytes += pad; }
+      const offset = this.externalBytes;
+      // A view, not a copy: the data stays as the caller made it until the file is written.
+      this.externalChunks.push(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
+      this.externalBytes += data.byteLength;
+      this.initializers.push({
+        name: this.claim(name), dataType: ELEM_TYPE[dtype], dims: [...dims], dataLocation: onnx.TensorProto.DataLocation.EXTERNAL,
+        externalData: [{ key: 'location', value: ext.location }, { key: 'offset', value: String(offset) }, { key: 'length', value: String(data.byteLength) }],
+      });
+      return name;
+    }
     this.initializers.push({ name: this.claim(name), dataType: ELEM_TYPE[dtype], dims: [...dims], rawData: rawBytes(data) });
     return name;
   }

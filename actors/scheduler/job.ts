@@ -124,6 +124,8 @@ export async function prepareJob(o: {
   beforeQueue?: (plan: ShardPlan) => Promise<void>;
   /** A resume: batches done before it (left out of the queue and of total_batches). */
   done?: ReadonlySet<string>;
+  /** A resume: the checkpoint it starts from (recorded in the job info, for a standby taking the run over). */
+  resumedFrom?: string;
 }): Promise<PreparedJob> {
   const { config } = o;
   let plan = shardPlanFromConfig(config, o.md.model, o.maxPayload);
@@ -157,6 +159,7 @@ export async function prepareJob(o: {
     paused: false,
     rejoining: [],
     standbys: [...config.fault_tolerance.standby_workers],
+    ...(o.resumedFrom !== undefined ? { resumed_from: { checkpoint: o.resumedFrom, batches_done: done.size } } : {}),
   };
   await o.jobStore.put(info);
   return { plan, descriptors, info, done };

@@ -8,14 +8,24 @@
  * initializers: `CtrModel.exportGraph` / `MlpModel.exportGraph`.
  */
 import { ConfigError } from '../../runtime/errors.ts';
-import { ctrModel, mlpModel, type CtrModel, type MlpModel, type ModelGraph, type TableRows } from '../../native-bridge/mod.ts';
+import { ctrModel, mlpModel, type CtrModel, type ExternalDataOptions, type MlpModel, type ModelGraph, type TableRows } from '../../native-bridge/mod.ts';
 import type { ShardSnapshot } from '../shard/shard.messages.ts';
 import { EMB_TABLE, WIDE_TABLE } from '../node/config-bridge.ts';
 import { CheckpointError, readCheckpointState, type CheckpointManifest, type CheckpointModel } from './checkpoint.ts';
 import { wholeDense } from './checkpoint-reshard.ts';
 
-/** protobuf messages cannot exceed 2 GiB; ONNX external data would lift that, hetps does not write it yet. */
+/** protobuf messages cannot exceed 2 GiB: a model estimated above this keeps its large initializers in an external data file. */
 const PROTOBUF_LIMIT = 2 ** 31 - 1;
+const ROOM = 64 * 2 ** 20;
+/** Initializers of at least this size go to the external data file when the model would not fit in one file. */
+const AUTO_EXTERNAL_MIN_BYTES = 2 ** 20;
+
+export interface ExportOptions {
+  /** The external data file's name (next to the model file), e.g. `model.onnx.data`. */
+  externalLocation: string;
+  /** Initializers of at least this many bytes go to it; null: only when the model would not fit in one file (2 GiB). */
+  externalAbove: number | null;
+}
 
 export interface ExportedModel {
   graph: ModelGraph;
@@ -52,7 +62,7 @@ function tableRows(snaps: readonly ShardSnapshot[], table: string, dim: number):
  * graph. `fallback`: the model to use when the manifest records none
  * (a checkpoint written before hetps recorded it).
  */
-export async function exportCheckpoint(path: string, fallback: CheckpointModel | null = null): Promise<ExportedModel> {
+export async function exportCheckpoint(path: string, fallback: CheckpointModel | null = null, o: ExportOptions | null = null): Promise<ExportedModel> {
   const { manifest, snapshots } = await readCheckpointState(path);
   const described = manifest.model ?? fallback;
   if (described === null) throw new ConfigError(`checkpoint ${path} does not record its model (written by an older hetps); give the job's config with --config`);
@@ -66,18 +76,30 @@ export async function exportCheckpoint(path: string, fallback: CheckpointModel |
   };
   let graph: ModelGraph;
   const rows: Record<string, number> = {};
+  const denseBytes = [...dense.values()].reduce((a, v) => a + v.byteLength, 0);
+  /** External data as asked, or where the model would not fit in one protobuf message. */
+  const externalFor = (bytes: number): ExternalDataOptions | null => {
+    if (o?.externalAbove != null) return { location: o.externalLocation, minBytes: o.externalAbove };
+    if (bytes <= PROTOBUF_LIMIT - ROOM) return null;
+    if (o === null) throw new ConfigError(`checkpoint ${path}: the model is ${(bytes / 2 ** 30).toFixed(1)} GiB, more than one ONNX file holds (2 GiB); export it with an external data file (hetps export does so by itself)`);
+    return { location: o.externalLocation, minBytes: AUTO_EXTERNAL_MIN_BYTES };
+  };
   if (described.type === 'ctr') {
     const emb = tableRows(snaps, EMB_TABLE, described.embedding_dim);
     const wide = described.wide ? tableRows(snaps, WIDE_TABLE, 1) : null;
     rows[EMB_TABLE] = emb.ids.length;
     if (wide !== null) rows[WIDE_TABLE] = wide.ids.length;
-    const bytes = emb.values.byteLength + (emb.ids.length + (wide?.ids.length ?? 0)) * 24;
-    if (bytes > PROTOBUF_LIMIT) {
-      throw new ConfigError(`checkpoint ${path} holds ${emb.ids.length} embedding rows (${(bytes / 2 ** 30).toFixed(1)} GiB), more than one ONNX file can hold (2 GiB, a protobuf limit); hetps does not write ONNX external data yet`);
+    // The embedding and wide tables (with their zero row), and the LabelEncoder's keys and values (int64 each).
+    const bytes = denseBytes + emb.values.byteLength + (emb.ids.length + (wide?.ids.length ?? 0)) * 24;
+    // The id → row map is the LabelEncoder's attributes (an int64 key and value per seen id): it stays in the model file itself.
+    const seenIds = Math.max(emb.ids.length, wide?.ids.length ?? 0);
+    if (seenIds * 16 > PROTOBUF_LIMIT - ROOM) {
+      throw new ConfigError(`checkpoint ${path} holds ${seenIds} seen rows: their id → row map (16 bytes a row, the attributes of an ONNX-ML LabelEncoder) `
+        + `must sit in the model file, which holds 2 GiB, so at most ${Math.floor((PROTOBUF_LIMIT - ROOM) / 16)} rows can be exported`);
     }
-    graph = (model as CtrModel).exportGraph({ dense, emb, wide, hashBuckets: described.hash_buckets, metadata });
+    graph = (model as CtrModel).exportGraph({ dense, emb, wide, hashBuckets: described.hash_buckets, metadata, externalData: externalFor(bytes) });
   } else {
-    graph = (model as MlpModel).exportGraph({ dense, metadata });
+    graph = (model as MlpModel).exportGraph({ dense, metadata, externalData: externalFor(denseBytes) });
   }
   return { graph, manifest, model: described, rows };
 }

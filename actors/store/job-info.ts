@@ -67,6 +67,12 @@ export const jobInfoSchema = z.object({
    * place of a dead member (whose name then moves here).
    */
   standbys: z.array(z.string()).default([]),
+  /**
+   * `hetps up --resume`: the checkpoint the run started from and the batches
+   * done before it (left out of `total_batches`); a standby that takes the
+   * run over reads which they are from that checkpoint's manifest.
+   */
+  resumed_from: z.object({ checkpoint: z.string().min(1), batches_done: z.number().int().nonnegative() }).nullable().optional(),
 });
 export type JobInfo = z.infer<typeof jobInfoSchema>;
 

@@ -22,7 +22,7 @@
  * by max(count, 1), so an empty bag pools to the zero vector.
  */
 import { ConfigError, InvalidTensorError } from '../../runtime/errors.ts';
-import type { DenseParamSpec, GraphKind, HostTensor, ModelGraph, StepFeeds } from '../native.ts';
+import type { DenseParamSpec, ExternalDataOptions, GraphKind, HostTensor, ModelGraph, StepFeeds } from '../native.ts';
 import { GraphBuilder, scalarTensor } from '../onnx-builder.ts';
 import type { Model } from './model.ts';
 import { denseParam, dimOf, exportedParam, inverseDimOf, towerBackward, towerForward, type TowerLayer } from './tower.ts';
@@ -243,7 +243,7 @@ export class CtrModel implements Model {
   exportGraph(w: CtrExportWeights): ModelGraph {
     const { slots: S, embeddingDim: D, denseFeatures: F } = this.config;
     const B = CTR_BATCH; const N = CTR_BAG_IDS;
-    const g = new GraphBuilder('hetps_ctr_inference');
+    const g = new GraphBuilder('hetps_ctr_inference', w.externalData ?? null);
     const { layers, bias } = this.towerParams(g, (p) => g.initializer(p.name, 'float32', p.dims, exportedParam(w.dense, p)));
     const ids = g.input('ids', 'int64', [N], 'sparse ids of every occurrence, ordered by sample then slot (unsigned 32-bit values)');
     const bagCounts = g.input('bag_counts', 'int32', [B, S], 'ids per (sample, slot) bag; 0 = empty bag');
@@ -272,7 +272,7 @@ export class CtrModel implements Model {
     this.forward(g, { layers, bias, embRows, wideRows, bagCounts, dense, nIds: dimOf(g, ids, 0), bagRowsOf });
     g.output('predictions', 'float32', [B], 'click probability σ(logit)');
     for (const [k, v] of Object.entries(w.metadata ?? {})) g.meta(k, v);
-    return { model: this.family, kind: 'eval', inputs: g.inputSpecs, outputs: g.outputSpecs, bytes: g.serialize() };
+    return { model: this.family, kind: 'eval', inputs: g.inputSpecs, outputs: g.outputSpecs, bytes: g.serialize(), external: g.externalData };
   }
 }
 
@@ -297,6 +297,8 @@ export interface CtrExportWeights {
   readonly hashBuckets: number | readonly number[] | null;
   /** `metadata_props` of the model (job, checkpoint, …). */
   readonly metadata?: Readonly<Record<string, string>>;
+  /** Large initializers to an external data file (models over 2 GiB); absent: everything in the model. */
+  readonly externalData?: ExternalDataOptions | null;
 }
 
 /**

@@ -3,7 +3,7 @@
  * softmax cross-entropy averaged over the batch.
  */
 import { ConfigError, InvalidTensorError } from '../../runtime/errors.ts';
-import type { DenseParamSpec, GraphKind, ModelGraph, StepFeeds } from '../native.ts';
+import type { DenseParamSpec, ExternalDataOptions, GraphKind, ModelGraph, StepFeeds } from '../native.ts';
 import { GraphBuilder } from '../onnx-builder.ts';
 import type { Model } from './model.ts';
 import { denseParam, exportedParam, inverseDimOf, towerBackward, towerForward, type TowerLayer } from './tower.ts';
@@ -89,14 +89,14 @@ export class MlpModel implements Model {
    * reads: for a token source, `hashedBagOfIds`); output `predictions`
    * float32 [B, classes].
    */
-  exportGraph(w: { readonly dense: ReadonlyMap<string, Float32Array>; readonly metadata?: Readonly<Record<string, string>> }): ModelGraph {
-    const g = new GraphBuilder('hetps_mlp_inference');
+  exportGraph(w: { readonly dense: ReadonlyMap<string, Float32Array>; readonly metadata?: Readonly<Record<string, string>>; readonly externalData?: ExternalDataOptions | null }): ModelGraph {
+    const g = new GraphBuilder('hetps_mlp_inference', w.externalData ?? null);
     const x = g.input('x', 'float32', [MLP_BATCH, this.inputWidth], 'input features');
     const layers = this.layers((p) => g.initializer(p.name, 'float32', p.dims, exportedParam(w.dense, p)));
     g.op('Softmax', [towerForward(g, x, layers).out], { axis: 1 }, 'predictions');
     g.output('predictions', 'float32', [MLP_BATCH, this.classes], 'class probabilities');
     for (const [k, v] of Object.entries(w.metadata ?? {})) g.meta(k, v);
-    return { model: this.family, kind: 'eval', inputs: g.inputSpecs, outputs: g.outputSpecs, bytes: g.serialize() };
+    return { model: this.family, kind: 'eval', inputs: g.inputSpecs, outputs: g.outputSpecs, bytes: g.serialize(), external: g.externalData };
   }
 
   private build(kind: GraphKind): ModelGraph {

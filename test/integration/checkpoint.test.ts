@@ -167,6 +167,16 @@ test('quick start with checkpoint.every_s 2: periodic, ctl.checkpoint and end-of
     t.diagnostic(`export of ${last.name} (${last.kind}): ${ex.rows['emb']} embedding rows, ${(ex.bytes / 2 ** 20).toFixed(2)} MiB; `
       + `its test AUC ${ev.auc.toFixed(5)} over ${ev.samples} samples, the summary's ${s.test_auc.toFixed(5)}`);
     assert.ok(Math.abs(ev.auc - s.test_auc) <= 0.001, `exported model AUC ${ev.auc} vs the summary's ${s.test_auc}`);
+    // The same with ONNX external data (what a model over 2 GiB gets): the large initializers in <out>.data, the same scores.
+    const extFile = join(env.dir(), 'model-ext.onnx');
+    const exportedExt = await hetps(['export', '--checkpoint', last.path, '--out', extFile, '--external-data-above', '65536', '--json'], { timeoutMs: 120_000 }).exited;
+    assert.equal(exportedExt.code, 0, explainExit(exportedExt));
+    const exExt = JSON.parse(exportedExt.stdout.trim()) as { bytes: number; external_data: { path: string; bytes: number } | null };
+    assert.equal(exExt.external_data?.path, `${extFile}.data`);
+    assert.ok(exExt.bytes < ex.bytes / 4 && exExt.external_data!.bytes > ex.bytes / 2, `model ${exExt.bytes} B + data ${exExt.external_data!.bytes} B vs ${ex.bytes} B in one file`);
+    const scoredExt = await hetps(['eval', '--model', extFile, '--config', cfg, '--json'], { timeoutMs: 120_000 }).exited;
+    assert.equal(scoredExt.code, 0, explainExit(scoredExt));
+    assert.equal((JSON.parse(scoredExt.stdout.trim()) as { auc: number }).auc, ev.auc, 'the same model, in two files');
 
     // The newest one corrupted: refused by name, the one before it is used.
     const newest = (await listCheckpoints(root)).at(-1)!;
@@ -283,5 +293,58 @@ test('resume onto another number of servers: a mid-run checkpoint of two shards 
     assert.ok(Math.abs(s.test_auc - uninterruptedAuc) <= 0.003, `re-sharded resume AUC ${s.test_auc} vs uninterrupted ${uninterruptedAuc}`);
   } finally {
     run.kill('SIGKILL');
+  }
+});
+
+test('a resumed run taken over by a standby: the active driver (--resume) SIGKILLed, the standby finishes it, every batch accounted for once', { timeout: 420_000 }, async (t) => {
+  assert.ok(midRun !== null, 'the first test took a mid-run checkpoint');
+  const job = 'ckpts';
+  const cfg = await quickstartWith(job, 'standby.yaml', `checkpoint:\n  dir: ${join(env.dir(), 'ckpts-standby')}\n`);
+  // The checkpoint is job ckptq's: the resumed job keeps that name.
+  await writeFile(cfg, (await readFile(cfg, 'utf8')).replace(`name: ${job}`, `name: ${JOB}`));
+  const nc = await connect({ servers: env.nats().urls, name: 'plain-nats-client', noAsyncTraces: true });
+  const acks = new Map<string, number>();
+  const sub = nc.subscribe(`hps.${JOB}.tel.batch.*`, { callback: (_e, m) => {
+    const b = decode(m.data) as { batch_id: string; ack_confirmed: boolean };
+    if (b.ack_confirmed) acks.set(b.batch_id, (acks.get(b.batch_id) ?? 0) + 1);
+  } });
+  await nc.flush();
+  const children: Child[] = [];
+  try {
+    // The nodes outlive the active driver: the test starts them, not the driver.
+    for (const s of ['server-1', 'server-2']) children.push(hetps(['launch', '--role', 'server', '--config', cfg, '--server-id', s], { timeoutMs: 400_000 }));
+    for (const [g, n] of [['fast', 3], ['slow', 2]] as const) {
+      for (let r = 0; r < n; r++) children.push(hetps(['launch', '--role', 'worker', '--config', cfg, '--group', g, '--node-rank', String(r)], { timeoutMs: 400_000 }));
+    }
+    const summaryFile = join(env.dir(), 'standby-resumed-summary.json');
+    const standby = hetps(['up', '--standby', '--config', cfg, '--no-launch', '--summary', summaryFile], { timeoutMs: 400_000 });
+    children.push(standby);
+    await until(() => /acknowledgements are counted from now/.test(standby.stderr()), 'the standby listening', 120_000, () => standby.stderr().slice(-3000));
+    const active = hetps(['up', '--config', cfg, '--no-launch', '--resume', midRun.path], { timeoutMs: 400_000 });
+    children.push(active);
+    const remaining = 292 - midRun.batches_done;
+    await until(() => acks.size >= Math.max(5, Math.round(remaining * 0.3)), '30 % of the remaining batches acknowledged', 240_000,
+      () => `active:\n${active.stderr().slice(-3000)}\nstandby:\n${standby.stderr().slice(-2000)}`);
+    assert.match(active.stderr(), /resume: shard \S+ restored from ckpt-/);
+    active.child.kill('SIGKILL');
+    t.diagnostic(`active driver (resumed from ${midRun.path.split('/').at(-1)}, ${midRun.batches_done} done) SIGKILLed at ${acks.size} of ${remaining} acknowledged`);
+    const r = await standby.exited;
+    assert.equal(r.code, 0, explainExit(r));
+    assert.match(r.stderr, /took over job/);
+    assert.match(r.stderr, new RegExp(`resumed from ${midRun.path.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: its ${midRun.batches_done} batches done before it are not this run's`));
+    const s = JSON.parse(await readFile(summaryFile, 'utf8')) as {
+      batches: number; batches_acked: number; duplicate_acks: number; resumed_from: { checkpoint: string; batches_done: number };
+      integrity: { lost: number; duplicated: number }; scheduler: { takeovers: unknown[] };
+    };
+    assert.equal(s.scheduler.takeovers.length, 1);
+    assert.deepEqual(s.resumed_from, { checkpoint: midRun.path, batches_done: midRun.batches_done });
+    assert.equal(s.batches, 292);
+    assert.equal(s.resumed_from.batches_done + s.batches_acked, s.batches, 'batches done before the checkpoint + acknowledged in the resumed run = every batch');
+    assert.deepEqual([s.duplicate_acks, s.integrity.lost, s.integrity.duplicated], [0, 0, 0]);
+    assert.deepEqual([...acks.entries()].filter(([, n]) => n !== 1), [], 'every batch of the resumed run acknowledged once');
+  } finally {
+    sub.unsubscribe();
+    await nc.close();
+    for (const c of children) c.kill('SIGKILL');
   }
 });

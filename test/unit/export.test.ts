@@ -8,7 +8,7 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
@@ -184,5 +184,33 @@ test('a checkpoint (a delta on a full one, two shards, dense blocks) exports to 
     await assert.rejects(exportCheckpoint(old.path), /does not record its model.*--config/);
   } finally {
     await rm(root, { recursive: true, force: true });
+  }
+});
+
+test('ONNX external data: initializers above the threshold go to a file next to the model, which onnxruntime loads from its path to the same predictions', async () => {
+  const dir = await mkdtemp(join(tmpdir(), 'hetps-export-ext-'));
+  try {
+    const model = ctrModel({ slots: SLOTS, embeddingDim: DIM, denseFeatures: DENSE, hidden: [8], pooling: 'mean' });
+    const dense = initDenseParams(model, 3);
+    const batch = ctrBatch(5);
+    const keys = [...new Set(bucketCtrIds(batch.offsets, batch.ids, SLOTS, 40))].sort((a, b) => a - b);
+    const emb: TableRows = { ids: Uint32Array.from(keys), values: Float32Array.from({ length: keys.length * DIM }, (_, i) => Math.sin(i)) };
+    const wide: TableRows = { ids: Uint32Array.from(keys), values: Float32Array.from(keys, (k) => k / 100) };
+    const inline = model.exportGraph({ dense, emb, wide, hashBuckets: 40 });
+    assert.equal(inline.external ?? null, null);
+    const ext = model.exportGraph({ dense, emb, wide, hashBuckets: 40, externalData: { location: 'm.onnx.data', minBytes: 64 } });
+    assert.ok(ext.external !== null && ext.external !== undefined);
+    assert.ok(ext.bytes.byteLength < inline.bytes.byteLength, 'the large initializers left the model');
+    const file = join(dir, 'm.onnx');
+    await writeFile(file, ext.bytes);
+    await writeFile(join(dir, 'm.onnx.data'), Buffer.concat(ext.external.chunks));
+    const session = await ort.InferenceSession.create(file);
+    const got = (await session.run(exportedCtrFeeds(batch, true)))['predictions']!.data as Float32Array;
+    await session.release();
+    const want = await run(inline.bytes, exportedCtrFeeds(batch, true));
+    assert.deepEqual([...got], [...want]);
+    assert.throws(() => model.exportGraph({ dense, emb, wide, hashBuckets: 40, externalData: { location: '../elsewhere.data', minBytes: 64 } }), /a file name next to the model/);
+  } finally {
+    await rm(dir, { recursive: true, force: true });
   }
 });
