@@ -55,8 +55,16 @@ export class ShardHost {
 
   private async apply(plan: ShardPlan): Promise<void> {
     if (this.stopped) return;
-    const first = this.first!;
+    let first = this.first!;
     if (plan.version < first.version) return;
+    if (!sameLayout(first, plan) && this.untouched()) {
+      // Nothing trained here yet (e.g. this node started while the plan of an earlier run of the job was still stored,
+      // and the new run's driver has just written its own): nothing to move, so this node hosts the new layout.
+      this.o.log.info({ version: plan.version, from: first.version }, `shard plan v${plan.version} cuts the parameters differently from v${first.version}; nothing was trained here yet: serving v${plan.version}'s layout`);
+      for (const h of this.hosted.values()) await this.o.system.despawn(h.actor, { timeoutMs: 2_000 }).catch(() => undefined);
+      this.hosted.clear();
+      this.first = first = plan;
+    }
     if (!sameLayout(first, plan)) {
       this.o.log.error({ version: plan.version }, `shard plan v${plan.version} cuts the parameters differently from v${first.version}; moving blocks between shards is not supported yet: this node keeps serving v${first.version}'s layout`);
       return;
@@ -88,6 +96,11 @@ export class ShardHost {
       this.hosted.set(shard, { def, actor });
       this.o.log.info({ shard, role: effective, epoch: plan.version }, `shard ${shard}: replica on ${this.o.node} serving as ${effective} (plan v${plan.version})`);
     }
+  }
+
+  /** No replica here has applied an update or been restored (every one at version 0). */
+  private untouched(): boolean {
+    return [...this.hosted.values()].every((h) => h.def.replica.state.version === 0);
   }
 
   private async reportCaughtUp(shard: string, node: string, epoch: number): Promise<void> {

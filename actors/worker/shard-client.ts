@@ -199,8 +199,9 @@ export async function waitForShards(system: ActorSystem, plan: ShardPlan, opts: 
   while (missing.size) {
     await Promise.all([...missing].map(async (s) => {
       try {
-        await system.ref('shard', primaryReplicaId(plan, s)).request('stats', {}, { timeoutMs: 1_000 });
-        missing.delete(s);
+        const st = await system.ref('shard', primaryReplicaId(plan, s)).request<{ plan_version: number } & Record<string, unknown>>('stats', {}, { timeoutMs: 1_000 });
+        // A replica still on an older plan (a node that started under an earlier run's plan and is switching) is not there yet.
+        if (st.plan_version >= plan.version) missing.delete(s);
       } catch { /* not up yet */ }
     }));
     if (!missing.size) return;
