@@ -142,7 +142,7 @@ export async function runLaunch(flags: LaunchFlags): Promise<number> {
   if (!(waitMs > 0)) throw new ConfigError(`--wait must be a positive number of seconds, got ${JSON.stringify(flags.wait)}`, { data: { field: '--wait' } });
   const log = createLogger({ level: process.env.HETPS_LOG_LEVEL ?? config.logging.level, name: node, stderr: true });
   // Secure (nats.secure): a server process logs in as the shard role, a worker as the worker role.
-  const conn = natsConnectionAs(config, flags.role === 'server' ? 'shard' : 'worker', flags.authDir ?? null);
+  const conn = natsConnectionAs(config, flags.role === 'server' ? 'shard' : 'worker', flags.authDir ?? null, flags.role === 'server' ? node : null);
   const transport = await connectTransport({
     servers, name: `hetps-${node}`, auth: conn.auth, tls: conn.tls, logger: log,
     pingIntervalMs: conn.pingIntervalMs, connectTimeoutMs: conn.connectTimeoutMs,

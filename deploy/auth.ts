@@ -61,7 +61,7 @@ function jobStreams(job: string): { batches: string; kv: string[]; buckets: stri
  * function of its arguments: the servers' configuration and the test that
  * checks it read the same lists.
  */
-export function rolePermissions(role: Role, job: string): SubjectPermissions {
+export function rolePermissions(role: Role, job: string, scope: { node: string; shards: readonly string[] } | null = null): SubjectPermissions {
   const j = job === '*' ? '*' : token(job, 'job name');
   const p = `${ROOT}.${j}`;
   const s = jobStreams(j);
@@ -118,7 +118,16 @@ export function rolePermissions(role: Role, job: string): SubjectPermissions {
           allow: [`${p}.shard.*.replicate`, `${p}.shard.*.round_expected`, ...telemetry, ...heartbeat, ...healthWatch.publish, ...kvRead, `$KV.${s.buckets[2]}.>`, ...jsInfo, ...probe],
           deny: [`${p}.ctl.>`],
         },
-        subscribe: { allow: [`${p}.shard.>`, `${p}.node.>`, ...shutdown, ...telemetry, ...healthWatch.subscribe, ...inboxes], deny: [] },
+        // One server node's user (`shard-<node>`) serves only the replicas on that node (`<shard>@<node>`, any shard of
+        // the job: failover and re-replication may place any of them there); the role's user, every shard's.
+        subscribe: {
+          allow: [
+            ...(scope === null ? [`${p}.shard.>`, `${p}.node.>`]
+              : [...scope.shards.map((sh) => `${p}.shard.${token(sh, 'shard')}@${token(scope.node, 'node name')}.>`), `${p}.node.${scope.node}.>`]),
+            ...shutdown, ...telemetry, ...healthWatch.subscribe, ...inboxes,
+          ],
+          deny: [],
+        },
         allow_responses: true,
       };
     case 'operator':
@@ -171,6 +180,8 @@ export interface AuthFiles {
   job: string;
   /** The path of each role's `<role>.json`. */
   roles: Record<Role, string>;
+  /** Per server node given, its own shard user's `shard-<node>.json`. */
+  servers: Record<string, string>;
   /** The `authorization { … }` block for the servers' configuration. */
   authorization: string;
 }
@@ -179,28 +190,33 @@ export interface AuthFiles {
  * Fresh credentials for every role (new nkeys, new random passwords), written
  * under `<dir>/auth/`; job '*' (or null) grants every job on the cluster.
  */
-export async function writeAuthFiles(dir: string, job: string | null): Promise<AuthFiles> {
+export async function writeAuthFiles(dir: string, job: string | null, o: { serverNodes?: readonly string[] } = {}): Promise<AuthFiles> {
   const j = job === null || job === '*' ? '*' : token(job, 'job name');
   const authDir = join(resolve(dir), AUTH_DIR);
   await mkdir(authDir, { recursive: true, mode: 0o700 });
-  const creds: RoleCredentials[] = ROLES.map((role) => {
+  const user = (role: Role, name: string, permissions: SubjectPermissions, node: string | null): RoleCredentials => {
     const kp = createUser();
     return {
-      role, job: j, user: role, password: randomBytes(24).toString('base64url'),
-      nkey_seed: new TextDecoder().decode(kp.getSeed()), nkey_public: kp.getPublicKey(),
-      permissions: rolePermissions(role, j),
+      role, job: j, user: name, password: randomBytes(24).toString('base64url'),
+      nkey_seed: new TextDecoder().decode(kp.getSeed()), nkey_public: kp.getPublicKey(), ...(node === null ? {} : { node }), permissions,
     };
-  });
+  };
+  const creds: RoleCredentials[] = ROLES.map((role) => user(role, role, rolePermissions(role, j), null));
+  // With the job's server nodes known: a user per server node, serving only the replicas on it.
+  const servers = (o.serverNodes ?? []).map((n) => token(n, 'server node'));
+  for (const node of servers) creds.push(user('shard', `shard-${node}`, rolePermissions('shard', j, { node, shards: servers }), node));
   const roles = {} as Record<Role, string>;
+  const nodes: Record<string, string> = {};
   for (const c of creds) {
-    const file = join(authDir, `${c.role}.json`);
+    const file = join(authDir, `${c.user}.json`);
     await writeSecret(file, `${JSON.stringify(c, null, 2)}\n`);
-    await writeSecret(join(authDir, `${c.role}.nk`), `${c.nkey_seed}\n`);
-    roles[c.role] = file;
+    await writeSecret(join(authDir, `${c.user}.nk`), `${c.nkey_seed}\n`);
+    if (c.node === undefined) roles[c.role] = file;
+    else nodes[c.node] = file;
   }
   const authorization = renderAuthorization(creds);
   await writeSecret(join(authDir, AUTHORIZATION_CONF), authorization);
-  return { dir: authDir, job: j, roles, authorization };
+  return { dir: authDir, job: j, roles, servers: nodes, authorization };
 }
 
 async function writeSecret(file: string, text: string): Promise<void> {

@@ -269,7 +269,7 @@ async function startCluster(ctx: JobContext, embeddedFlag: boolean): Promise<{ s
     try {
       findNatsServer();
       // nats.secure: fresh credentials per role for this run's cluster, permissions for this job only.
-      const auth = config.nats.secure ? await writeAuthFiles(ctx.runDir, ctx.job) : null;
+      const auth = config.nats.secure ? await writeAuthFiles(ctx.runDir, ctx.job, { serverNodes: config.cluster.server_nodes }) : null;
       out.line(`starting a local 3-node NATS cluster (random ports${auth ? ', access control on' : ''})`);
       // Detached: a driver that is deposed (another took its lease over) leaves the cluster to the new scheduler;
       // every other end of this process stops it (runJob, the signal handlers, `stopClusterOnExit`).

@@ -24,6 +24,8 @@ export interface RoleLogin {
   password: string;
   nkey_seed: string;
   nkey_public: string;
+  /** A server node's own shard user (`shard-<node>.json`): only the replicas on that node. */
+  node?: string;
 }
 
 /** The credentials of `<role>.json` (as `hetps nats up --secure` or `nats.secure` wrote it), checked. */
@@ -76,12 +78,25 @@ export function roleAuth(creds: RoleLogin): NatsAuth {
  * (`nats.secure`): that role's nkey from `authDir` (a run's own generated
  * credentials) or `nats.auth_dir`; otherwise the config's own login.
  */
-export function natsConnectionAs(config: HetpsConfig, role: Role, authDir: string | null = null): ReturnType<typeof natsConnection> & { role: Role | null } {
+export function natsConnectionAs(config: HetpsConfig, role: Role, authDir: string | null = null, node: string | null = null): ReturnType<typeof natsConnection> & { role: Role | null } {
   const conn = natsConnection(config);
   if (!config.nats.secure) return { ...conn, role: null };
   const dir = authDir ?? config.nats.auth_dir;
   if (dir === null) {
     throw new ConfigError(`nats.secure: no credentials for role ${role}: give nats.auth_dir (the DIR/auth of \`hetps nats up --secure --dir DIR\`), or leave nats.servers out so \`hetps up\` starts a secure local cluster`, { data: { field: 'nats.auth_dir' } });
   }
-  return { ...conn, auth: roleAuth(readRoleFile(roleFile(dir, role))), role };
+  // A server node's own user where there is one (`shard-<node>.json`), else the role's.
+  const own = role === 'shard' && node !== null ? nodeFile(dir, node) : null;
+  return { ...conn, auth: roleAuth(readRoleFile(own ?? roleFile(dir, role))), role };
+}
+
+function nodeFile(authDir: string, node: string): string | null {
+  const dir = resolve(authDir);
+  for (const candidate of [join(dir, `shard-${node}.json`), join(dir, AUTH_DIR, `shard-${node}.json`)]) {
+    try {
+      readFileSync(candidate);
+      return candidate;
+    } catch { /* next */ }
+  }
+  return null;
 }

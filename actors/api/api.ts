@@ -152,7 +152,7 @@ export class HeterogeneousParameterServer {
       throw new ConfigError(`role must be worker or server, got ${JSON.stringify(o.role)}`);
     }
     // Secure (nats.secure): the shard role for a server, the worker role for a worker.
-    const conn = natsConnectionAs(config, o.role === 'server' ? 'shard' : 'worker');
+    const conn = natsConnectionAs(config, o.role === 'server' ? 'shard' : 'worker', null, o.role === 'server' ? node : null);
     this.transport = await connectTransport({ servers, name: `hetps-api-${node}`, auth: conn.auth, tls: conn.tls, logger: this.log, connectTimeoutMs: conn.connectTimeoutMs });
     const nc = natsConnectionOf(this.transport)!;
     const job = config.job.name;

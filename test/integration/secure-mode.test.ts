@@ -63,6 +63,9 @@ test('nats.secure: anonymous refused, a worker\'s credentials cannot steer the j
       assert.ok(creds[role]!.password.length >= 24);
     }
 
+    // Each server node has a user of its own (only the replicas on it).
+    for (const node of ['server-1', 'server-2']) assert.equal((JSON.parse(await readFile(join(authDir, `shard-${node}.json`), 'utf8')) as { node: string }).node, node);
+
     // ---- anonymous and a wrong password: refused.
     await assert.rejects(connect({ servers, reconnect: false }), /Authorization Violation/i, 'an anonymous connection is refused');
     await assert.rejects(connect({ servers, reconnect: false, user: 'worker', pass: 'not-the-password' }), /Authorization Violation/i, 'a wrong password is refused');

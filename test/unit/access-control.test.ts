@@ -75,6 +75,29 @@ test('a shard serves its own subjects and replication, and only the scheduler ad
   assert.ok(!pub('scheduler', `$JS.API.STREAM.CREATE.HPS_other_batches`), 'a job\'s scheduler administers its own streams only');
 });
 
+test('a server node\'s own shard user serves only the replicas on that node', async () => {
+  const scoped = rolePermissions('shard', J, { node: 'server-1', shards: ['server-1', 'server-2'] });
+  assert.ok(permits(scoped, 'subscribe', `hps.${J}.shard.server-1@server-1.push`), 'its primary');
+  assert.ok(permits(scoped, 'subscribe', `hps.${J}.shard.server-2@server-1.replicate`), 'a backup of another shard placed on it');
+  assert.ok(!permits(scoped, 'subscribe', `hps.${J}.shard.server-1@server-2.push`), 'not the replica on another node');
+  assert.ok(!permits(scoped, 'subscribe', `hps.${J}.shard.>`));
+  assert.ok(permits(scoped, 'publish', `hps.${J}.shard.server-1@server-2.replicate`), 'it replicates to its backups');
+  const dir = await mkdtemp(join(tmpdir(), 'hetps-auth-'));
+  try {
+    const files = await writeAuthFiles(dir, J, { serverNodes: ['server-1', 'server-2'] });
+    assert.deepEqual(Object.keys(files.servers).sort(), ['server-1', 'server-2']);
+    const own = readRoleFile(files.servers['server-2']!);
+    assert.deepEqual([own.role, own.user, own.node], ['shard', 'shard-server-2', 'server-2']);
+    assert.ok(files.authorization.includes(`user: "shard-server-2"`));
+    // A server process of a secure job logs in as its node's user; a node without one, as the role.
+    const secure = parseConfig(`${SMALL_CLUSTER}nats:\n  servers: [nats://a:4222]\n  secure: true\n  auth_dir: ${files.dir}\n`, 's.yaml');
+    assert.equal(natsConnectionAs(secure, 'shard', null, 'server-2').auth?.nkeySeed, own.nkey_seed);
+    assert.equal(natsConnectionAs(secure, 'shard', null, 'server-9').auth?.nkeySeed, readRoleFile(files.roles.shard).nkey_seed);
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
 test('JetStream is granted per operation and stream, never $JS.>; replies through allow_responses', () => {
   for (const job of [J, '*']) {
     for (const role of ROLES) {
