@@ -19,7 +19,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { connect, headers } from '@nats-io/transport-node';
 import { decode } from '@msgpack/msgpack';
-import { assertNothingLost, clusterAndDirForFile, explainExit, hetps, ROOT, type Child } from '../support/ps.ts';
+import { assertNothingLost, clusterAndDirForFile, explainExit, hetps, launchQuickstartNodes, ROOT, type Child } from '../support/ps.ts';
 import { until } from '../support/until.ts';
 
 const env = clusterAndDirForFile('hetps-scheduler-failover-');
@@ -65,10 +65,7 @@ test('quick start: the active driver SIGKILLed at 30 % is replaced by the standb
   const nodes: Child[] = [];
   const drivers: Child[] = [];
   try {
-    for (const s of ['server-1', 'server-2']) nodes.push(hetps(['launch', '--role', 'server', '--config', cfg, '--server-id', s], { timeoutMs: 400_000 }));
-    for (const [g, n] of [['fast', 3], ['slow', 2]] as const) {
-      for (let r = 0; r < n; r++) nodes.push(hetps(['launch', '--role', 'worker', '--config', cfg, '--group', g, '--node-rank', String(r)], { timeoutMs: 400_000 }));
-    }
+    nodes.push(...launchQuickstartNodes(cfg));
     const activeSummary = join(env.dir(), 'active-summary.json');
     const standbySummary = join(env.dir(), 'standby-summary.json');
     // The standby first, so it counts every acknowledgement of the run; then the driver that creates the job.

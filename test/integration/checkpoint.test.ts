@@ -26,7 +26,7 @@ import { join } from 'node:path';
 import { connect, headers, type NatsConnection } from '@nats-io/transport-node';
 import { decode } from '@msgpack/msgpack';
 import * as ort from 'onnxruntime-node';
-import { type Child, clusterAndDirForFile, explainExit, hetps, ROOT } from '../support/ps.ts';
+import { type Child, clusterAndDirForFile, explainExit, hetps, launchQuickstartNodes, ROOT } from '../support/ps.ts';
 import { until } from '../support/until.ts';
 import { listCheckpoints, newestValidCheckpoint, readCheckpointState, verifyCheckpoint } from '../../actors/store/checkpoint.ts';
 
@@ -51,6 +51,18 @@ async function ctl(nc: NatsConnection, command: string, body: unknown = {}): Pro
   h.set('Content-Type', 'application/json');
   const m = await nc.request(`hps.${JOB}.ctl.${command}`, JSON.stringify(body), { timeout: 60_000, headers: h });
   return JSON.parse(new TextDecoder().decode(m.data));
+}
+
+/** A plain nats.js client counting each batch's confirmed acknowledgements of `job`, as the workers report them. */
+async function watchAcks(job: string): Promise<{ nc: NatsConnection; acks: Map<string, number>; sub: { unsubscribe(): void } }> {
+  const nc = await connect({ servers: env.nats().urls, name: 'plain-nats-client', noAsyncTraces: true });
+  const acks = new Map<string, number>();
+  const sub = nc.subscribe(`hps.${job}.tel.batch.*`, { callback: (_e, m) => {
+    const b = decode(m.data) as { batch_id: string; ack_confirmed: boolean };
+    if (b.ack_confirmed) acks.set(b.batch_id, (acks.get(b.batch_id) ?? 0) + 1);
+  } });
+  await nc.flush();
+  return { nc, acks, sub };
 }
 
 interface Taken {
@@ -207,13 +219,7 @@ test('crash and resume: the driver and every node SIGKILLed mid-run; --resume la
   const job = 'ckptr';
   const root = join(env.dir(), 'ckpts-resume');
   const cfg = await quickstartWith(job, 'resume.yaml', `checkpoint:\n  dir: ${root}\n  every_s: 2\n  keep: 3\n  full_every: 2\n`);
-  const nc = await connect({ servers: env.nats().urls, name: 'plain-nats-client', noAsyncTraces: true });
-  const acks = new Map<string, number>();
-  const sub = nc.subscribe(`hps.${job}.tel.batch.*`, { callback: (_e, m) => {
-    const b = decode(m.data) as { batch_id: string; ack_confirmed: boolean };
-    if (b.ack_confirmed) acks.set(b.batch_id, (acks.get(b.batch_id) ?? 0) + 1);
-  } });
-  await nc.flush();
+  const { nc, acks, sub } = await watchAcks(job);
   const children: Child[] = [];
   try {
     const first = hetps(['up', '--config', cfg], { timeoutMs: 280_000 });
@@ -302,20 +308,11 @@ test('a resumed run taken over by a standby: the active driver (--resume) SIGKIL
   const cfg = await quickstartWith(job, 'standby.yaml', `checkpoint:\n  dir: ${join(env.dir(), 'ckpts-standby')}\n`);
   // The checkpoint is job ckptq's: the resumed job keeps that name.
   await writeFile(cfg, (await readFile(cfg, 'utf8')).replace(`name: ${job}`, `name: ${JOB}`));
-  const nc = await connect({ servers: env.nats().urls, name: 'plain-nats-client', noAsyncTraces: true });
-  const acks = new Map<string, number>();
-  const sub = nc.subscribe(`hps.${JOB}.tel.batch.*`, { callback: (_e, m) => {
-    const b = decode(m.data) as { batch_id: string; ack_confirmed: boolean };
-    if (b.ack_confirmed) acks.set(b.batch_id, (acks.get(b.batch_id) ?? 0) + 1);
-  } });
-  await nc.flush();
+  const { nc, acks, sub } = await watchAcks(JOB);
   const children: Child[] = [];
   try {
     // The nodes outlive the active driver: the test starts them, not the driver.
-    for (const s of ['server-1', 'server-2']) children.push(hetps(['launch', '--role', 'server', '--config', cfg, '--server-id', s], { timeoutMs: 400_000 }));
-    for (const [g, n] of [['fast', 3], ['slow', 2]] as const) {
-      for (let r = 0; r < n; r++) children.push(hetps(['launch', '--role', 'worker', '--config', cfg, '--group', g, '--node-rank', String(r)], { timeoutMs: 400_000 }));
-    }
+    children.push(...launchQuickstartNodes(cfg));
     const summaryFile = join(env.dir(), 'standby-resumed-summary.json');
     const standby = hetps(['up', '--standby', '--config', cfg, '--no-launch', '--summary', summaryFile], { timeoutMs: 400_000 });
     children.push(standby);

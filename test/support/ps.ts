@@ -66,6 +66,20 @@ export function hetps(args: string[], opts: { env?: NodeJS.ProcessEnv; timeoutMs
   return node([BIN, ...args], opts);
 }
 
+/**
+ * The quick start's node processes (`hetps launch`: server-1, server-2, and
+ * the workers of groups fast (3) and slow (2)), started by the test so they
+ * outlive any driver.
+ */
+export function launchQuickstartNodes(cfg: string, timeoutMs = 400_000): Child[] {
+  const nodes: Child[] = [];
+  for (const s of ['server-1', 'server-2']) nodes.push(hetps(['launch', '--role', 'server', '--config', cfg, '--server-id', s], { timeoutMs }));
+  for (const [g, n] of [['fast', 3], ['slow', 2]] as const) {
+    for (let r = 0; r < n; r++) nodes.push(hetps(['launch', '--role', 'worker', '--config', cfg, '--group', g, '--node-rank', String(r)], { timeoutMs }));
+  }
+  return nodes;
+}
+
 export interface JobConfigOptions {
   job: string;
   mode: 'bsp' | 'asp' | 'hps';
