@@ -740,6 +740,8 @@ async function endRun(ctx: JobContext, backend: JobBackend, o: { cluster: LocalC
     o.exitHook.leave();
     return;
   }
+  // The run is over: a node started for the job's next run must not join this one.
+  await markEnded(backend, ctx.runId).catch((e: unknown) => log.debug({ err: (e as Error).message }, 'could not mark the run as ended in the job info'));
   await backend.stopNodes().catch((e: unknown) => log.warn({ err: (e as Error).message }, 'stopping the nodes failed'));
   await lease?.release(o.failure === null ? 'the job is done' : `the job failed: ${(o.failure as Error).message ?? String(o.failure)}`).catch(() => undefined);
   await backend.close().catch(() => undefined);
@@ -989,4 +991,9 @@ async function doneBefore(from: { checkpoint: string; batches_done: number }, ru
     throw new HetpsError(`run ${runId} resumed from checkpoint ${from.checkpoint} with ${from.batches_done} batches done, but its manifest lists ${done.size}: not the checkpoint the run started from`);
   }
   return done;
+}
+
+async function markEnded(backend: JobBackend, runId: string): Promise<void> {
+  const info = await backend.jobStore.get();
+  if (info !== null && info.run_id === runId && info.ended !== true) await backend.jobStore.put({ ...info, ended: true });
 }

@@ -73,6 +73,12 @@ export const jobInfoSchema = z.object({
    * run over reads which they are from that checkpoint's manifest.
    */
   resumed_from: z.object({ checkpoint: z.string().min(1), batches_done: z.number().int().nonnegative() }).nullable().optional(),
+  /**
+   * The run is over (its driver marks it as it stops the nodes): a node
+   * started later for the job's next run waits for that run's info instead
+   * of joining this one.
+   */
+  ended: z.boolean().optional(),
 });
 export type JobInfo = z.infer<typeof jobInfoSchema>;
 
@@ -167,7 +173,8 @@ export async function resetNatsJobInfo(nc: NatsConnection, job: string): Promise
  */
 export async function waitForJobInfo(store: JobInfoStore, opts: { clock: Clock; timeoutMs: number; runId?: string | null; onWait?: (waitedMs: number) => void }): Promise<JobInfo> {
   const start = opts.clock.monotonic();
-  const wanted = (info: JobInfo | null): info is JobInfo => info !== null && (opts.runId == null || info.run_id === opts.runId);
+  // A run that has ended is not joined: the job's next run is waited for (a node started before its driver).
+  const wanted = (info: JobInfo | null): info is JobInfo => info !== null && info.ended !== true && (opts.runId == null || info.run_id === opts.runId);
   const now = await store.get();
   if (wanted(now)) return now;
   opts.onWait?.(0);

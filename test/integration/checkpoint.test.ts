@@ -311,16 +311,15 @@ test('a resumed run taken over by a standby: the active driver (--resume) SIGKIL
   const { nc, acks, sub } = await watchAcks(JOB);
   const children: Child[] = [];
   try {
+    // The nodes outlive the active driver: the test starts them, before any driver. The job name ran before (the
+    // earlier tests): its last run is marked ended, so they wait for the new run (and shards take its plan).
+    children.push(...launchQuickstartNodes(cfg));
     const summaryFile = join(env.dir(), 'standby-resumed-summary.json');
     const standby = hetps(['up', '--standby', '--config', cfg, '--no-launch', '--summary', summaryFile], { timeoutMs: 400_000 });
     children.push(standby);
     await until(() => /acknowledgements are counted from now/.test(standby.stderr()), 'the standby listening', 120_000, () => standby.stderr().slice(-3000));
     const active = hetps(['up', '--config', cfg, '--no-launch', '--resume', midRun.path], { timeoutMs: 400_000 });
     children.push(active);
-    // The nodes outlive the active driver: the test starts them, once the driver has reset the job's stores (the job
-    // name ran before, in the earlier tests) and asks for its nodes.
-    await until(() => /--no-launch: start the nodes yourself/.test(active.stderr()), 'the driver asking for its nodes', 120_000, () => active.stderr().slice(-3000));
-    children.push(...launchQuickstartNodes(cfg));
     const remaining = 292 - midRun.batches_done;
     await until(() => acks.size >= Math.max(5, Math.round(remaining * 0.3)), '30 % of the remaining batches acknowledged', 240_000,
       () => `active:\n${active.stderr().slice(-3000)}\nstandby:\n${standby.stderr().slice(-2000)}`);

@@ -84,6 +84,18 @@ test('waitForJobInfo: a put after the wait began ends it; another run\'s info do
   assert.equal(clock.pendingTimers, 0, 'no timer left');
 });
 
+test('waitForJobInfo without a run id: a run marked ended is not joined; the job\'s next run is', async () => {
+  const store = memoryJobInfoStore();
+  await store.put({ ...info('earlier'), ended: true });
+  let result: JobInfo | null = null;
+  const waiting = waitForJobInfo(store, { clock: new SimulatedClock(), timeoutMs: 60_000, runId: null }).then((i) => { result = i; });
+  await tick();
+  assert.equal(result, null, 'the earlier run, over, is not taken');
+  await store.put(info('next'));
+  await waiting;
+  assert.equal(result!.run_id, 'next');
+});
+
 test('waitForJobInfo: the info already there returns at once, without a wait note', async () => {
   const store = memoryJobInfoStore();
   await store.put(info('r1'));
