@@ -29,12 +29,12 @@
  */
 import { createUser } from '@nats-io/nkeys';
 import { randomBytes } from 'node:crypto';
-import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { ROOT, streamName, token } from '../runtime/mod.ts';
-import { AUTH_DIR, ROLES, readRoleFile, roleFile, type Role, type RoleLogin } from '../topology/nats-roles.ts';
+import { AUTH_DIR, ROLES, readRoleFile, type Role, type RoleLogin } from '../topology/nats-roles.ts';
 
-export { AUTH_DIR, ROLES, readRoleFile, roleFile, type Role, type RoleLogin };
+export { AUTH_DIR, ROLES, readRoleFile, type Role, type RoleLogin };
 
 
 export interface SubjectPermissions {
@@ -222,17 +222,6 @@ export async function writeAuthFiles(dir: string, job: string | null, o: { serve
 async function writeSecret(file: string, text: string): Promise<void> {
   await writeFile(file, text, { mode: 0o600 });
   await chmod(file, 0o600);
-}
-
-/** For tests and tools: every role's credentials under an auth directory. */
-export async function readAuthDir(authDir: string): Promise<Record<Role, RoleCredentials>> {
-  const out = {} as Record<Role, RoleCredentials>;
-  for (const role of ROLES) {
-    const file = roleFile(authDir, role);
-    out[role] = JSON.parse(await readFile(file, 'utf8')) as RoleCredentials;
-    readRoleFile(file);
-  }
-  return out;
 }
 
 

@@ -254,7 +254,7 @@ async function describeRun(o: JobRunOptions, out: JobPrinter): Promise<RunContex
   return {
     config, job, configPath: o.configPath, configArg: o.configArg, runId, runDir, level, log, out,
     md: modelAndData(config), ackWaitMs: ackWaitFromConfig(config.fault_tolerance), emulated, notActive,
-    authDir: config.nats.secure && config.nats.auth_dir !== null ? resolve(config.nats.auth_dir) : null,
+    authDir: configuredAuthDir(config),
   };
 }
 
@@ -920,7 +920,7 @@ export async function runStandby(o: StandbyRunOptions, out: JobPrinter): Promise
     ctx = {
       config, job, configPath: o.configPath, configArg: o.configArg, runId: info.run_id, runDir, level, log, out, md,
       ackWaitMs: info.ack_wait_ms, emulated: emulatedSpeeds(config), notActive,
-      authDir: config.nats.secure && config.nats.auth_dir !== null ? resolve(config.nats.auth_dir) : null,
+      authDir: configuredAuthDir(config),
     };
     backend = natsStandbyBackend(driver, { job, runId: info.run_id, lease });
     removeSignalHandlers = onSignals(ctx, backend, null);
@@ -996,4 +996,9 @@ async function doneBefore(from: { checkpoint: string; batches_done: number }, ru
 async function markEnded(backend: JobBackend, runId: string): Promise<void> {
   const info = await backend.jobStore.get();
   if (info !== null && info.run_id === runId && info.ended !== true) await backend.jobStore.put({ ...info, ended: true });
+}
+
+/** nats.secure: the credentials' directory the config names (a local secure cluster gets its own at start); null otherwise. */
+function configuredAuthDir(config: HetpsConfig): string | null {
+  return config.nats.secure && config.nats.auth_dir !== null ? resolve(config.nats.auth_dir) : null;
 }

@@ -56,16 +56,23 @@ export function readRoleFile(file: string): RoleLogin {
 }
 
 
-/** The credentials file of `role` under an auth directory (`<dir>/auth` or `<dir>`), which must exist. */
-export function roleFile(authDir: string, role: Role): string {
+/** `<name>.json` under an auth directory (`<dir>` itself or `<dir>/auth`); null when neither has it. */
+function credentialsFile(authDir: string, name: string): string | null {
   const dir = resolve(authDir);
-  for (const candidate of [join(dir, `${role}.json`), join(dir, AUTH_DIR, `${role}.json`)]) {
+  for (const candidate of [join(dir, `${name}.json`), join(dir, AUTH_DIR, `${name}.json`)]) {
     try {
       readFileSync(candidate);
       return candidate;
     } catch { /* next */ }
   }
-  throw new ConfigError(`no credentials for role ${role} under ${dir} (looked for ${role}.json and ${AUTH_DIR}/${role}.json); \`hetps nats up --secure --dir DIR\` writes them to DIR/${AUTH_DIR}/`);
+  return null;
+}
+
+/** The credentials file of `role` under an auth directory (`<dir>/auth` or `<dir>`), which must exist. */
+export function roleFile(authDir: string, role: Role): string {
+  const file = credentialsFile(authDir, role);
+  if (file !== null) return file;
+  throw new ConfigError(`no credentials for role ${role} under ${resolve(authDir)} (looked for ${role}.json and ${AUTH_DIR}/${role}.json); \`hetps nats up --secure --dir DIR\` writes them to DIR/${AUTH_DIR}/`);
 }
 
 /** How hetps' own clients log in with a role's credentials: its nkey. */
@@ -86,17 +93,7 @@ export function natsConnectionAs(config: HetpsConfig, role: Role, authDir: strin
     throw new ConfigError(`nats.secure: no credentials for role ${role}: give nats.auth_dir (the DIR/auth of \`hetps nats up --secure --dir DIR\`), or leave nats.servers out so \`hetps up\` starts a secure local cluster`, { data: { field: 'nats.auth_dir' } });
   }
   // A server node's own user where there is one (`shard-<node>.json`), else the role's.
-  const own = role === 'shard' && node !== null ? nodeFile(dir, node) : null;
+  const own = role === 'shard' && node !== null ? credentialsFile(dir, `shard-${node}`) : null;
   return { ...conn, auth: roleAuth(readRoleFile(own ?? roleFile(dir, role))), role };
 }
 
-function nodeFile(authDir: string, node: string): string | null {
-  const dir = resolve(authDir);
-  for (const candidate of [join(dir, `shard-${node}.json`), join(dir, AUTH_DIR, `shard-${node}.json`)]) {
-    try {
-      readFileSync(candidate);
-      return candidate;
-    } catch { /* next */ }
-  }
-  return null;
-}
