@@ -105,7 +105,32 @@ export class CheckpointError extends HetpsError {
   }
 }
 
-export const sha256 = (bytes: Uint8Array): string => createHash('sha256').update(bytes).digest('hex');
+/** Node's hash and file calls take at most 2 GiB at once; a shard's file may be larger (up to a Buffer's 4 GiB). */
+const IO_CHUNK = 1 << 30;
+
+export function sha256(bytes: Uint8Array): string {
+  const h = createHash('sha256');
+  for (let at = 0; at < bytes.byteLength; at += IO_CHUNK) h.update(bytes.subarray(at, Math.min(bytes.byteLength, at + IO_CHUNK)));
+  return h.digest('hex');
+}
+
+/** A whole file, in chunks: `readFile` refuses files over 2 GiB. */
+export async function readWholeFile(path: string): Promise<Buffer> {
+  const fh = await open(path, 'r');
+  try {
+    const size = (await fh.stat()).size;
+    const out = Buffer.allocUnsafe(size);
+    let at = 0;
+    while (at < size) {
+      const { bytesRead } = await fh.read(out, at, Math.min(IO_CHUNK, size - at), at);
+      if (bytesRead === 0) throw new Error(`${path}: ended at byte ${at} of ${size} (changed while read)`);
+      at += bytesRead;
+    }
+    return out;
+  } finally {
+    await fh.close();
+  }
+}
 
 async function writeSynced(path: string, bytes: Uint8Array): Promise<void> {
   const fh = await open(path, 'wx');
@@ -229,7 +254,7 @@ export async function verifyCheckpoint(path: string): Promise<CheckpointManifest
   const problems: string[] = [];
   for (const f of manifest.files) {
     let bytes: Uint8Array;
-    try { bytes = await readFile(join(path, f.name)); } catch {
+    try { bytes = await readWholeFile(join(path, f.name)); } catch {
       problems.push(`${f.name}: missing`);
       continue;
     }
@@ -243,7 +268,7 @@ export async function verifyCheckpoint(path: string): Promise<CheckpointManifest
 
 /** Reads one file of a verified checkpoint, checking it again (it may have changed since). */
 export async function readCheckpointFile(path: string, f: CheckpointFile): Promise<Uint8Array> {
-  const bytes = await readFile(join(path, f.name));
+  const bytes = await readWholeFile(join(path, f.name));
   const sum = sha256(bytes);
   if (sum !== f.sha256) throw new CheckpointError(`checkpoint ${path}: ${f.name} has SHA-256 ${sum}, the manifest says ${f.sha256}`, path, [`${f.name}: checksum`]);
   return bytes;
