@@ -62,7 +62,7 @@ const EMPTY = 0;
 const FULL = 1;
 const MAX_LOAD = 0.7;
 
-function mix32(h: number): number {
+export function mix32(h: number): number {
   h ^= h >>> 16; h = Math.imul(h, 0x85ebca6b);
   h ^= h >>> 13; h = Math.imul(h, 0xc2b2ae35);
   return (h ^ (h >>> 16)) >>> 0;

@@ -11,17 +11,17 @@
  * a chain (full, then each delta in order) back into one snapshot to restore.
  */
 import type { ShardSnapshot } from '../shard/shard.messages.ts';
-import type { SparseTableSnapshot } from '../../native-bridge/mod.ts';
+import { IdIndex, type SparseTableSnapshot } from '../../native-bridge/mod.ts';
 
-/** Per table, per row id, its update count as of a checkpoint. */
-export type RowSteps = Map<string, Map<number, number>>;
+/** Per table, per row id, its update count as of a checkpoint (an `IdIndex`: a table's rows outnumber what a JS Map holds). */
+export type RowSteps = Map<string, IdIndex>;
 
 /** The update count of every row of `snap`. */
 export function rowSteps(snap: ShardSnapshot): RowSteps {
   const out: RowSteps = new Map();
   for (const t of snap.sparse) {
-    const m = new Map<number, number>();
-    for (let k = 0; k < t.ids.length; k++) m.set(t.ids[k]!, t.steps[k]!);
+    const m = new IdIndex(t.ids.length);
+    for (let k = 0; k < t.ids.length; k++) m.set(t.ids[k]!, t.steps[k]! | 0);
     out.set(t.table, m);
   }
   return out;
@@ -54,12 +54,12 @@ export function deltaOf(snap: ShardSnapshot, before: RowSteps): { delta: ShardSn
   let of = 0;
   const sparse = snap.sparse.map((t) => {
     let prev = before.get(t.table);
-    if (prev === undefined) { prev = new Map(); before.set(t.table, prev); }
+    if (prev === undefined) { prev = new IdIndex(t.ids.length); before.set(t.table, prev); }
     const keep: number[] = [];
     for (let k = 0; k < t.ids.length; k++) {
       const id = t.ids[k]!;
-      const s = t.steps[k]!;
-      if (s !== (prev.get(id) ?? 0)) { keep.push(k); prev.set(id, s); }
+      const s = t.steps[k]! | 0;
+      if (s !== prev.get(id, 0)) { keep.push(k); prev.set(id, s); }
     }
     rows += keep.length;
     of += t.ids.length;
@@ -80,29 +80,35 @@ export function overlay(chain: readonly ShardSnapshot[]): ShardSnapshot {
     if (s.shard !== last.shard) throw new RangeError(`overlay: shard ${s.shard} in a chain of ${last.shard}`);
   }
   if (chain.length === 1) return last;
-  const tables = new Map<string, { t: SparseTableSnapshot; rows: Map<number, [SparseTableSnapshot, number]> }>();
+  // Per table, the parts in chain order; a row's last writer wins.
+  const tables = new Map<string, SparseTableSnapshot[]>();
   for (const snap of chain) {
     for (const t of snap.sparse) {
-      let e = tables.get(t.table);
-      if (e === undefined) { e = { t, rows: new Map() }; tables.set(t.table, e); }
-      for (let k = 0; k < t.ids.length; k++) e.rows.set(t.ids[k]!, [t, k]);
+      let parts = tables.get(t.table);
+      if (parts === undefined) { parts = []; tables.set(t.table, parts); }
+      parts.push(t);
     }
   }
-  const sparse = [...tables.values()].map(({ t, rows }) => {
+  const sparse = [...tables.values()].map((parts) => {
+    const t = parts[0]!;
     const d = t.dim;
     const sd = d * t.stateSlots;
-    const n = rows.size;
+    // Output row of each id, in first-seen order (ids are unique within one part).
+    const at = new IdIndex(parts.reduce((a, p) => Math.max(a, p.ids.length), 0));
+    let n = 0;
+    for (const p of parts) for (let k = 0; k < p.ids.length; k++) if (at.get(p.ids[k]!) < 0) at.set(p.ids[k]!, n++);
     const out: SparseTableSnapshot = {
       table: t.table, dim: d, stateSlots: t.stateSlots,
       ids: new Uint32Array(n), values: new Float32Array(n * d), state: new Float32Array(n * sd), steps: new Uint32Array(n),
     };
-    let j = 0;
-    for (const [id, [src, k]] of rows) {
-      out.ids[j] = id;
-      out.values.set(src.values.subarray(k * d, k * d + d), j * d);
-      if (sd) out.state.set(src.state.subarray(k * sd, k * sd + sd), j * sd);
-      out.steps[j] = src.steps[k]!;
-      j++;
+    for (const src of parts) {
+      for (let k = 0; k < src.ids.length; k++) {
+        const j = at.get(src.ids[k]!);
+        out.ids[j] = src.ids[k]!;
+        out.values.set(src.values.subarray(k * d, k * d + d), j * d);
+        if (sd) out.state.set(src.state.subarray(k * sd, k * sd + sd), j * sd);
+        out.steps[j] = src.steps[k]!;
+      }
     }
     return out;
   });

@@ -102,3 +102,28 @@ test('resume from a delta reads its chain; a broken link makes it unusable and l
     await rm(root, { recursive: true, force: true });
   }
 });
+
+test('a table of more rows than a JS Map holds (2^24): deltas and the overlay of a chain keep every row', () => {
+  const n = 2 ** 24 + 1000;
+  const ids = new Uint32Array(n);
+  for (let k = 0; k < n; k++) ids[k] = (k * 2654435761) >>> 0; // distinct, spread over uint32
+  const big = (steps: Uint32Array, value: number): ShardSnapshot => ({
+    format: 1, shard: 's1', plan_version: 1, version: 1, round: 0, dense_optimizer: 'adam', sparse_optimizer: 'sgd', dense: [],
+    sparse: [{ table: 'emb', dim: 1, stateSlots: 0, ids, values: new Float32Array(n).fill(value), state: new Float32Array(0), steps }],
+  });
+  const full = big(new Uint32Array(n).fill(1), 1);
+  const before = rowSteps(full);
+  assert.equal(before.get('emb')!.size, n);
+  // The last 1000 rows were updated since: the delta holds exactly them.
+  const later = new Uint32Array(n).fill(1);
+  later.fill(2, n - 1000);
+  const { delta, rows, of } = deltaOf(big(later, 5), before);
+  assert.equal(rows, 1000);
+  assert.equal(of, n);
+  assert.deepEqual([...delta.sparse[0]!.ids], [...ids.subarray(n - 1000)]);
+  const merged = overlay([full, delta]).sparse[0]!;
+  assert.equal(merged.ids.length, n);
+  assert.equal(merged.values[0], 1);
+  assert.equal(merged.values[n - 1], 5);
+  assert.equal(merged.steps[n - 1], 2);
+});
