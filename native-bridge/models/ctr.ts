@@ -236,9 +236,12 @@ export class CtrModel implements Model {
    * `dense_features` float32 [B, F]. Output: `predictions` float32 [B].
    *
    * Ids are hash-bucketed as the trainer does (`bucketCtrIds`: slot base +
-   * id mod buckets) and looked up among the seen rows with ai.onnx.ml
-   * LabelEncoder; an id never seen in training gets a zero embedding and a
-   * zero wide weight.
+   * id mod buckets) and looked up among the seen rows: with hash buckets,
+   * through a row-of-bucket table (an int32 initializer, Gather), when that
+   * is no bigger than a map of the seen ids or the seen ids are too many to
+   * sit in the model file; otherwise (and for raw ids) with ai.onnx.ml
+   * LabelEncoder, whose keys are attributes. An id never seen in training
+   * gets a zero embedding and a zero wide weight.
    */
   exportGraph(w: CtrExportWeights): ModelGraph {
     const { slots: S, embeddingDim: D, denseFeatures: F } = this.config;
@@ -250,23 +253,35 @@ export class CtrModel implements Model {
     const dense = F > 0 ? g.input('dense_features', 'float32', [B, F]) : null;
 
     const seen = seenRows(w.emb, D, w.wide);
-    const embRows = g.initializer('embedding', 'float32', [seen.keys.length + 1, D], seen.emb);
-    const wideRows = seen.wide === null ? null : g.initializer('wide', 'float32', [seen.keys.length + 1, 1], seen.wide);
+    const n = seen.keys.length;
+    const embRows = g.initializer('embedding', 'float32', [n + 1, D], seen.emb);
+    const wideRows = seen.wide === null ? null : g.initializer('wide', 'float32', [n + 1, 1], seen.wide);
+    const buckets = w.hashBuckets;
+    let perSlot: number[] | null = null;
+    let totalBuckets = 0;
+    if (buckets !== null) {
+      perSlot = typeof buckets === 'number' ? Array.from({ length: S }, () => buckets) : [...buckets];
+      if (perSlot.length !== S) throw new InvalidTensorError(`export: hash buckets list ${perSlot.length} slots, the model ${S}`, { data: { input: 'ids' } });
+      totalBuckets = perSlot.reduce((a, b) => a + b, 0);
+    }
+    const table = perSlot !== null && n > 0 && useBucketTable(totalBuckets, n) ? bucketTable(g, seen.keys, totalBuckets) : null;
     const bagRowsOf = (seg: string): string => {
       let key = g.op('BitwiseAnd', [ids, g.constI64([0xffffffff], [])]);
-      const buckets = w.hashBuckets;
-      if (buckets !== null) {
-        const perSlot = typeof buckets === 'number' ? Array.from({ length: S }, () => buckets) : [...buckets];
-        if (perSlot.length !== S) throw new InvalidTensorError(`export: hash buckets list ${perSlot.length} slots, the model ${S}`, { data: { input: 'ids' } });
+      if (perSlot !== null) {
         const bases: number[] = [];
         let total = 0;
         for (const b of perSlot) { bases.push(total); total += b; }
         const slot = g.op('Mod', [seg, g.constI64([S], [])]);
         key = g.op('Add', [g.op('Gather', [g.constI64(bases), slot]), g.op('Mod', [key, g.op('Gather', [g.constI64(perSlot), slot])])]);
       }
-      if (seen.keys.length === 0) return g.op('Mul', [key, g.constI64([0], [])]); // nothing seen: every id → the zero row
+      if (n === 0) return g.op('Mul', [key, g.constI64([0], [])]); // nothing seen: every id → the zero row
+      if (table !== null) return g.op('Cast', [g.op('Gather', [table, key])], { to: 7 });
+      if (n * LABEL_ENCODER_BYTES_PER_ROW > MAX_INLINE_MAP_BYTES) {
+        throw new InvalidTensorError(`export: ${n} seen rows of raw (unbucketed) ids: their id → row map (${LABEL_ENCODER_BYTES_PER_ROW} bytes a row, the attributes of an ONNX-ML LabelEncoder) `
+          + `must sit in the model file, and at most ${Math.floor(MAX_INLINE_MAP_BYTES / LABEL_ENCODER_BYTES_PER_ROW)} rows fit; hash the ids (model.ctr.hash_buckets) to export more`, { data: { input: 'ids' } });
+      }
       return g.domainOp('ai.onnx.ml', 2, 'LabelEncoder', [key], {
-        keys_int64s: seen.keys, values_int64s: seen.keys.map((_, i) => i), default_int64: seen.keys.length,
+        keys_int64s: Array.from(seen.keys), values_int64s: Array.from(seen.keys, (_, i) => i), default_int64: n,
       });
     };
     this.forward(g, { layers, bias, embRows, wideRows, bagCounts, dense, nIds: dimOf(g, ids, 0), bagRowsOf });
@@ -306,19 +321,55 @@ export interface CtrExportWeights {
  * it with one zero row after the last (the row of an id never seen). An id
  * in one table only gets zeros in the other.
  */
-function seenRows(emb: TableRows, D: number, wide: TableRows | null): { keys: number[]; emb: Float32Array; wide: Float32Array | null } {
+function seenRows(emb: TableRows, D: number, wide: TableRows | null): { keys: Uint32Array; emb: Float32Array; wide: Float32Array | null } {
   if (emb.values.length !== emb.ids.length * D) throw new InvalidTensorError(`export: the embedding table holds ${emb.values.length} values for ${emb.ids.length} rows of ${D}`, { data: { tensor: 'emb' } });
   if (wide !== null && wide.values.length !== wide.ids.length) throw new InvalidTensorError(`export: the wide table holds ${wide.values.length} values for ${wide.ids.length} rows of 1`, { data: { tensor: 'wide' } });
-  const keys = [...new Set([...emb.ids, ...(wide?.ids ?? [])])].sort((a, b) => a - b);
-  const at = new Map(keys.map((k, i) => [k, i]));
-  const e = new Float32Array((keys.length + 1) * D);
-  emb.ids.forEach((id, r) => e.set(emb.values.subarray(r * D, r * D + D), at.get(id)! * D));
+  // Typed arrays, sorted and searched: a JS Set or Map holds at most 2^24 entries, fewer than a real table's rows.
+  const all = new Uint32Array(emb.ids.length + (wide?.ids.length ?? 0));
+  all.set(emb.ids);
+  if (wide !== null) all.set(wide.ids, emb.ids.length);
+  all.sort();
+  let n = 0;
+  for (let i = 0; i < all.length; i++) if (i === 0 || all[i] !== all[i - 1]) all[n++] = all[i]!;
+  const sorted = all.subarray(0, n);
+  const rowOf = (id: number): number => {
+    let lo = 0;
+    let hi = n - 1;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (sorted[mid]! < id) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+  };
+  const e = new Float32Array((n + 1) * D);
+  for (let r = 0; r < emb.ids.length; r++) e.set(emb.values.subarray(r * D, r * D + D), rowOf(emb.ids[r]! >>> 0) * D);
   let wv: Float32Array | null = null;
   if (wide !== null) {
-    wv = new Float32Array(keys.length + 1);
-    wide.ids.forEach((id, r) => { wv![at.get(id)!] = wide.values[r]!; });
+    wv = new Float32Array(n + 1);
+    for (let r = 0; r < wide.ids.length; r++) wv[rowOf(wide.ids[r]! >>> 0)] = wide.values[r]!;
   }
-  return { keys, emb: e, wide: wv };
+  return { keys: sorted, emb: e, wide: wv };
+}
+
+/** A LabelEncoder's map costs an int64 key and value per seen id, encoded in the model file (protobuf, 2 GiB). */
+export const LABEL_ENCODER_BYTES_PER_ROW = 16;
+/** The most of it a model file takes: protobufjs builds the attributes in memory, which is slow far below 2 GiB. */
+export const MAX_INLINE_MAP_BYTES = 256 * 2 ** 20;
+
+/** The row-of-bucket table (4 bytes a bucket, an initializer that external data can hold) when it is no bigger than the seen ids' map, or the map would not fit. */
+export function useBucketTable(totalBuckets: number, seenRows: number): boolean {
+  return totalBuckets * 4 <= seenRows * LABEL_ENCODER_BYTES_PER_ROW || seenRows * LABEL_ENCODER_BYTES_PER_ROW > MAX_INLINE_MAP_BYTES;
+}
+
+/** `row_of_bucket[k]`: the row of bucketed id k among the sorted seen `keys`, or the zero row (keys.length) for a bucket never seen. */
+function bucketTable(g: GraphBuilder, keys: Uint32Array, totalBuckets: number): string {
+  const rows = new Int32Array(totalBuckets).fill(keys.length);
+  for (let r = 0; r < keys.length; r++) {
+    const k = keys[r]!;
+    if (k >= totalBuckets) throw new InvalidTensorError(`export: seen id ${k} is outside the ${totalBuckets} hash buckets of the model`, { data: { input: 'ids' } });
+    rows[k] = r;
+  }
+  return g.initializer('row_of_bucket', 'int32', [totalBuckets], rows);
 }
 
 function bad(input: string, what: string, data: Record<string, unknown>): InvalidTensorError {

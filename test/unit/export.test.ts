@@ -14,9 +14,10 @@ import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import {
   bucketCtrIds, createSyntheticCtrSource, createSyntheticMlpSource, ctrBagIndex, ctrModel, exportedCtrFeeds, evaluateExported, initDenseParams,
-  mlpModel, onnxMetadata, streamOptions, type CtrBatch, type CtrModel, type MlpBatch, type TableRows,
+  mlpModel, onnxMetadata, streamOptions, useBucketTable, LABEL_ENCODER_BYTES_PER_ROW, type CtrBatch, type CtrModel, type MlpBatch, type TableRows,
 } from '../../native-bridge/mod.ts';
 import { encode } from '../../runtime/mod.ts';
+import { MAX_INLINE_MAP_BYTES } from '../../native-bridge/models/ctr.ts';
 import type { ShardSnapshot } from '../../actors/shard/shard.messages.ts';
 import { writeCheckpoint } from '../../actors/store/checkpoint.ts';
 import { exportCheckpoint } from '../../actors/store/checkpoint-export.ts';
@@ -67,8 +68,10 @@ async function reference(model: CtrModel, batch: CtrBatch, dense: Map<string, Fl
   return run(model.graph('eval').bytes, feeds);
 }
 
-for (const [pooling, wideOn, buckets] of [['sum', true, 32], ['mean', true, [7, 20, 33]], ['mean', false, null]] as const) {
-  test(`ctr export (${pooling} pooling, wide ${wideOn}, hash buckets ${JSON.stringify(buckets)}): the eval graph's predictions with the seen rows baked in, unseen ids scoring zero rows`, async () => {
+// The lookup of an id's row: a row-of-bucket table where the buckets are few (32, [7, 20, 33]), the LabelEncoder where the
+// buckets far outnumber the seen rows (5000 a slot) and for raw ids (null).
+for (const [pooling, wideOn, buckets, lookup] of [['sum', true, 32, 'table'], ['mean', true, [7, 20, 33], 'table'], ['sum', true, 5000, 'map'], ['mean', false, null, 'map']] as const) {
+  test(`ctr export (${pooling} pooling, wide ${wideOn}, hash buckets ${JSON.stringify(buckets)}, ${lookup} lookup): the eval graph's predictions with the seen rows baked in, unseen ids scoring zero rows`, async () => {
     const model = ctrModel({ slots: SLOTS, embeddingDim: DIM, denseFeatures: DENSE, hidden: [8], pooling });
     const batch = ctrBatch(3);
     const dense = initDenseParams(model, 11);
@@ -79,6 +82,9 @@ for (const [pooling, wideOn, buckets] of [['sum', true, 32], ['mean', true, [7, 
     const g = model.exportGraph({ dense, emb, wide, hashBuckets: buckets as number | number[] | null, metadata: { 'hetps.job': 'j' } });
     assert.deepEqual(g.inputs.map((i) => i.name), ['ids', 'bag_counts', 'dense_features']);
     assert.equal(onnxMetadata(g.bytes)['hetps.job'], 'j');
+    const text = Buffer.from(g.bytes).toString('latin1');
+    assert.equal(text.includes('row_of_bucket'), lookup === 'table');
+    assert.equal(text.includes('LabelEncoder'), lookup === 'map');
     const got = await run(g.bytes, exportedCtrFeeds(batch, true));
     assert.equal(got.length, batch.size);
     for (let i = 0; i < got.length; i++) assert.ok(Math.abs(got[i]! - want[i]!) < 1e-5, `sample ${i}: ${got[i]} vs ${want[i]}`);
@@ -87,6 +93,14 @@ for (const [pooling, wideOn, buckets] of [['sum', true, 32], ['mean', true, [7, 
     assert.ok(other.some((v, i) => Math.abs(v - got[i]!) > 1e-4));
   });
 }
+
+test('the id lookup: a row-of-bucket table when it is no bigger than the seen ids\' map (16 B a row) or the map would not fit in the model file', () => {
+  assert.equal(useBucketTable(400, 100), true);
+  assert.equal(useBucketTable(401, 100), false);
+  // 36 M seen rows (a 2.3 GB embedding) under 40 M buckets: the map would be 576 MB of protobuf attributes.
+  assert.equal(useBucketTable(4e8, 36e6), true);
+  assert.ok(MAX_INLINE_MAP_BYTES / LABEL_ENCODER_BYTES_PER_ROW < 36e6);
+});
 
 test('ctr export with no rows seen scores every id with the zero row; a wrong parameter size is refused by name', async () => {
   const model = ctrModel({ slots: SLOTS, embeddingDim: DIM, denseFeatures: DENSE, hidden: [8], pooling: 'sum' });
