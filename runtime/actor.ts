@@ -13,7 +13,7 @@ import type { Random } from './random.ts';
 import type { Headers, RawSubscription } from './bus.ts';
 import type { Transport, TransportMsg } from './transport.ts';
 import { encode, decode } from './codec.ts';
-import { PROTOCOL_VERSION, decodeEnvelope, encodeEnvelope, type Envelope, type MessageShapes } from './envelope.ts';
+import { PROTOCOL_VERSION, decodeEnvelope, encodeEnvelope, registryOf, type Envelope, type MessageSchemas, type MessageShapes } from './envelope.ts';
 import {
   ActorStoppedError, DecodeError, HandlerError, HetpsError, ProtocolVersionError, UnknownMessageTypeError,
   fromWire, isRetryable, toWire, type WireError,
@@ -208,6 +208,8 @@ export class Actor<M extends MessageShapes = MessageShapes> {
   private recentErrors: number[] = [];
   private backoffMs = 0;
   private senders = new Map<string, SenderWindow>();
+  /** Built at the first message, as decodeEnvelope would; kept to skip its per-message WeakMap lookup. */
+  private schemas: MessageSchemas<M> | null = null;
   /** Message types deduplicated by `(from, seq)`; null when the actor is not idempotent. */
   private readonly dedupTypes: Set<string> | null;
   private readonly log: Logger;
@@ -257,7 +259,7 @@ export class Actor<M extends MessageShapes = MessageShapes> {
     const json = m.headers?.['Content-Type'] === JSON_CONTENT_TYPE;
     let env: Envelope;
     try {
-      env = json ? this.decodeJson(m) : decodeEnvelope(m.data, this.def.messages);
+      env = json ? this.decodeJson(m) : decodeEnvelope(m.data, this.schemas ??= registryOf(this.def.messages));
     } catch (e) {
       this.reject(e, m, json);
       return;

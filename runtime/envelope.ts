@@ -9,12 +9,14 @@
  *
  * Measured (Node 20, one core of a shared 2-vCPU VM, best of 5): a 72-byte
  * message with 5 fields decodes in ~1.0 µs (msgpack ~0.55, structure check
- * ~0.15, zod ~0.3) and encodes in ~0.55 µs. An 8 MiB Float32Array message
+ * ~0.15, zod ~0.3) and encodes in ~0.55 µs (a 116-byte one with a 64-byte
+ * `bin` field: ~0.4 µs since the header is encoded once per sender and type,
+ * ~1.0 µs before). An 8 MiB Float32Array message
  * encodes in ~0.7 ms, decodes in ~1.5 µs when its payload is aligned (a view)
  * and ~1.2 ms when not (a copy).
  */
 import { z } from 'zod';
-import { decode, encode } from './codec.ts';
+import { decode, encode, encodeHead, encodeMapAfterHead } from './codec.ts';
 import { DecodeError, ProtocolVersionError, UnknownMessageTypeError, ValidationError } from './errors.ts';
 
 export const PROTOCOL_VERSION = 1;
@@ -93,7 +95,8 @@ export function defineMessages<M extends MessageShapes>(shapes: M): MessageSchem
 
 // `decodeEnvelope` also takes a plain `{ type: schema }` record; its registry is built once per record.
 const registries = new WeakMap<object, unknown>();
-function registryOf<M extends MessageShapes>(schemas: MessageSchemas<M> | M): MessageSchemas<M> {
+/** The registry of a plain `{ type: schema }` record (built once per record), or `schemas` itself. */
+export function registryOf<M extends MessageShapes>(schemas: MessageSchemas<M> | M): MessageSchemas<M> {
   if (schemas instanceof MessageSchemas) return schemas;
   let r = registries.get(schemas) as MessageSchemas<M> | undefined;
   if (r === undefined) {
@@ -110,16 +113,41 @@ function registryOf<M extends MessageShapes>(schemas: MessageSchemas<M> | M): Me
  */
 export function encodeEnvelope(header: { type: string; from: string; seq: number }, fields: Record<string, unknown>): Uint8Array {
   const { type, from, seq } = header;
-  const headerProblem = checkHeader(type, from, seq);
-  if (headerProblem !== null) throw new ValidationError(`encodeEnvelope: ${headerProblem}`, { data: { type, from } });
-  for (const key of ENVELOPE_KEYS) {
+  let head = heads.get(from)?.get(type);
+  if (head === undefined || typeof seq !== 'number' || !Number.isSafeInteger(seq) || seq < 0) {
+    const headerProblem = checkHeader(type, from, seq);
+    if (headerProblem !== null) throw new ValidationError(`encodeEnvelope: ${headerProblem}`, { data: { type, from } });
+    head ??= cacheHead(type, from);
+  }
+  for (let i = 0; i < ENVELOPE_KEYS.length; i++) {
+    const key = ENVELOPE_KEYS[i]!;
     if (Object.hasOwn(fields, key)) {
       throw new ValidationError(`encodeEnvelope: field '${key}' of message '${type}' would override the envelope key '${key}'`, {
         data: { type, from, key },
       });
     }
   }
-  return encode({ v: PROTOCOL_VERSION, type, from, seq, ...fields });
+  return encodeMapAfterHead(head.head, head.count, seq, fields) ?? encode({ v: PROTOCOL_VERSION, type, from, seq, ...fields });
+}
+
+// The encoded `v`, `type`, `from` and key `seq` per sender and type, checked
+// once: a process has few senders and types, and re-encoding these strings was
+// half the cost of encoding a small message. Bounded for callers that vary `from`.
+const heads = new Map<string, Map<string, { head: Uint8Array; count: number }>>();
+const MAX_CACHED_SENDERS = 64;
+const MAX_CACHED_TYPES_PER_SENDER = 512;
+
+function cacheHead(type: string, from: string): { head: Uint8Array; count: number } {
+  let byType = heads.get(from);
+  if (byType === undefined) {
+    if (heads.size >= MAX_CACHED_SENDERS) heads.clear();
+    byType = new Map();
+    heads.set(from, byType);
+  }
+  if (byType.size >= MAX_CACHED_TYPES_PER_SENDER) byType.clear();
+  const head = encodeHead({ v: PROTOCOL_VERSION, type, from, seq: 0 });
+  byType.set(type, head);
+  return head;
 }
 
 /**

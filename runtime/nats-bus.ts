@@ -124,7 +124,12 @@ export class NatsBus implements Bus {
   get maxPayload(): number { return this.nc.info?.max_payload ?? 1024 * 1024; }
   get connectedServer(): string | null { return this.nc.getServer() || null; }
 
-  publish(subject: string, data: Uint8Array, opts: { reply?: string | null; headers?: Headers | null } = {}): void {
+  publish(subject: string, data: Uint8Array, opts?: { reply?: string | null; headers?: Headers | null }): void {
+    // No options object for a plain publish (the one-way hot path).
+    if (!opts || (!opts.reply && !opts.headers)) {
+      this.nc.publish(subject, data);
+      return;
+    }
     const h = opts.headers ? toNatsHeaders(opts.headers) : undefined;
     this.nc.publish(subject, data, {
       ...(opts.reply ? { reply: opts.reply } : {}),
@@ -137,7 +142,7 @@ export class NatsBus implements Bus {
       ...(opts.queue ? { queue: opts.queue } : {}),
       callback: (err, m) => {
         if (err) return; // subscription-level errors (permissions) surface through status()
-        handler(fromNatsMsg(m));
+        handler(new NatsRawMsg(m));
       },
     });
     return {
@@ -183,15 +188,35 @@ function toNatsHeaders(h: Headers) {
   return out;
 }
 
-function fromNatsMsg(m: Msg): RawMsg {
-  let hdrs: Headers | null = null;
-  let noResponders = false;
-  if (m.headers) {
-    if (m.headers.code === 503) noResponders = true;
-    for (const [k, v] of m.headers) {
-      hdrs ??= {};
-      hdrs[k] = v[0] ?? '';
+/**
+ * A received message. `subject` is decoded from bytes only when read (nats.js
+ * caches it): an actor reads it only to report a rejected message, and
+ * decoding it for every message cost ~0.06 µs each.
+ */
+class NatsRawMsg implements RawMsg {
+  readonly data: Uint8Array;
+  readonly reply: string | null;
+  readonly headers: Headers | null;
+  readonly noResponders: boolean;
+  private readonly msg: Msg;
+
+  constructor(m: Msg) {
+    this.msg = m;
+    this.data = m.data;
+    this.reply = m.reply || null;
+    let hdrs: Headers | null = null;
+    let noResponders = false;
+    const mh = m.headers;
+    if (mh) {
+      if (mh.code === 503) noResponders = true;
+      for (const [k, v] of mh) {
+        hdrs ??= {};
+        hdrs[k] = v[0] ?? '';
+      }
     }
+    this.headers = hdrs;
+    this.noResponders = noResponders;
   }
-  return { subject: m.subject, data: m.data, reply: m.reply || null, headers: hdrs, noResponders };
+
+  get subject(): string { return this.msg.subject; }
 }

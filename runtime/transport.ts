@@ -95,7 +95,7 @@ export class Transport {
   /** Largest data that goes out as one message. */
   get chunkBytes(): number { return Math.max(1024, this.bus.maxPayload - HEADER_RESERVE); }
 
-  publish(subject: string, data: Uint8Array, opts: { reply?: string | null; headers?: Headers | null } = {}): void {
+  publish(subject: string, data: Uint8Array, opts?: { reply?: string | null; headers?: Headers | null }): void {
     if (this.closed) throw new ConnectionError('transport is closed');
     this.stats.published++;
     this.stats.bytesOut += data.byteLength;
@@ -113,10 +113,10 @@ export class Transport {
     const id = `${this.opts.clientId}:${(this.nextChunkId++).toString(36)}`;
     this.stats.chunkedSent++;
     for (let i = 0; i < total; i++) {
-      const h: Headers = i === 0 ? { ...(opts.headers ?? {}), [CHUNK_SIZE_HEADER]: String(data.byteLength) } : {};
+      const h: Headers = i === 0 ? { ...(opts?.headers ?? {}), [CHUNK_SIZE_HEADER]: String(data.byteLength) } : {};
       h[CHUNK_HEADER] = `${id}/${i}/${total}`;
       this.bus.publish(subject, data.subarray(i * limit, Math.min(data.byteLength, (i + 1) * limit)), {
-        reply: i === total - 1 ? opts.reply ?? null : null,
+        reply: i === total - 1 ? opts?.reply ?? null : null,
         headers: h,
       });
       this.stats.chunksSent++;
@@ -218,8 +218,10 @@ export class Transport {
       delete headers[CHUNK_HEADER];
       delete headers[CHUNK_SIZE_HEADER];
       p = {
-        // A fresh ArrayBuffer is 8-byte aligned, so typed arrays inside decode without copying.
-        buf: new Uint8Array(size), filled: 0, nextIndex: 0, total,
+        // Its own ArrayBuffer, so 8-byte aligned: typed arrays inside decode without copying.
+        // Not zero-filled (that was ~0.5 ms of an 8 MiB message): every byte is written
+        // before the message is delivered, and an incomplete one is dropped.
+        buf: Buffer.allocUnsafeSlow(size), filled: 0, nextIndex: 0, total,
         headers: Object.keys(headers).length ? headers : null, reply: null, subject: m.subject,
         timer: this.opts.clock.setTimeout(() => {
           partials.delete(id);
