@@ -64,7 +64,7 @@ test('hps: a group member cut off for 5 s degrades its group to async on its dea
   const t0 = Date.now();
   const job = 'gpart';
   const urls = cluster!.urls;
-  const cfg = await writeJobConfig(dir, { job, mode: 'hps', servers: urls, runDir: join(dir, 'runs'), samples: 4000, epochs: 2, workerRecoveryTimeoutS: 30 });
+  const cfg = await writeJobConfig(dir, { job, mode: 'hps', servers: urls, runDir: join(dir, 'runs'), samples: 6000, epochs: 3, workerRecoveryTimeoutS: 30 });
   const watch = await watchAcks(urls, job);
   const plain = await connect({ servers: urls, name: 'verdict-watcher' });
   const verdicts: { node: string; state: string; at: number }[] = [];
@@ -127,6 +127,7 @@ test('hps: a group member cut off for 5 s degrades its group to async on its dea
     assert.ok(rejoin, `the driver took w1 back: ${JSON.stringify(s.regroups)}`);
     assert.deepEqual(rejoin.rejoined, ['w1']);
     assert.deepEqual(rejoin.not_ready, [], 'w1 gave up its stuck window and paused with the others');
+    t.diagnostic(`w1 acknowledged ${(byNode.get('w1') ?? 0) - w1AfterHeal} batches after the heal, of ${s.batches}`);
     assert.ok((byNode.get('w1') ?? 0) > w1AfterHeal, `w1 trained again after the heal (${w1AfterHeal} acks then, ${byNode.get('w1')} at the end)`);
     assert.equal(s.batches_acked, s.batches);
     assert.equal(s.duplicate_acks, 0);
