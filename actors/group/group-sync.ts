@@ -715,6 +715,15 @@ export class GroupMember {
     let discarded = 0;
     const closing = () => this.o.closeEarly?.() ?? false;
     const dropping = () => this.o.discardOnPause === true && closing();
+    // Nor does a pause wait for a batch still to come (a drained queue holds a fetch for up to a second at the end of
+    // training): the window ends without it, counted as dropped, and the source gives the batch back if one comes.
+    const awaitStep = async (f: Promise<PreparedStep | null>): Promise<PreparedStep | null | 'dropped'> => {
+      if (this.o.discardOnPause !== true) return f;
+      const p = await this.unlessDropping(f, dropping);
+      if (p !== null || !dropping()) return p;
+      f.catch(() => undefined);
+      return 'dropped';
+    };
     try {
       for (;;) {
         this.checkStop(w);
@@ -725,16 +734,18 @@ export class GroupMember {
         if (steps.length > 0 && closing()) break;
         // Dropping on a pause: no step is started either.
         if (dropping()) break;
-        const p = await (ahead ?? fetch(steps.length > 0));
+        const p = await awaitStep(ahead ?? fetch(steps.length > 0));
         ahead = null;
+        if (p === 'dropped') { discarded++; break; }
         if (p === null) break;
         if (steps.length + 1 < this.stepLimit && !closing()) ahead = fetch(true);
         if (!(await take(p))) { discarded++; break; }
       }
       // A batch fetched ahead is trained in this window: its batch is held by it (adaptive, when the round started meanwhile).
-      const left = ahead === null ? null : await ahead;
+      const left = ahead === null ? null : await awaitStep(ahead);
       ahead = null;
-      if (left !== null && (dropping() || !(await take(left)))) discarded++;
+      if (left === 'dropped') discarded++;
+      else if (left !== null && (dropping() || !(await take(left)))) discarded++;
     } finally {
       // On a stop the batch fetched ahead is given back with the window's others.
       if (ahead !== null) await (ahead as Promise<PreparedStep | null>).catch(() => null);

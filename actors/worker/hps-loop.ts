@@ -59,7 +59,7 @@ export class HpsLoop {
       try {
         while (!control.stopRequested) {
           if (control.pauseRequested) {
-            await this.giveBackCarried();
+            this.giveBackCarried();
             await control.hold();
             if (control.stopRequested) break;
             if (control.jobPausePending) { pauseFor = control.seen; break; }
@@ -79,7 +79,7 @@ export class HpsLoop {
         }
         if (pauseFor !== null) member.regroup(`groups v${pauseFor}`);
       } finally {
-        await this.giveBackCarried();
+        this.giveBackCarried();
         await member.stop(pauseFor !== null ? 'regrouped' : 'stopped');
       }
       if (pauseFor === null || control.stopRequested) break;
@@ -134,6 +134,8 @@ export class HpsLoop {
     // it answers without applying it again (the shards' applied-batch log).
     const solo: QueuedBatch[] = [];
     const keepAlive = ledger.keepAlive(() => [...held, ...solo, this.carriedItem]);
+    // Until runWindow returns: a batch that arrives after it (the window ended without waiting for it, for a pause) goes straight back.
+    let open = true;
     let outcome: WindowOutcome;
     try {
       outcome = await member.runWindow({
@@ -143,11 +145,12 @@ export class HpsLoop {
           this.carried = null;
           this.carriedItem = null;
           let item = ahead !== null ? await ahead : await o.queue.next(HPS_TAKE_WAIT_MS);
-          while (item !== null && item.redelivered) {
+          while (item !== null && item.redelivered && open) {
             solo.push(item);
             item = control.stopRequested ? null : await o.queue.next(HPS_TAKE_WAIT_MS);
           }
           if (item === null) return null;
+          if (!open) { item.nak(); return null; }
           held.push(item);
           return batchFromDescriptor(o.source, item.desc);
         },
@@ -160,10 +163,12 @@ export class HpsLoop {
         },
       });
     } catch (e) {
+      open = false;
       keepAlive.cancel();
       for (const h of [...held, ...solo]) h.nak();
       throw e;
     }
+    open = false;
     keepAlive.cancel();
     stats.windows++;
     stats.lost_shard_updates += outcome.lostShards.length;
@@ -173,7 +178,7 @@ export class HpsLoop {
     if (outcome.discarded > 0) {
       // Dropped for a pause (discardOnPause): none of them reached a shard; they are trained again after the resume.
       for (const item of held) item.nak();
-      log.info({ window: outcome.window, batches: held.length }, `window ${outcome.window}: ${held.length} batch(es) dropped untrained for the pause; back to the queue`);
+      if (held.length > 0) log.info({ window: outcome.window, batches: held.length }, `window ${outcome.window}: ${held.length} batch(es) dropped untrained for the pause; back to the queue`);
       held.length = 0;
     }
     await Promise.all(held.map((item, i) => {
@@ -199,12 +204,23 @@ export class HpsLoop {
     return outcome;
   }
 
-  /** Gives the carried batch (if any) back to the queue: the worker stops, pauses or re-forms its group. */
-  private async giveBackCarried(): Promise<void> {
+  /**
+   * Gives the carried batch (if any) back to the queue: the worker stops,
+   * pauses or re-forms its group. Not waited for: with the queue drained
+   * (the end of training) the fetch waits up to HPS_TAKE_WAIT_MS for a batch
+   * that may never come, and a pause must not wait with it; a batch that does
+   * arrive goes straight back.
+   */
+  private giveBackCarried(): void {
     const c = this.carried;
     this.carried = null;
     this.carriedItem = null;
-    const item = c === null ? null : await c.catch(() => null);
-    item?.nak();
+    if (c === null) return;
+    void c.then((item) => {
+      try { item?.nak(); } catch (e) {
+        // The connection closed meanwhile (the worker stopped): unacknowledged, the batch comes back after ack_wait.
+        this.env.log.debug({ err: (e as Error).message }, 'carried batch not given back; it is redelivered after ack_wait');
+      }
+    }, () => undefined);
   }
 }
