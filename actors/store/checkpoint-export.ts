@@ -8,7 +8,7 @@
  * initializers: `CtrModel.exportGraph` / `MlpModel.exportGraph`.
  */
 import { ConfigError } from '../../runtime/errors.ts';
-import { ctrModel, mlpModel, type CtrModel, type ExternalDataOptions, type MlpModel, type ModelGraph, type TableRows, LABEL_ENCODER_BYTES_PER_ROW, useBucketTable } from '../../native-bridge/mod.ts';
+import { ctrModel, mlpModel, type CtrModel, type ExternalDataOptions, type MlpModel, type ModelGraph, type TableRows, idLookupBytes } from '../../native-bridge/mod.ts';
 import type { ShardSnapshot } from '../shard/shard.messages.ts';
 import { EMB_TABLE, WIDE_TABLE } from '../node/config-bridge.ts';
 import { CheckpointError, readCheckpointState, type CheckpointManifest, type CheckpointModel } from './checkpoint.ts';
@@ -92,10 +92,7 @@ export async function exportCheckpoint(path: string, fallback: CheckpointModel |
     // The embedding and wide tables (with their zero row), and the id → row lookup: a row-of-bucket table (int32 a bucket)
     // or the LabelEncoder's keys and values (int64 each; ctr.ts says which, and refuses a raw-id map too large for the model file).
     const seenIds = Math.max(emb.ids.length, wide?.ids.length ?? 0);
-    const buckets = described.hash_buckets;
-    const totalBuckets = buckets === null ? null : typeof buckets === 'number' ? buckets * described.slots : buckets.reduce((a, b) => a + b, 0);
-    const lookupBytes = totalBuckets !== null && useBucketTable(totalBuckets, seenIds) ? totalBuckets * 4 : seenIds * LABEL_ENCODER_BYTES_PER_ROW;
-    const bytes = denseBytes + emb.values.byteLength + (wide?.values.byteLength ?? 0) + lookupBytes;
+    const bytes = denseBytes + emb.values.byteLength + (wide?.values.byteLength ?? 0) + idLookupBytes(described.hash_buckets, described.slots, seenIds);
     graph = (model as CtrModel).exportGraph({ dense, emb, wide, hashBuckets: described.hash_buckets, metadata, externalData: externalFor(bytes) });
   } else {
     graph = (model as MlpModel).exportGraph({ dense, metadata, externalData: externalFor(denseBytes) });

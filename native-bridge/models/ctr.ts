@@ -256,21 +256,14 @@ export class CtrModel implements Model {
     const n = seen.keys.length;
     const embRows = g.initializer('embedding', 'float32', [n + 1, D], seen.emb);
     const wideRows = seen.wide === null ? null : g.initializer('wide', 'float32', [n + 1, 1], seen.wide);
-    const buckets = w.hashBuckets;
-    let perSlot: number[] | null = null;
+    const perSlot = w.hashBuckets === null ? null : bucketsPerSlot(w.hashBuckets, S);
+    const bases: number[] = [];
     let totalBuckets = 0;
-    if (buckets !== null) {
-      perSlot = typeof buckets === 'number' ? Array.from({ length: S }, () => buckets) : [...buckets];
-      if (perSlot.length !== S) throw new InvalidTensorError(`export: hash buckets list ${perSlot.length} slots, the model ${S}`, { data: { input: 'ids' } });
-      totalBuckets = perSlot.reduce((a, b) => a + b, 0);
-    }
+    for (const b of perSlot ?? []) { bases.push(totalBuckets); totalBuckets += b; }
     const table = perSlot !== null && n > 0 && useBucketTable(totalBuckets, n) ? bucketTable(g, seen.keys, totalBuckets) : null;
     const bagRowsOf = (seg: string): string => {
       let key = g.op('BitwiseAnd', [ids, g.constI64([0xffffffff], [])]);
       if (perSlot !== null) {
-        const bases: number[] = [];
-        let total = 0;
-        for (const b of perSlot) { bases.push(total); total += b; }
         const slot = g.op('Mod', [seg, g.constI64([S], [])]);
         key = g.op('Add', [g.op('Gather', [g.constI64(bases), slot]), g.op('Mod', [key, g.op('Gather', [g.constI64(perSlot), slot])])]);
       }
@@ -355,6 +348,19 @@ function seenRows(emb: TableRows, D: number, wide: TableRows | null): { keys: Ui
 export const LABEL_ENCODER_BYTES_PER_ROW = 16;
 /** The most of it a model file takes: protobufjs builds the attributes in memory, which is slow far below 2 GiB. */
 export const MAX_INLINE_MAP_BYTES = 256 * 2 ** 20;
+
+/** `model.ctr.hash_buckets` as one count per slot. */
+function bucketsPerSlot(buckets: number | readonly number[], slots: number): number[] {
+  const perSlot = typeof buckets === 'number' ? Array.from({ length: slots }, () => buckets) : [...buckets];
+  if (perSlot.length !== slots) throw new InvalidTensorError(`export: hash buckets list ${perSlot.length} slots, the model ${slots}`, { data: { input: 'ids' } });
+  return perSlot;
+}
+
+/** Bytes of the id → row lookup an export of `seenRows` rows writes: the row-of-bucket table or the LabelEncoder's map (see `useBucketTable`). */
+export function idLookupBytes(hashBuckets: number | readonly number[] | null, slots: number, seenRows: number): number {
+  const total = hashBuckets === null ? null : bucketsPerSlot(hashBuckets, slots).reduce((a, b) => a + b, 0);
+  return total !== null && useBucketTable(total, seenRows) ? total * 4 : seenRows * LABEL_ENCODER_BYTES_PER_ROW;
+}
 
 /** The row-of-bucket table (4 bytes a bucket, an initializer that external data can hold) when it is no bigger than the seen ids' map, or the map would not fit. */
 export function useBucketTable(totalBuckets: number, seenRows: number): boolean {
