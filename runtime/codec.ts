@@ -179,13 +179,30 @@ export function encode(value: unknown): Uint8Array {
   const ref = encoder.encodeSharedRef(value);
   const n = ref.byteLength;
   if (n > SLAB_MAX_MESSAGE) return ref.slice();
+  const out = smallSlabBytes(n);
+  out.set(ref);
+  return out;
+}
+
+/** `n` ≤ SLAB_MAX_MESSAGE bytes of the small slab, at an 8-byte aligned offset (a fresh slab when this one is full). */
+function smallSlabBytes(n: number): Uint8Array {
   if (slabUsed + n > SLAB_SIZE) {
     slab = new ArrayBuffer(SLAB_SIZE);
     slabUsed = 0;
   }
   const out = new Uint8Array(slab, slabUsed, n);
-  out.set(ref);
   slabUsed = (slabUsed + n + 7) & ~7;
+  return out;
+}
+
+/** `n` ≤ MID_SLAB_MAX_MESSAGE bytes of the envelopes' slab, likewise. */
+function midSlabBytes(n: number): Uint8Array {
+  if (midSlabUsed + n > MID_SLAB_SIZE) {
+    midSlab = newMidSlab();
+    midSlabUsed = 0;
+  }
+  const out = new Uint8Array(midSlab, midSlabUsed, n);
+  midSlabUsed = (midSlabUsed + n + 7) & ~7;
   return out;
 }
 
@@ -222,24 +239,7 @@ export function encodeMapAfterHead(head: Uint8Array, headCount: number, tail: nu
   const mapHeader = count < 16 ? 1 : count < 0x10000 ? 3 : 5;
   const tailBytes = tail < 0x80 ? 1 : tail < 0x100 ? 2 : tail < 0x10000 ? 3 : tail < 0x100000000 ? 5 : 9;
   const n = mapHeader + head.length + tailBytes + body.length - skip;
-  let out: Uint8Array;
-  if (n <= SLAB_MAX_MESSAGE) {
-    if (slabUsed + n > SLAB_SIZE) {
-      slab = new ArrayBuffer(SLAB_SIZE);
-      slabUsed = 0;
-    }
-    out = new Uint8Array(slab, slabUsed, n);
-    slabUsed = (slabUsed + n + 7) & ~7;
-  } else if (n <= MID_SLAB_MAX_MESSAGE) {
-    if (midSlabUsed + n > MID_SLAB_SIZE) {
-      midSlab = newMidSlab();
-      midSlabUsed = 0;
-    }
-    out = new Uint8Array(midSlab, midSlabUsed, n);
-    midSlabUsed = (midSlabUsed + n + 7) & ~7;
-  } else {
-    out = new Uint8Array(n);
-  }
+  const out = n <= SLAB_MAX_MESSAGE ? smallSlabBytes(n) : n <= MID_SLAB_MAX_MESSAGE ? midSlabBytes(n) : new Uint8Array(n);
   let pos = 0;
   if (mapHeader === 1) out[pos++] = 0x80 | count;
   else if (mapHeader === 3) { out[pos++] = 0xde; out[pos++] = count >>> 8; out[pos++] = count & 0xff; }
