@@ -469,6 +469,16 @@ const configSchema = section({
     group_lr_scaling: oneOf(GROUP_LR_SCALINGS).default('none'),
     /** hps: the group's first windows over which the group_lr_scaling multiplier ramps up from 1. */
     group_lr_warmup_windows: nonNegInt().default(20),
+    /**
+     * hps, groups in `sync` and `adaptive`: between the steps of a window each
+     * member applies its own gradient to its copy of the dense parameters and
+     * of the rows it trained, with the job's optimizers (local SGD;
+     * actors/worker/local-updates.ts), so each step's gradient is computed
+     * where the member's training has got to, not at the window's start. What
+     * is pushed is unchanged; false: every step of a window computes from the
+     * parameters pulled at its start.
+     */
+    local_updates: z.boolean().default(true),
     /** Evaluate every this many steps (not active yet: NOT_ACTIVE_YET says what happens instead). */
     eval_every: posInt().default(100),
     /**
@@ -598,6 +608,7 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   // hps: the shards scale stale pushes by 1/(1 + staleness) and refuse those beyond max_staleness; asp only measures.
   { path: 'training.staleness_tolerance', when: (c) => c.training.mode === 'asp', instead: 'in asp stale gradients are applied at the full learning rate' },
   { path: 'training.group_lr_scaling', when: (c) => c.training.mode !== 'hps' && c.training.group_lr_scaling !== 'none', instead: 'only hps groups average their members\' batches into one update; every update is at the configured learning rate' },
+  { path: 'training.local_updates', when: (c) => c.training.mode !== 'hps' && c.training.local_updates, instead: 'only hps windows take several steps between pulls; asp and bsp pull before every step' },
   { path: 'training.max_staleness', when: (c) => c.training.mode === 'asp', instead: 'in asp stale gradients are applied as they come; staleness is only measured (training.mode hps enforces it)' },
   { path: 'communication.backend', when: (c) => c.communication.backend === 'nccl' || c.communication.backend === 'gloo', instead: 'every tensor goes over NATS' },
   { path: 'communication.compression', when: (c) => c.communication.compression !== 'none', instead: 'gradients are sent uncompressed' },

@@ -512,6 +512,8 @@ export class GroupMember {
   private readonly stepLimit: number;
   private readonly reduces: boolean;
   private readonly adaptive: boolean;
+  /** Local updates between a window's steps (the stepper has a local optimizer, and the window's steps are pushed as consecutive updates). */
+  private readonly localSteps: boolean;
   private readonly refs = new Map<string, ActorRef>();
   private windowValue = 0;
   private readonly clock: Clock;
@@ -539,6 +541,7 @@ export class GroupMember {
     this.adaptive = g.sync_mode === 'adaptive';
     this.acc = new GradientAccumulator(o.plan, pushesPerStep(g.sync_mode));
     this.stepLimit = windowStepLimit(g);
+    this.localSteps = o.stepper.localUpdates && pushesPerStep(g.sync_mode) && this.stepLimit > 1;
     this.clock = o.system.clock;
     const policy: SyncPolicy = { ...syncPolicyFromConfig(g), adaptiveMaxSteps: this.adaptive ? this.stepLimit : null };
     // An async member pushes on its own: its replica's group is itself.
@@ -703,6 +706,8 @@ export class GroupMember {
         return false;
       }
       acc.add(c);
+      // Local SGD: the window's next step computes from this member's parameters after this step, at the rate the shards will apply the group's update.
+      if (this.localSteps) stepper.stepLocally(p, c, alone ? 1 : groupLrMultiplier(this.o.groupLr ?? null, this.active().length, w));
       this.windowBatches.push(p.batch.batchId);
       const st: WindowStep = { loss: c.loss, samples: c.samples, computeMs: c.computeMs, stepMs: c.stepMs };
       steps.push(st);

@@ -25,6 +25,7 @@ import { ShardHost } from '../shard/shard-host.ts';
 import { waitForShards } from '../worker/shard-client.ts';
 import { createWorkerActor, type WorkerActorDefinition } from '../worker/worker.actor.ts';
 import type { HealthView } from '../health/health.types.ts';
+import type { LocalOptimizers } from '../worker/local-updates.ts';
 
 /** How long a node waits for the driver (plan, job info) and for the shards, by default. */
 export const DEFAULT_NODE_WAIT_MS = 120_000;
@@ -68,6 +69,12 @@ export function groupLrRuleFromConfig(config: HetpsConfig): GroupLrRule | null {
   return config.training.mode === 'hps' && config.training.group_lr_scaling !== 'none'
     ? { scaling: config.training.group_lr_scaling, warmupWindows: config.training.group_lr_warmup_windows }
     : null;
+}
+
+/** hps with training.local_updates: the optimizers a member applies to its own copy between a window's steps (actors/worker/local-updates.ts); null otherwise. */
+export function localOptimizersFromConfig(config: HetpsConfig): LocalOptimizers | null {
+  if (config.training.mode !== 'hps' || !config.training.local_updates) return null;
+  return { dense: optimizerInput(config.optimizer), sparse: config.model.type === 'ctr' ? optimizerInput(config.optimizer.sparse) : null };
 }
 
 /** Spawns the shard of `server` once the plan is there. */
@@ -199,6 +206,7 @@ export async function startWorkerNode(o: {
     bandwidthMbps: overrides.emulate?.bandwidth_mbps ?? null,
     groupSync,
     groupLr: groupLrRuleFromConfig(config),
+    localOptimizers: localOptimizersFromConfig(config),
     planStore: o.planStore,
     health: o.health ?? null,
     ...(o.regroupResumeTimeoutMs !== undefined ? { regroupResumeTimeoutMs: o.regroupResumeTimeoutMs } : {}),

@@ -25,6 +25,7 @@ import { StaleUpdateError } from '../shard/shard.errors.ts';
 import { ComputePacer, EmulatedLink, pullBytes, pushBytes } from './emulation.ts';
 import { allocateDense, assemblePull, planExchange, pullRequest, pushRequest, type ShardExchange } from './param-exchange.ts';
 import type { ShardClient } from './shard-client.ts';
+import { LocalUpdates, type LocalOptimizers } from './local-updates.ts';
 
 /** The batch a descriptor names, regenerated from the (deterministic) data source. */
 export function batchFromDescriptor(source: DataSource, desc: BatchDescriptor): Batch {
@@ -102,6 +103,13 @@ export interface WorkerStepperOptions {
   bandwidthMbps?: number | null;
   /** For log lines; default "worker". */
   node?: string;
+  /**
+   * hps local updates (training.local_updates, local-updates.ts): the job's
+   * optimizers, applied by the member to its own copy of the parameters
+   * after each step of a window (`stepLocally`); null or absent: the
+   * window's steps all compute from the parameters pulled at its start.
+   */
+  localOptimizers?: LocalOptimizers | null;
 }
 
 export class WorkerStepper {
@@ -113,6 +121,8 @@ export class WorkerStepper {
   readonly link: EmulatedLink;
   /** When (clock.monotonic) the first step graph began; null before it. */
   firstStepAt: number | null = null;
+  /** Local updates inside a window (local-updates.ts); null: none. */
+  private readonly local: LocalUpdates | null;
 
   constructor(private readonly o: WorkerStepperOptions) {
     this.dense = allocateDense(o.plan);
@@ -120,7 +130,32 @@ export class WorkerStepper {
       clock: o.clock, log: o.log, node: o.node ?? 'worker', speed: o.emulateSpeed, referenceStepMs: o.referenceStepMs ?? DEFAULT_EMULATION_REFERENCE_STEP_MS,
     });
     this.link = new EmulatedLink(o.clock, o.bandwidthMbps ?? null);
+    this.local = o.localOptimizers ? new LocalUpdates(o.localOptimizers) : null;
   }
+
+  /** The worker's copy of the dense parameters: the last pull, plus local updates since (read-only). */
+  get denseParams(): ReadonlyMap<string, Float32Array> { return this.dense; }
+
+  /** Whether `stepLocally` updates anything (the stepper was given a local optimizer). */
+  get localUpdates(): boolean { return this.local !== null; }
+
+  /**
+   * Local SGD inside a window (local-updates.ts): applies step `c` of batch
+   * `p` to this member's own copy — the dense parameters the next step
+   * computes from, and the window's deltas of the batch's rows, added to
+   * every later pull of them in the window. The shards are not touched (the
+   * gradients still go to the group's exchange); the next window's first
+   * pull starts afresh. `lrScale`: the group's learning-rate multiplier, as
+   * the shards apply the group's update with it. A gradient with NaN or Inf
+   * is not applied (the shards refuse it and say so).
+   */
+  stepLocally(p: PreparedStep, c: ComputedStep, lrScale = 1): void {
+    if (this.local === null || !this.densePulled) return;
+    this.local.step(this.dense, c.denseGrads, p.index?.uniqueIds ?? null, p.rows, c.rowGrads, lrScale);
+  }
+
+  /** Rows the member keeps local optimizer state for, per table (local updates; {} without). */
+  get localRowsKept(): Record<string, number> { return this.local?.rowsKept ?? {}; }
 
   get plan(): ShardPlan { return this.o.plan; }
   get client(): ShardClient { return this.o.client; }
@@ -185,6 +220,8 @@ export class WorkerStepper {
     const replies = await Promise.all(exchanges.map((ex) => this.pull(ex.shard, pullRequest(plan, ex, tables, null))));
     const versions = new Map(exchanges.map((ex, s) => [ex.shard, replies[s]!.version]));
     const U = index?.uniqueIds.length ?? 0;
+    // A new window: the rows' local deltas of the last one are on the shards now (its group's update).
+    if (pullDense) this.local?.newWindow();
     // Dense values go straight into the stepper's buffer; a prepare that reuses them never overwrites them.
     const rows = assemblePull(exchanges, replies, tables, this.dense, U);
     if (pullDense) this.densePulled = true;
@@ -195,6 +232,8 @@ export class WorkerStepper {
   async computePrepared(p: PreparedStep): Promise<ComputedStep> {
     const { batch, index, rows, versions } = p;
     const U = index?.uniqueIds.length ?? 0;
+    // Local updates: the rows as this member's window has changed them so far.
+    if (index !== null) this.local?.overlayRows(index.uniqueIds, rows);
     const { result, timing } = await this.graph(batch, index, rows, U);
     return {
       loss: result.loss, samples: batch.size, uniqueIds: index?.uniqueIds ?? null, denseGrads: result.denseGrads,

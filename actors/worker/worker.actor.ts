@@ -31,6 +31,7 @@ import type { PlanStore } from '../store/plan-store.ts';
 import { PlanView } from '../store/plan-view.ts';
 import { ShardClient, StopRequestedError } from './shard-client.ts';
 import { WorkerStepper } from './step.ts';
+import type { LocalOptimizers } from './local-updates.ts';
 import { LoopControl, startVersion } from './loop-control.ts';
 import { TrainingLedger, type WorkerLoopEnv } from './worker-loop.ts';
 import { runAspLoop } from './asp-loop.ts';
@@ -63,6 +64,8 @@ export interface WorkerActorOptions {
   groupSync?: WorkerGroupConfig | null;
   /** hps: the learning-rate rule for the group's updates (training.group_lr_scaling); null or absent: none. */
   groupLr?: GroupLrRule | null;
+  /** hps: training.local_updates' optimizers (local-updates.ts); null or absent: none. */
+  localOptimizers?: LocalOptimizers | null;
   /** Per request attempt to a shard. Default 10 s. */
   requestTimeoutMs?: number;
   /** How long a bsp worker looks for a batch before it contributes an empty one. Default 1.5 s. */
@@ -123,6 +126,7 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
     const stepper = new WorkerStepper({
       client, plan: o.plan, model: o.model, layout: o.layout, session: session!, clock, log, node: o.node,
       emulateSpeed: o.emulateSpeed, referenceStepMs: o.referenceStepMs, bandwidthMbps: o.bandwidthMbps ?? null,
+      localOptimizers: groupSync !== null ? o.localOptimizers ?? null : null,
     });
     if (o.emulateSpeed !== null) {
       log.info({ emulated_speed: o.emulateSpeed, emulated_step_ms: stepper.pacer.targetStepMs },

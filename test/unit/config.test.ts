@@ -176,7 +176,7 @@ ${MODEL_AND_DATA}`);
     assert.equal(c.optimizer.momentum, null);
     assert.deepEqual(c.optimizer.schedule, { type: 'constant' });
     assert.equal(c.optimizer.sparse.type, 'adam');
-    assert.deepEqual(c.training, { mode: 'hps', random_seed: 42, sync_initial_params: true, max_staleness: 32, staleness_tolerance: 'auto', group_lr_scaling: 'none', group_lr_warmup_windows: 20, eval_every: 100, emulation_reference_step_ms: 100 });
+    assert.deepEqual(c.training, { mode: 'hps', random_seed: 42, sync_initial_params: true, max_staleness: 32, staleness_tolerance: 'auto', group_lr_scaling: 'none', group_lr_warmup_windows: 20, local_updates: true, eval_every: 100, emulation_reference_step_ms: 100 });
     assert.deepEqual(c.communication, { backend: 'auto', compression: 'adaptive', compression_threshold: 0.5 });
     assert.equal(c.fault_tolerance.backup_factor, 1);
     assert.deepEqual(c.server, { use_gpu: false, gpu_id: 0 });
@@ -533,6 +533,15 @@ describe('inactiveSettings', () => {
       'load_balancing.sustain_seconds=30 (not active yet: shards stay where the initial plan put them)',
       'server.use_gpu=true (not active yet: server-side optimizers run on the CPU)',
     ]);
+  });
+
+  test('training.local_updates is reported outside hps, where no window takes several steps', () => {
+    assert.deepEqual(inactiveSettings(parse(BASE + 'training: { mode: asp, local_updates: true }\n')), [
+      'training.local_updates=true (not active yet: only hps windows take several steps between pulls; asp and bsp pull before every step)',
+    ]);
+    assert.deepEqual(inactiveSettings(parse(BASE + 'training: { mode: bsp, local_updates: true }\n')).length, 1);
+    assert.deepEqual(inactiveSettings(parse(BASE + 'training: { mode: asp, local_updates: false }\n')), [], 'turning it off asks for nothing');
+    assert.deepEqual(inactiveSettings(parse(BASE + 'training: { mode: hps, local_updates: true }\n')), []);
   });
 });
 

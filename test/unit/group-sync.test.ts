@@ -9,7 +9,7 @@ import { ActorSystem, InProcessBroker, SeededRandom, connectTransport, silentLog
 import { parseConfig, type HetpsConfig, type ShardPlan, type WorkerGroupConfig } from '../../topology/mod.ts';
 import { StepSession, bucketCtrIds, ctrBagIndex, streamOptions, type CtrBatch } from '../../native-bridge/mod.ts';
 import { shardPlanFromConfig, sparseLayoutFromConfig, type SparseLayout } from '../../actors/node/config-bridge.ts';
-import { modelAndData, startServerNode, type ModelAndData } from '../../actors/node/nodes.ts';
+import { localOptimizersFromConfig, modelAndData, startServerNode, type ModelAndData } from '../../actors/node/nodes.ts';
 import { memoryPlanStore } from '../../actors/store/plan-store.ts';
 import { GroupMember, reduceOwners, windowStepLimit, type GroupMemberOptions, type WindowOutcome, type WindowSource } from '../../actors/group/group-sync.ts';
 import type { GroupState } from '../../actors/group/group.machine.ts';
@@ -17,6 +17,7 @@ import type { HealthState, HealthView } from '../../actors/health/health.types.t
 import { allocateDense, assemblePull, planExchange, pullRequest, pushRequest } from '../../actors/worker/param-exchange.ts';
 import { ShardClient } from '../../actors/worker/shard-client.ts';
 import { WorkerStepper } from '../../actors/worker/step.ts';
+import type { LocalOptimizers } from '../../actors/worker/local-updates.ts';
 
 const BATCH = 16;
 
@@ -73,7 +74,7 @@ function union(bs: readonly CtrBatch[]): CtrBatch {
 
 interface Cluster {
   system(name: string): Promise<ActorSystem>;
-  stepper(system: ActorSystem, session: StepSession): WorkerStepper;
+  stepper(system: ActorSystem, session: StepSession, localOptimizers?: LocalOptimizers | null): WorkerStepper;
   client(system: ActorSystem): ShardClient;
   close(): Promise<void>;
 }
@@ -96,7 +97,7 @@ async function cluster(job: string, cfg: HetpsConfig = config): Promise<Cluster>
   return {
     system,
     client,
-    stepper: (sys, session) => new WorkerStepper({ client: client(sys), plan, model: md.model, layout, session, clock: systemClock, log: silentLogger(), emulateSpeed: null }),
+    stepper: (sys, session, localOptimizers = null) => new WorkerStepper({ client: client(sys), plan, model: md.model, layout, session, clock: systemClock, log: silentLogger(), emulateSpeed: null, localOptimizers }),
     async close() {
       for (const s of systems.reverse()) await s.stop();
       for (const t of transports) await t.close();
@@ -248,6 +249,20 @@ test('sync group of 2, sync_steps 2 (fixed-step): a window is 2 updates — step
     const st = await c.client(await c.system('reader')).stats('s1');
     assert.equal(st.version, 2, 'one window of 2 steps = 2 updates on the shard');
   }, delayedSteps([union([b1!, b3!]), union([b2!, b4!])]), uniqueIdsOf(union([b1!, b2!, b3!, b4!, b5!])));
+});
+
+test('local updates (training.local_updates), a lone sync member, sync_steps 3: each step computes from the member\'s own updated copy, so with SGD the window equals 3 sequential single-process steps', async () => {
+  const [b1, b2, b3] = batches;
+  const local = localOptimizersFromConfig(config);
+  assert.ok(local !== null && local.sparse !== null, 'hps ctr: dense and row optimizers');
+  await sameAsReference(async (c) => {
+    const g = group('sync', ['a'], 3);
+    const sys = await c.system('a');
+    const m = new GroupMember({ system: sys, group: g, member: 'a', runId: 'run-1', plan, stepper: c.stepper(sys, sessions[0]!, local), log: silentLogger(), shouldStop: () => false });
+    await m.start();
+    const out = await runUntilDone(m, source([b1!, b2!, b3!]));
+    assert.equal(out[0]!.steps.length, 3);
+  }, [b1!, b2!, b3!], uniqueIdsOf(union([b1!, b2!, b3!])));
 });
 
 test('group_lr_scaling linear, no warm-up: a sync window of 2 members is the union step at twice the learning rate (SGD: the union gradient doubled)', async () => {
