@@ -40,6 +40,10 @@
  * | hps_config | hps, the article's groups as configured: fast sync 4, medium sync 6, slow async |
  * | hps_auto   | hps, groups measured from the workers' profiles at start (`cluster.worker_nodes`) |
  *
+ * hps runs with hetps' defaults, local updates inside a window included
+ * (`training.local_updates`: each member steps its own copy between the
+ * window's steps; actors/worker/local-updates.ts).
+ *
  * Protocol, per workload (fixed before any run):
  * 1. Learning rates: every peer runs the grid ×{0.5, 1, 2} of the base rates
  *    (dense and sparse together) once, at half the sample budget; hps_config
@@ -71,7 +75,8 @@
  *
  *   npm run bench:hetero     → bench/results/hetero.json, hetero.svg, hetero-mlp.svg
  *   options: --workloads ctr,mlp  --peers a,b  --repeats N  --no-grid  --samples N  --quick  --out DIR
- *            --reference-ms N  --ctr-hidden a,b  --mlp-hidden a,b (to explore; results then go to a temp dir)
+ *            --reference-ms N  --ctr-hidden a,b  --mlp-hidden a,b  --hps-training "key: value; …"
+ *            --lr-mult X  --group-lr none|sqrt (with --no-grid) (to explore; results then go to a temp dir)
  *            --collect DIR: aggregate the runs an earlier invocation left in DIR (e.g. one stopped after a workload)
  */
 import { spawn } from 'node:child_process';
@@ -110,6 +115,11 @@ const stepMs = (speed: number) => REFERENCE_STEP_MS / speed;
 /** The nominal, communication-free ideal: Σ batch_size / step time over every node. */
 const NOMINAL_IDEAL = WORKERS.reduce((s, w) => s + (BATCH * 1000) / stepMs(w.cls.speed), 0);
 const LR_GRID = [0.5, 1, 2];
+/** To explore: the training settings hps peers get on top of the protocol's (`--hps-training "local_updates: false"`, YAML lines joined by ';'). */
+const HPS_TRAINING = option('--hps-training')?.split(';').map((l) => l.trim()).filter((l) => l.length > 0) ?? [];
+/** To explore with --no-grid: the learning-rate multiplier and the hps group rule instead of ×1 and none. */
+const NO_GRID_LR = Number(option('--lr-mult') ?? 1);
+const NO_GRID_RULE = (option('--group-lr') ?? 'none') as 'none' | 'sqrt';
 const EVAL_EVERY_S = 2;
 const EVAL_SAMPLES = 4096;
 
@@ -198,7 +208,7 @@ training:
   mode: ${mode}
   random_seed: 42
   emulation_reference_step_ms: ${REFERENCE_STEP_MS}
-${mode === 'hps' ? `  group_lr_scaling: ${rule}\n` : ''}fault_tolerance:
+${mode === 'hps' ? `  group_lr_scaling: ${rule}\n${HPS_TRAINING.map((l) => `  ${l}\n`).join('')}` : ''}fault_tolerance:
   worker_recovery_timeout: 120
 logging:
   level: warn
@@ -319,7 +329,7 @@ async function runWorkload(w: Workload, dir: string) {
   const order: PeerKey[] = ['bsp_fast', 'bsp_all', 'asp', 'hps_config', 'hps_auto'].filter((p) => PEER_KEYS.includes(p as PeerKey)) as PeerKey[];
   for (const peer of order) {
     const rules: (Rule | null)[] = peer === 'hps_config' ? ['none', 'sqrt'] : peer === 'hps_auto' ? [chosen.hps_config?.rule ?? 'none'] : [null];
-    if (!GRID) { chosen[peer] = { lr_mult: 1, rule: hps(peer) ? (rules[0] ?? 'none') : null }; continue; }
+    if (!GRID) { chosen[peer] = { lr_mult: NO_GRID_LR, rule: hps(peer) ? (option('--group-lr') !== null ? NO_GRID_RULE : rules[0] ?? 'none') : null }; continue; }
     const tried: (typeof grid)[string] = [];
     for (const rule of rules) {
       for (const m of LR_GRID) {
@@ -454,7 +464,7 @@ async function chart(r: WorkloadResult, w: Workload): Promise<string> {
 // ---------------------------------------------------------------- main
 
 async function main(): Promise<void> {
-  const full = !QUICK && GRID && REPEATS >= 3 && SAMPLES_OVERRIDE === null && !['--reference-ms', '--ctr-hidden', '--mlp-hidden'].some((o) => option(o) !== null) && PEER_KEYS.length === PEERS.length && (WORKLOAD_KEYS.length === WORKLOADS.length || COLLECT !== null);
+  const full = !QUICK && GRID && REPEATS >= 3 && SAMPLES_OVERRIDE === null && !['--reference-ms', '--ctr-hidden', '--mlp-hidden', '--hps-training', '--lr-mult', '--group-lr'].some((o) => option(o) !== null) && PEER_KEYS.length === PEERS.length && (WORKLOAD_KEYS.length === WORKLOADS.length || COLLECT !== null);
   // Before anything is written: the results' own files would make the tree look dirty.
   const git = gitCommit(ROOT);
   const dir = mkdtempSync(join(tmpdir(), 'hetps-bench-hetero-'));
