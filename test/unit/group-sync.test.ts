@@ -265,6 +265,18 @@ test('local updates (training.local_updates), a lone sync member, sync_steps 3: 
   }, [b1!, b2!, b3!], uniqueIdsOf(union([b1!, b2!, b3!])));
 });
 
+test('local updates, a lone adaptive member (threshold 2): the same path, its window equals sequential single-process SGD steps', async () => {
+  const [b1, b2, b3] = batches;
+  const local = localOptimizersFromConfig(config);
+  await sameAsReference(async (c) => {
+    const sys = await c.system('a');
+    const m = new GroupMember({ system: sys, group: group('adaptive', ['a'], 2), member: 'a', runId: 'run-1', plan, stepper: c.stepper(sys, sessions[0]!, local), log: silentLogger(), shouldStop: () => false });
+    await m.start();
+    const out = await runUntilDone(m, source([b1!, b2!, b3!]));
+    assert.ok(out.some((o) => o.steps.length > 1), 'a window of several steps');
+  }, [b1!, b2!, b3!], uniqueIdsOf(union([b1!, b2!, b3!])));
+});
+
 test('group_lr_scaling linear, no warm-up: a sync window of 2 members is the union step at twice the learning rate (SGD: the union gradient doubled)', async () => {
   const [b1, b2] = batches;
   const u = union([b1!, b2!]);
