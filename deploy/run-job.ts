@@ -61,6 +61,7 @@ import { connectDriver, natsBackend, natsStandbyBackend } from './nats-backend.t
 import { embeddedBackend } from './embedded-backend.ts';
 import { setupStep } from './setup-step.ts';
 import { Checkpointer, type CheckpointTaken } from '../actors/scheduler/checkpointer.ts';
+import { CutMoment } from '../actors/scheduler/cut-moment.ts';
 import { checkpointRoot, readManifest, type CheckpointManifest, type ResumePoint } from '../actors/store/checkpoint.ts';
 import { layoutMatches, reshard } from '../actors/store/checkpoint-reshard.ts';
 import type { ShardSnapshot } from '../actors/shard/shard.messages.ts';
@@ -542,6 +543,7 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
   let periodic: ShardEvaluator | null = null;
   let regrouper: RegroupController | null = null;
   let stopCheckpoints = () => {};
+  let cutMoment: CutMoment | null = null;
   try {
     if (o.nats) {
       // Failover acts on the health actor's verdicts; the embedded mode has one process, nothing to fail over to.
@@ -581,7 +583,10 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
     const controller = regrouper;
     plane.monitor.setTotalBatches(info.total_batches);
     const ck = config.checkpoint;
+    cutMoment = new CutMoment({ transport: backend.transport, job, clock: systemClock });
+    const moment = cutMoment;
     const checkpointer = new Checkpointer({
+      moment: (capMs) => moment.wait(capMs),
       root: checkpointRoot(config), keep: ck.keep, fullEvery: ck.full_every, job, model: checkpointModelOf(config, md.model), controller, plan: () => shardClient.plans.current,
       clock: systemClock, log,
       frozen: { freeze: (shard, token) => shardClient.freeze(shard, token), take: (shard, token) => shardClient.takeFrozen(shard, token) },
@@ -648,6 +653,7 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
     return { trained, evaluated, integrity, failover, regroups: regrouper.records, shardClient, checkpoints: checkpointer.taken };
   } finally {
     stopCheckpoints();
+    cutMoment?.dispose();
     failover?.dispose();
     if (failoverActor) await backend.system.despawn(failoverActor).catch(() => undefined);
     await regrouper?.dispose().catch(() => undefined);

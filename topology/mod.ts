@@ -8,3 +8,4 @@ export * from './health.ts';
 export * from './replication.ts';
 export * from './group-lr.ts';
 export * from './nats-roles.ts';
+export * from './cut-moment.ts';

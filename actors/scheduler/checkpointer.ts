@@ -12,6 +12,11 @@
  *    manifest of sizes and SHA-256, renamed into place), and checkpoints
  *    beyond `keep` are removed.
  *
+ * Before step 1, with `moment`, the cut waits (a few seconds at most) for a
+ * moment when every hps worker is stepping rather than exchanging a window
+ * (actors/scheduler/cut-moment.ts): a worker that is stepping pauses at once,
+ * one whose group is exchanging must finish the exchange first.
+ *
  * One checkpoint at a time: a request while one is being taken waits for it.
  * A pause already in force (ctl.pause) is used as it is and not lifted.
  */
@@ -22,6 +27,7 @@ import type { ShardSnapshot } from '../shard/shard.messages.ts';
 import type { JobInfo } from '../store/job-info.ts';
 import { pruneCheckpoints, refuseExisting, writeCheckpoint, writeCheckpointAt, type CheckpointContent, type CheckpointManifest, type CheckpointModel } from '../store/checkpoint.ts';
 import { deltaOf, rowSteps, type RowSteps } from '../store/checkpoint-delta.ts';
+import type { CutMomentWait } from './cut-moment.ts';
 
 export type CheckpointTrigger = CheckpointManifest['trigger'];
 
@@ -47,6 +53,10 @@ export interface CheckpointTaken {
   write_ms: number;
   /** Checkpoints removed to keep `keep`. */
   pruned: number;
+  /** Training went on this long before the cut, waiting for every worker to be stepping (0 without `moment`). */
+  moment_wait_ms: number;
+  /** The cut came when every worker was stepping (false: the wait ran out, or no cadence was known yet). */
+  aligned: boolean;
 }
 
 export interface CheckpointerOptions {
@@ -78,6 +88,10 @@ export interface CheckpointerOptions {
   log: Logger;
   /** How long the workers may take to pause. Default 60 s. */
   pauseTimeoutMs?: number;
+  /** Waits for a moment when every worker is stepping (`CutMoment.wait`), at most the given ms. */
+  moment?: (capMs: number) => Promise<CutMomentWait>;
+  /** The most a cut waits for its moment. Default 5 s. */
+  momentCapMs?: number;
 }
 
 export class Checkpointer {
@@ -103,6 +117,8 @@ export class Checkpointer {
     const { clock, log, controller } = this.o;
     // Refused before the pause, not after it: the workers would stop for nothing.
     if (at !== undefined) await refuseExisting(at);
+    // Training goes on meanwhile; a job paused already has no window in progress to wait for.
+    const moment = this.o.moment && !controller.jobInfo.paused ? await this.o.moment(this.o.momentCapMs ?? 5_000) : null;
     const t0 = clock.monotonic();
     const paused = await controller.pauseUntilPaused(`checkpoint (${trigger})`, this.o.pauseTimeoutMs ?? 60_000);
     let acked: string[];
@@ -164,11 +180,13 @@ export class Checkpointer {
     const taken: CheckpointTaken = {
       path, name: manifest.name, trigger, bytes: manifest.bytes, files: manifest.files.length, kind: manifest.kind, rows, rows_held: held, batches_done: acked.length,
       pause_ms: Math.round(pauseMs), pausing_ms: paused.already ? 0 : Math.round(tPaused - t0), snapshot_ms: Math.round(snapshotMs), write_ms: Math.round(clock.monotonic() - t1), pruned: pruned.length,
+      moment_wait_ms: moment?.waited_ms ?? 0, aligned: moment?.aligned ?? false,
     };
     this.taken.push(taken);
     log.info(taken, `checkpoint ${manifest.name} (${trigger}, ${manifest.kind}${full ? '' : ` on ${chain!.names.at(-1)}`}): ${manifest.files.length} shard files, `
       + `${rows}/${held} sparse rows, ${(manifest.bytes / 2 ** 20).toFixed(2)} MiB, `
-      + `${acked.length}/${this.o.totalBatches} batches done; training paused ${Math.round(pauseMs)} ms for the cut (${taken.pausing_ms} ms until every worker paused, ${taken.snapshot_ms} ms of snapshots), written in ${taken.write_ms} ms`);
+      + `${acked.length}/${this.o.totalBatches} batches done; training paused ${Math.round(pauseMs)} ms for the cut (${taken.pausing_ms} ms until every worker paused, ${taken.snapshot_ms} ms of snapshots)`
+      + `${moment === null ? '' : moment.aligned ? ` taken ${moment.waited_ms} ms after it was due, with every worker stepping` : moment.exchanging.length ? ` taken after ${moment.waited_ms} ms with ${moment.exchanging.join(', ')} still exchanging` : ''}, written in ${taken.write_ms} ms`);
     return taken;
   }
 }

@@ -67,7 +67,7 @@ async function watchAcks(job: string): Promise<{ nc: NatsConnection; acks: Map<s
 
 interface Taken {
   path: string; name: string; trigger: string; kind: 'full' | 'delta'; bytes: number; files: number; rows: number; rows_held: number;
-  batches_done: number; pause_ms: number; write_ms: number;
+  batches_done: number; pause_ms: number; write_ms: number; moment_wait_ms: number; aligned: boolean;
 }
 
 test('quick start with checkpoint.every_s 2: periodic, ctl.checkpoint and end-of-job checkpoints that verify; a corrupted one is refused by name', { timeout: 300_000 }, async (t) => {
@@ -157,8 +157,13 @@ test('quick start with checkpoint.every_s 2: periodic, ctl.checkpoint and end-of
     assert.ok(deltas.length > 0, 'some deltas were written');
     const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
     const pauses = s.checkpoints.filter((c) => c.trigger !== 'end').map((c) => c.pause_ms).sort((a, b) => a - b);
+    // Each cut waited (a bounded while, training on) for a moment when every worker was stepping, not exchanging a window.
+    const periodic = s.checkpoints.filter((c) => c.trigger === 'periodic');
+    assert.ok(periodic.every((c) => c.moment_wait_ms >= 0 && c.moment_wait_ms <= 5_000 + 500), JSON.stringify(periodic.map((c) => c.moment_wait_ms)));
+    assert.ok(periodic.some((c) => c.aligned), `some periodic cut came with every worker stepping: ${JSON.stringify(periodic.map((c) => [c.aligned, c.moment_wait_ms]))}`);
     t.diagnostic(`${s.checkpoints.length} checkpoints (${[...triggers].join(', ')}); the last (${last.kind}) ${(last.bytes / 2 ** 20).toFixed(2)} MiB; `
-      + `pause for the cut: median ${pauses[Math.floor(pauses.length / 2)]} ms, max ${pauses.at(-1)} ms; `
+      + `pause for the cut: median ${pauses[Math.floor(pauses.length / 2)]} ms, max ${pauses.at(-1)} ms `
+      + `(${periodic.filter((c) => c.aligned).length}/${periodic.length} periodic cuts with every worker stepping); `
       + `full ${(mean(fulls) / 2 ** 20).toFixed(2)} MiB, delta ${(mean(deltas) / 2 ** 20).toFixed(2)} MiB on average (${(mean(fulls) / mean(deltas)).toFixed(1)}× less)`);
 
     // Export: the end-of-job checkpoint (with its chain) as one ONNX inference graph; plain onnxruntime-node loads it,
