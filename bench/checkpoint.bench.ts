@@ -59,7 +59,7 @@ const say = (s: string) => process.stderr.write(`[checkpoint] ${s}\n`);
 
 interface Taken {
   name: string; path: string; kind: 'full' | 'delta'; trigger: string; bytes: number; pause_ms: number; pausing_ms?: number; snapshot_ms?: number;
-  write_ms: number; rows: number; rows_held: number;
+  write_ms: number; rows: number; rows_held: number; moment_wait_ms?: number; aligned?: boolean;
 }
 interface Summary {
   samples_per_s: number; batches: number; batches_acked: number; test_auc: number | null; wall_s: number; checkpoints: Taken[];
@@ -158,7 +158,7 @@ async function main(): Promise<void> {
       setup: 'the quick start as shipped with checkpoint: { every_s: 2, full_every: 3, at_end: false }, one run',
       pause_ms: { median: median(e2Pauses), max: e2Pauses.length ? Math.max(...e2Pauses) : null },
       at_or_under_goal: e2Pauses.filter((p) => p <= GOALS.pause_ms).length,
-      cuts: e2Taken.map(({ name, kind, pause_ms, pausing_ms, snapshot_ms }) => ({ name, kind, pause_ms, pausing_ms, snapshot_ms })),
+      cuts: e2Taken.map(({ name, kind, pause_ms, pausing_ms, snapshot_ms, moment_wait_ms, aligned }) => ({ name, kind, pause_ms, pausing_ms, snapshot_ms, moment_wait_ms, aligned })),
       samples_per_s: e2.summary.samples_per_s,
     };
     say(`  ${e2Taken.length} cuts: pause median ${pauseEvery2s.pause_ms.median} ms, max ${pauseEvery2s.pause_ms.max} ms (${pauseEvery2s.at_or_under_goal} at or under ${GOALS.pause_ms} ms)`);
@@ -261,7 +261,7 @@ checkpoint:
         pause: pauseMax !== null && pauseMax <= GOALS.pause_ms,
       },
       resume,
-      checkpoints: taken.map(({ name, kind, trigger, bytes, pause_ms, pausing_ms, snapshot_ms, write_ms, rows, rows_held }) => ({ name, kind, trigger, bytes, pause_ms, pausing_ms, snapshot_ms, write_ms, rows, rows_held })),
+      checkpoints: taken.map(({ name, kind, trigger, bytes, pause_ms, pausing_ms, snapshot_ms, write_ms, rows, rows_held, moment_wait_ms, aligned }) => ({ name, kind, trigger, bytes, pause_ms, pausing_ms, snapshot_ms, write_ms, rows, rows_held, moment_wait_ms, aligned })),
       runs,
       // Earlier invocations stay in the file, newest first, without their bulky lists.
       superseded: earlierResults(OUT, ['runs', 'checkpoints']),
