@@ -59,3 +59,26 @@ export class SimulatedClock implements Clock {
     return { cancel: () => { this.timers = this.timers.filter((x) => x !== s); } };
   }
 }
+
+/**
+ * Waiters for "something changed": `changed` resolves on the next `wake`, or
+ * after `ms` on `clock` (a waiter that timed out is forgotten at once).
+ */
+export class Wakeup {
+  private wakers: (() => void)[] = [];
+
+  changed(clock: Clock, ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const t = clock.setTimeout(() => { this.wakers = this.wakers.filter((f) => f !== done); resolve(); }, ms);
+      const done = () => { t.cancel(); resolve(); };
+      this.wakers.push(done);
+    });
+  }
+
+  /** Wakes every waiter. */
+  wake(): void {
+    const w = this.wakers;
+    this.wakers = [];
+    for (const f of w) f();
+  }
+}

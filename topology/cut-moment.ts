@@ -36,10 +36,7 @@ export function workersExchanging(now: number, cadences: ReadonlyMap<string, Wor
   checkPolicy(policy);
   const out: string[] = [];
   for (const [node, c] of cadences) {
-    if (c.periodMs === null) continue;
-    const since = now - c.lastBoundaryMs;
-    if (since > policy.idleAfterPeriods * c.periodMs) continue;
-    if (since > policy.fraction * c.periodMs) out.push(node);
+    if (active(now, c, policy) && now - c.lastBoundaryMs > policy.fraction * c.periodMs!) out.push(node);
   }
   return out.sort();
 }
@@ -48,11 +45,22 @@ export function workersExchanging(now: number, cadences: ReadonlyMap<string, Wor
 export function cutMomentWaitMs(now: number, cadences: ReadonlyMap<string, WorkerCadence>, capMs: number, policy: CutMomentPolicy = DEFAULT_CUT_MOMENT): number {
   checkPolicy(policy);
   let longest = 0;
-  for (const c of cadences.values()) {
-    if (c.periodMs === null || now - c.lastBoundaryMs > policy.idleAfterPeriods * c.periodMs) continue;
-    longest = Math.max(longest, c.periodMs);
-  }
+  for (const c of cadences.values()) if (active(now, c, policy)) longest = Math.max(longest, c.periodMs!);
   return Math.max(0, Math.min(capMs, 2 * longest));
+}
+
+/** Ms until the next active worker goes idle (stops holding a cut back); Infinity when none will. */
+export function msUntilNextIdle(now: number, cadences: ReadonlyMap<string, WorkerCadence>, policy: CutMomentPolicy = DEFAULT_CUT_MOMENT): number {
+  let next = Infinity;
+  for (const c of cadences.values()) {
+    if (active(now, c, policy)) next = Math.min(next, c.lastBoundaryMs + policy.idleAfterPeriods * c.periodMs! - now + 1);
+  }
+  return next;
+}
+
+/** A worker with a known period that had a boundary within `idleAfterPeriods` of them. */
+function active(now: number, c: WorkerCadence, policy: CutMomentPolicy): boolean {
+  return c.periodMs !== null && now - c.lastBoundaryMs <= policy.idleAfterPeriods * c.periodMs;
 }
 
 /**

@@ -54,7 +54,7 @@
  * every shard took (or refused) the group's update of them.
  */
 import {
-  ActorStoppedError, HetpsError, groupMemberId, isRetryable, type Actor, type ActorContext, type ActorDefinition, type ActorRef, type ActorSystem, type Clock, type Logger,
+  ActorStoppedError, HetpsError, Wakeup, groupMemberId, isRetryable, type Actor, type ActorContext, type ActorDefinition, type ActorRef, type ActorSystem, type Clock, type Logger,
 } from '../../runtime/mod.ts';
 import { groupLrMultiplier, splitIdsByShard, type GroupLrRule, type ShardPlan, type WorkerGroupConfig } from '../../topology/mod.ts';
 import type { Batch } from '../../native-bridge/mod.ts';
@@ -301,7 +301,7 @@ interface WindowInbox {
 /** What a member's mailbox has received, by window; waiters are woken on every arrival (and on `poke`). */
 export class GroupInbox {
   private readonly windows = new Map<number, WindowInbox>();
-  private wakers: (() => void)[] = [];
+  private readonly wakeup = new Wakeup();
   /** Windows below this are finished: late (retried) messages for them are dropped. */
   private floor = 0;
 
@@ -322,20 +322,10 @@ export class GroupInbox {
   }
 
   /** Resolves on the next arrival or poke, or after `ms`. */
-  changed(clock: Clock, ms: number): Promise<void> {
-    return new Promise((resolve) => {
-      const t = clock.setTimeout(() => { this.wakers = this.wakers.filter((f) => f !== done); resolve(); }, ms);
-      const done = () => { t.cancel(); resolve(); };
-      this.wakers.push(done);
-    });
-  }
+  changed(clock: Clock, ms: number): Promise<void> { return this.wakeup.changed(clock, ms); }
 
   /** Wakes every waiter (something they wait on changed). */
-  poke(): void {
-    const w = this.wakers;
-    this.wakers = [];
-    for (const f of w) f();
-  }
+  poke(): void { this.wakeup.wake(); }
 }
 
 /** What the member's mailbox hands to the member (after the run check). */

@@ -186,7 +186,14 @@ export class Checkpointer {
     log.info(taken, `checkpoint ${manifest.name} (${trigger}, ${manifest.kind}${full ? '' : ` on ${chain!.names.at(-1)}`}): ${manifest.files.length} shard files, `
       + `${rows}/${held} sparse rows, ${(manifest.bytes / 2 ** 20).toFixed(2)} MiB, `
       + `${acked.length}/${this.o.totalBatches} batches done; training paused ${Math.round(pauseMs)} ms for the cut (${taken.pausing_ms} ms until every worker paused, ${taken.snapshot_ms} ms of snapshots)`
-      + `${moment === null ? '' : moment.aligned ? ` taken ${moment.waited_ms} ms after it was due, with every worker stepping` : moment.exchanging.length ? ` taken after ${moment.waited_ms} ms with ${moment.exchanging.join(', ')} still exchanging` : ''}, written in ${taken.write_ms} ms`);
+      + `${describeMoment(moment)}, written in ${taken.write_ms} ms`);
     return taken;
   }
+}
+
+/** How the cut's moment came, for the log line ('' when there was nothing to wait for). */
+function describeMoment(m: CutMomentWait | null): string {
+  if (m === null) return '';
+  if (m.aligned) return ` taken ${m.waited_ms} ms after it was due, with every worker stepping`;
+  return m.exchanging.length ? ` taken after ${m.waited_ms} ms with ${m.exchanging.join(', ')} still exchanging` : '';
 }

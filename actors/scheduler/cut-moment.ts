@@ -5,8 +5,8 @@
  * can wait for a moment when every worker is stepping (topology/cut-moment.ts):
  * the pause then drops a step instead of waiting for a group exchange to end.
  */
-import type { Clock, Transport } from '../../runtime/mod.ts';
-import { DEFAULT_CUT_MOMENT, cutMomentWaitMs, nextCadence, workersExchanging, type CutMomentPolicy, type WorkerCadence } from '../../topology/mod.ts';
+import { Wakeup, type Clock, type Transport } from '../../runtime/mod.ts';
+import { DEFAULT_CUT_MOMENT, cutMomentWaitMs, msUntilNextIdle, nextCadence, workersExchanging, type CutMomentPolicy, type WorkerCadence } from '../../topology/mod.ts';
 import { subscribeTelemetry } from '../monitor/telemetry.ts';
 
 export interface CutMomentWait {
@@ -22,7 +22,7 @@ export class CutMoment {
   private readonly cadences = new Map<string, WorkerCadence>();
   private readonly windows = new Map<string, string>();
   private readonly unsubscribe: () => void;
-  private waiters: (() => void)[] = [];
+  private readonly wakeup = new Wakeup();
 
   constructor(private readonly o: { transport: Transport; job: string; clock: Clock; policy?: CutMomentPolicy }) {
     this.unsubscribe = subscribeTelemetry(o.transport, o.job, {
@@ -32,9 +32,7 @@ export class CutMoment {
         if (this.windows.get(t.node) === key) return; // the window's other batches
         this.windows.set(t.node, key);
         this.cadences.set(t.node, nextCadence(this.cadences.get(t.node), o.clock.monotonic()));
-        const w = this.waiters;
-        this.waiters = [];
-        for (const f of w) f();
+        this.wakeup.wake();
       },
     });
   }
@@ -60,28 +58,12 @@ export class CutMoment {
       const left = limit - (now - t0);
       if (left <= 0) return { waited_ms: Math.round(now - t0), aligned: false, exchanging };
       // Nothing changes between boundaries but time: the next check is at a boundary, or when a worker goes idle.
-      await new Promise<void>((resolve) => {
-        const t = clock.setTimeout(resolve, Math.min(left, this.nextIdleIn(now, policy)));
-        this.waiters.push(() => { t.cancel(); resolve(); });
-      });
+      await this.wakeup.changed(clock, Math.min(left, msUntilNextIdle(now, this.cadences, policy)));
     }
-  }
-
-  /** Ms until the next worker counts as idle (no longer holds the cut back). */
-  private nextIdleIn(now: number, policy: CutMomentPolicy): number {
-    let next = Infinity;
-    for (const c of this.cadences.values()) {
-      if (c.periodMs === null) continue;
-      const at = c.lastBoundaryMs + policy.idleAfterPeriods * c.periodMs - now;
-      if (at > 0) next = Math.min(next, at + 1);
-    }
-    return next;
   }
 
   dispose(): void {
     this.unsubscribe();
-    const w = this.waiters;
-    this.waiters = [];
-    for (const f of w) f();
+    this.wakeup.wake();
   }
 }

@@ -37,7 +37,7 @@
  */
 import { z } from 'zod';
 import {
-  ConfigError, HetpsError, ValidationError,
+  ConfigError, HetpsError, ValidationError, Wakeup,
   type Clock, type Logger, type Timer, type Transport,
 } from '../../runtime/mod.ts';
 import {
@@ -146,7 +146,7 @@ export class RegroupController {
   private readonly timer: Timer | null;
   private checking = false;
   private disposed = false;
-  private waiters: (() => void)[] = [];
+  private readonly wakeup = new Wakeup();
   /** Monotonic ms of the pause in force; null when not paused. */
   private pausedAt: number | null = null;
   private pauseDone = false;
@@ -448,19 +448,10 @@ export class RegroupController {
   }
 
   /** Something the flows wait on happened (a worker paused or ended, or the controller is disposed). */
-  private wake(): void {
-    const w = this.waiters;
-    this.waiters = [];
-    for (const f of w) f();
-  }
+  private wake(): void { this.wakeup.wake(); }
 
   /** Resolves on the next `wake`, or after `ms`. */
-  private changed(ms: number): Promise<void> {
-    return new Promise((resolve) => {
-      const t = this.o.clock.setTimeout(resolve, Math.max(1, ms));
-      this.waiters.push(() => { t.cancel(); resolve(); });
-    });
-  }
+  private changed(ms: number): Promise<void> { return this.wakeup.changed(this.o.clock, Math.max(1, ms)); }
 
   /**
    * Where the job stands: `training`; `regrouping` (workers pausing for new

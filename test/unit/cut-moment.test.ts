@@ -6,7 +6,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { InProcessBroker, SimulatedClock, connectTransport } from '../../runtime/mod.ts';
-import { cutMomentWaitMs, nextCadence, workersExchanging, type WorkerCadence } from '../../topology/mod.ts';
+import { cutMomentWaitMs, msUntilNextIdle, nextCadence, workersExchanging, type WorkerCadence } from '../../topology/mod.ts';
 import { CutMoment } from '../../actors/scheduler/cut-moment.ts';
 import { publishTelemetry } from '../../actors/monitor/telemetry.ts';
 import { until } from '../support/until.ts';
@@ -34,6 +34,10 @@ test('cutMomentWaitMs: two of the longest active period, capped; 0 without a kno
   assert.equal(cutMomentWaitMs(1000, c, 5000), 1800, 'a is idle now (over 2 periods); b still counts');
   assert.equal(cutMomentWaitMs(5000, c, 5000), 0, 'every worker idle');
   assert.equal(cutMomentWaitMs(0, new Map([['a', { lastBoundaryMs: 0, periodMs: null }]]), 5000), 0);
+  // When the next active worker goes idle (the tracker re-checks then): a at 800, b at 1800.
+  assert.equal(msUntilNextIdle(100, c), 701);
+  assert.equal(msUntilNextIdle(1000, c), 801);
+  assert.equal(msUntilNextIdle(5000, c), Infinity);
 });
 
 test('nextCadence: the period smoothed over boundaries; a long gap (a pause) restarts it', () => {
