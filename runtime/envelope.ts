@@ -7,11 +7,11 @@
  * `decodeEnvelope` carries `data.type` and `data.from` (null where they could
  * not be read) so the receiver can log and count the sender.
  *
- * Measured (Node 20, one core of a shared 2-vCPU VM, best of 5): a 72-byte
- * message with 5 fields decodes in ~1.0 µs (msgpack ~0.55, structure check
- * ~0.15, zod ~0.3) and encodes in ~0.55 µs (a 116-byte one with a 64-byte
- * `bin` field: ~0.4 µs since the header is encoded once per sender and type,
- * ~1.0 µs before). An 8 MiB Float32Array message
+ * Measured (Node 20, one core of a shared 2-vCPU VM): a 116-byte message
+ * with a 64-byte `bin` field decodes in ~0.5 µs (~1.5 µs when msgpack's
+ * Decoder read its top level; runtime/codec.ts reads that flat map by hand)
+ * and encodes in ~0.45 µs (its header is encoded once per sender and type,
+ * its flat fields written by hand). An 8 MiB Float32Array message
  * encodes in ~0.7 ms, decodes in ~1.5 µs when its payload is aligned (a view)
  * and ~1.2 ms when not (a copy).
  */

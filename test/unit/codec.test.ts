@@ -263,3 +263,39 @@ test('random bytes only ever throw DecodeError', { timeout: 60_000 }, () => {
   }
   assert.ok(ok < 5000);
 });
+
+// The top-level map (every envelope) is read by hand; an array at the top goes through msgpack's Decoder whole.
+test('a top-level map decodes to what msgpack gives for the same map nested in an array', () => {
+  const rnd = new SeededRandom(11);
+  const word = (n: number) => Array.from({ length: n }, () => String.fromCharCode(97 + rnd.int(26))).join('');
+  const values: (() => unknown)[] = [
+    () => rnd.int(128), () => -1 - rnd.int(32), () => rnd.int(256), () => rnd.int(65536), () => rnd.int(2 ** 32),
+    () => -rnd.int(128), () => -rnd.int(32768), () => -rnd.int(2 ** 31), () => 2 ** 53 - 1 - rnd.int(1000), () => -(2 ** 53) + 1 + rnd.int(1000),
+    () => rnd.next() * 1e6 - 5e5, () => NaN, () => -Infinity, () => null, () => true, () => false,
+    () => word(rnd.int(33)), () => word(33 + rnd.int(300)), () => 'ü€😀'.repeat(1 + rnd.int(80)), () => '',
+    () => new Uint8Array(rnd.int(300)).map(() => rnd.int(256)), () => randomArray(KINDS[rnd.int(KINDS.length)]!, rnd.int(40), rnd),
+    () => new Date(1_700_000_000_000 + rnd.int(1e9)), () => [1, 'a', { b: new Float32Array([1, 2]) }], () => ({ nested: { deep: [null] } }),
+    () => new Float64Array(0), () => [],
+  ];
+  for (let i = 0; i < 2000; i++) {
+    const map: Record<string, unknown> = {};
+    const n = rnd.int(20);
+    for (let k = 0; k < n; k++) map[k % 3 === 0 ? word(1 + rnd.int(40)) : `k${k}`] = values[rnd.int(values.length)]!();
+    const viaMsgpack = (decode(encode([map])) as unknown[])[0];
+    assert.deepEqual(decode(encode(map)), viaMsgpack);
+  }
+  // Map 16 and map 32 headers.
+  for (const n of [16, 70_000]) {
+    const big = Object.fromEntries(Array.from({ length: n }, (_, i) => [`f${i}`, i]));
+    assert.deepEqual(decode(encode(big)), big);
+  }
+  // Integer keys: msgpack reads the whole map.
+  assert.deepEqual(decode(new Uint8Array([0x82, 0x01, 0xa1, 0x61, 0xa1, 0x62, 0x02])), { 1: 'a', b: 2 });
+});
+
+test('many distinct short strings of one length decode right past the string cache', () => {
+  for (let i = 0; i < 3000; i++) {
+    const s = `s${String(i).padStart(6, '0')}`;
+    assert.deepEqual(decode(encode({ [s]: s, from: `w${i % 40}` })), { [s]: s, from: `w${i % 40}` });
+  }
+});

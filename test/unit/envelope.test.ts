@@ -319,6 +319,36 @@ test('an envelope encodes to the same bytes as the merged object, for every seq 
   }
 });
 
+test('flat fields of every kind are written byte for byte as msgpack writes the merged object', () => {
+  const rnd = new SeededRandom(21);
+  const edges = [0, 127, 128, 255, 256, 65535, 65536, 2 ** 32 - 1, 2 ** 32, -1, -32, -33, -128, -129, -32768, -32769, -(2 ** 31), -(2 ** 31) - 1];
+  const values: (() => unknown)[] = [
+    () => edges[rnd.int(edges.length)], () => edges[rnd.int(edges.length)], () => edges[rnd.int(edges.length)], () => rnd.int(128), () => 128 + rnd.int(128), () => 256 + rnd.int(65280), () => 65536 + rnd.int(2 ** 31), () => 2 ** 32 + rnd.int(2 ** 20) * 977,
+    () => -1 - rnd.int(32), () => -33 - rnd.int(95), () => -129 - rnd.int(32000), () => -32769 - rnd.int(2 ** 30), () => -(2 ** 31) - 1 - rnd.int(2 ** 20) * 977,
+    () => 2 ** 53 - 1, () => -(2 ** 53) + 1, () => -0, () => 2 ** 53, () => rnd.next() - 0.5, () => NaN, () => Infinity, () => -Infinity, () => 1e300,
+    () => 'a'.repeat(rnd.int(40)), () => 'b'.repeat(31), () => 'c'.repeat(32), () => 'd'.repeat(255), () => 'e'.repeat(256), () => 'f'.repeat(70_000),
+    () => 'ü€😀'.repeat(1 + rnd.int(30)), () => 'x\ud800y', () => '', () => true, () => false, () => null, () => undefined,
+    () => new Uint8Array(rnd.int(300)), () => new Uint8Array(255), () => new Uint8Array(256), () => new Uint8Array(65536), () => Buffer.from('buffer'),
+    () => new Float32Array([1, 2, 3]), () => new Float32Array(1), () => new Float32Array(4), () => new Int8Array(1), () => new Int16Array(1),
+    () => new Float64Array(2), () => new BigInt64Array([5n, -5n]), () => new Uint16Array(rnd.int(200)), () => new Int32Array(70_000),
+    () => new Uint32Array(new ArrayBuffer(64), 4, 3), () => new Float32Array(0),
+  ];
+  for (let i = 0; i < 1500; i++) {
+    const fields: Record<string, unknown> = {};
+    const n = rnd.int(18);
+    for (let k = 0; k < n; k++) fields[k % 4 === 0 ? `field_${'é'.repeat(k % 3)}${k}` : `k${k}`] = values[rnd.int(values.length)]!();
+    const seq = rnd.int(2 ** 40);
+    const got = encodeEnvelope({ type: 'ping', from: 'worker-1', seq }, fields);
+    const want = encode({ v: PROTOCOL_VERSION, type: 'ping', from: 'worker-1', seq, ...fields });
+    assert.ok(Buffer.compare(got, want) === 0, `differs from msgpack for ${JSON.stringify(Object.entries(fields).map(([k, v]) => [k, ArrayBuffer.isView(v) ? v.constructor.name : typeof v === 'string' ? v.slice(0, 20) : String(v)]))}`);
+  }
+  // Fields msgpack writes (nested values, Dates, DataViews) come out the same as well.
+  for (const fields of [{ a: [1, 'x'], b: 2 }, { when: new Date(5), n: 1 }, { d: new DataView(new ArrayBuffer(3)) }, { o: { p: new Float32Array(2) } }]) {
+    const got = encodeEnvelope({ type: 'ping', from: 'worker-1', seq: 7 }, fields);
+    assert.deepEqual([...got], [...encode({ v: PROTOCOL_VERSION, type: 'ping', from: 'worker-1', seq: 7, ...fields })]);
+  }
+});
+
 test('the cached envelope header follows each sender and type', () => {
   for (const [type, from] of [['ping', 'a'], ['grad', 'a'], ['ping', 'b-longer-sender'], ['ping', 'a']] as const) {
     const fields = type === 'ping' ? { at: 2 } : { grad: new Float32Array([1]) };
