@@ -132,6 +132,19 @@ function mustBe(what: string) {
   return (iss: { input?: unknown }) => (iss.input === undefined ? 'is required' : `must be ${what}, got ${describe(iss.input)}`);
 }
 
+/** training.staleness_tolerance: one tolerance, or one for dense blocks and one for embedding rows. */
+export type StalenessToleranceValue = number | 'auto';
+export type StalenessToleranceSetting = StalenessToleranceValue | { dense?: StalenessToleranceValue; sparse?: StalenessToleranceValue };
+function isStalenessToleranceValue(v: unknown): v is StalenessToleranceValue {
+  return v === 'auto' || (typeof v === 'number' && Number.isInteger(v) && v >= 0);
+}
+function isStalenessToleranceSetting(v: unknown): v is StalenessToleranceSetting {
+  if (isStalenessToleranceValue(v)) return true;
+  if (typeof v !== 'object' || v === null || Array.isArray(v)) return false;
+  const keys = Object.keys(v);
+  return keys.length > 0 && keys.every((k) => (k === 'dense' || k === 'sparse') && isStalenessToleranceValue((v as Record<string, unknown>)[k]));
+}
+
 const posInt = () => z.number({ error: mustBe('a positive integer') }).int().positive();
 const nonNegInt = () => z.number({ error: mustBe('an integer ≥ 0') }).int().nonnegative();
 const posNum = () => z.number({ error: mustBe('a number > 0') }).positive();
@@ -458,9 +471,12 @@ const configSchema = section({
      * stale is applied at lr·(1 + t)/(1 + s) when s > t. `auto`: t is the
      * median staleness of the shard's recent pushes — the staleness the
      * groups' concurrency makes normal — so only pushes staler than usual
-     * (a slow group's) are scaled down.
+     * (a slow group's) are scaled down. `{ dense, sparse }`: a tolerance for
+     * the dense blocks and one for the embedding rows (an absent one takes
+     * the default's); topology/staleness.ts says why they differ. Default
+     * `{ dense: 0, sparse: auto }`: strict for the dense tower, tolerant for rows.
      */
-    staleness_tolerance: z.custom<number | 'auto'>((v) => v === 'auto' || (typeof v === 'number' && Number.isInteger(v) && v >= 0), { error: mustBe('auto or an integer ≥ 0') }).default('auto'),
+    staleness_tolerance: z.custom<StalenessToleranceSetting>(isStalenessToleranceSetting, { error: mustBe('auto or an integer ≥ 0, or a map { dense, sparse } of those') }).default({ dense: 0, sparse: 'auto' }),
     /**
      * hps: the learning-rate rule for a group's update, which averages its
      * members' batches (topology/group-lr.ts): `sqrt` lr·√members (Adam,

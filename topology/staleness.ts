@@ -9,6 +9,12 @@
  * `max_staleness` are refused, so a slow group cannot drag the model back.
  * `auto` tolerance is the median staleness of the shard's recent pushes
  * (`RecentStaleness`): the concurrency the job actually has.
+ *
+ * Dense blocks and embedding rows may have their own tolerance: staleness is
+ * counted in the shard's updates, and every update changes every dense
+ * parameter but only the few rows its batch touched, so an embedding row is
+ * usually much less stale than the count says. A dense tower (the mlp)
+ * trains best with the strict rule (t = 0), embedding rows with `auto`.
  */
 export interface StalenessPolicy {
   /** Refuse pushes staler than this (null: never refuse). */
@@ -17,12 +23,16 @@ export interface StalenessPolicy {
   scaling: 'inverse' | 'none';
   /** Staleness applied at the full rate; `auto`: the median of recent pushes. Absent: 0. */
   tolerance?: number | 'auto';
+  /** The tolerance for embedding rows; absent: `tolerance`. */
+  sparseTolerance?: number | 'auto';
 }
 
 export interface StalenessDecision {
   admit: boolean;
-  /** Multiplier for the learning rate of this update (1 when fresh). */
+  /** Multiplier for the learning rate of this update's dense blocks (1 when fresh). */
   lrScale: number;
+  /** Multiplier for its embedding rows (the same as `lrScale` unless the policy has a sparseTolerance). */
+  sparseLrScale: number;
   staleness: number;
 }
 
@@ -46,8 +56,9 @@ export function stalenessScaledLearningRate(staleness: number, scaling: Stalenes
 export function decideStaleness(shardVersion: number, baseVersion: number, policy: StalenessPolicy, typical = 0): StalenessDecision {
   const staleness = stalenessOf(shardVersion, baseVersion);
   const admit = policy.maxStaleness === null || staleness <= policy.maxStaleness;
-  const tolerance = policy.tolerance === 'auto' ? typical : policy.tolerance ?? 0;
-  return { admit, lrScale: admit ? stalenessScaledLearningRate(staleness, policy.scaling, tolerance) : 0, staleness };
+  const scale = (t: number | 'auto' | undefined): number => (admit ? stalenessScaledLearningRate(staleness, policy.scaling, t === 'auto' ? typical : t ?? 0) : 0);
+  const lrScale = scale(policy.tolerance);
+  return { admit, lrScale, sparseLrScale: policy.sparseTolerance === undefined ? lrScale : scale(policy.sparseTolerance), staleness };
 }
 
 /** The median of the last `size` staleness values (a ring; the median is recomputed on demand, O(size)). */

@@ -59,9 +59,11 @@ export function modelAndData(config: HetpsConfig): ModelAndData {
  * and bsp keep measuring only.
  */
 export function stalenessPolicyFromConfig(config: HetpsConfig): StalenessPolicy | null {
-  return config.training.mode === 'hps'
-    ? { maxStaleness: config.training.max_staleness, scaling: 'inverse', tolerance: config.training.staleness_tolerance }
-    : null;
+  if (config.training.mode !== 'hps') return null;
+  const t = config.training.staleness_tolerance;
+  return typeof t === 'object'
+    ? { maxStaleness: config.training.max_staleness, scaling: 'inverse', tolerance: t.dense ?? 0, sparseTolerance: t.sparse ?? 'auto' }
+    : { maxStaleness: config.training.max_staleness, scaling: 'inverse', tolerance: t };
 }
 
 /** hps: the learning-rate rule for a group's updates (topology/group-lr.ts); null in asp and bsp, or when `none`. */

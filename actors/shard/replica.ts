@@ -441,7 +441,9 @@ export class Replica {
     }
     this.dedup.record(from, seq, reply);
     this.noteApplied(push.batches);
-    const entry: ReplicationEntry = { rseq: ++this.rseq, kind: 'push', from, seq, push, lr_scale: reply.lr_scale, reply };
+    const entry: ReplicationEntry = reply.sparse_lr_scale === undefined
+      ? { rseq: ++this.rseq, kind: 'push', from, seq, push, lr_scale: reply.lr_scale, reply }
+      : { rseq: ++this.rseq, kind: 'push', from, seq, push, lr_scale: reply.lr_scale, sparse_lr_scale: reply.sparse_lr_scale, reply };
     if (push.round !== null) this.trackRound(entry);
     const waits = this.stream(entry);
     if (waits.length === 0) return reply;
@@ -585,7 +587,7 @@ export class Replica {
       for (const b of e.push.batches) this.refused.add(b);
       return;
     }
-    this.o.state.applyReplicated(e.push, e.lr_scale);
+    this.o.state.applyReplicated(e.push, e.lr_scale, e.sparse_lr_scale ?? e.lr_scale);
     if (e.reply !== null) this.dedup.record(e.from, e.seq, e.reply);
     this.noteApplied(e.push.batches);
     if (e.push.round !== null) this.trackRound(e);
@@ -603,7 +605,7 @@ export class Replica {
     for (const b of m.refused) this.refused.add(b);
     this.openRounds = [];
     for (const e of m.open_rounds) {
-      this.o.state.applyReplicated(e.push, e.lr_scale);
+      this.o.state.applyReplicated(e.push, e.lr_scale, e.sparse_lr_scale ?? e.lr_scale);
       this.trackRound(e);
     }
     this.rseq = m.base_rseq;

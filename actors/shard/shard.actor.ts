@@ -309,6 +309,7 @@ export class ShardState {
     this.pushes++;
     if (m.round === null) {
       let lrScale = 1;
+      let sparseLrScale = 1;
       const policy = this.stalenessPolicy;
       if (policy !== null) {
         const d = decideStaleness(this.versionValue, m.base_version, policy, this.recentStaleness.median());
@@ -322,12 +323,17 @@ export class ShardState {
           );
         }
         lrScale = d.lrScale;
-        if (lrScale < 1) this.staleScaled++;
+        sparseLrScale = d.sparseLrScale;
+        if (lrScale < 1 || sparseLrScale < 1) this.staleScaled++;
       }
       // A group's update at its learning-rate rule (1 for one worker's push).
       lrScale *= m.lr_mult;
-      this.applyAsync(m, lrScale);
-      return { version: this.versionValue, applied: true, staleness, lr_scale: lrScale };
+      sparseLrScale *= m.lr_mult;
+      this.applyAsync(m, lrScale, sparseLrScale);
+      // sparse_lr_scale only where rows got a rate of their own (training.staleness_tolerance { dense, sparse }).
+      return sparseLrScale === lrScale
+        ? { version: this.versionValue, applied: true, staleness, lr_scale: lrScale }
+        : { version: this.versionValue, applied: true, staleness, lr_scale: lrScale, sparse_lr_scale: sparseLrScale };
     }
     const applied = this.contribute(m);
     return { version: this.versionValue, applied, staleness, lr_scale: 1 };
@@ -338,14 +344,14 @@ export class ShardState {
    * here (a backup): the primary's staleness decision (`lrScale`) is taken as
    * it is, so primary and backup stay bit-identical.
    */
-  applyReplicated(m: PushRequest, lrScale: number): void {
+  applyReplicated(m: PushRequest, lrScale: number, sparseLrScale = lrScale): void {
     this.recordStaleness(Math.max(0, this.versionValue - m.base_version));
     this.pushes++;
     if (m.round === null) {
       if (this.stalenessPolicy !== null) this.recentStaleness.add(Math.max(0, this.versionValue - m.base_version));
       // Scaled down for staleness by the primary (lr_scale is that scale times the group's lr_mult).
-      if (lrScale < m.lr_mult) this.staleScaled++;
-      this.applyAsync(m, lrScale);
+      if (lrScale < m.lr_mult || sparseLrScale < m.lr_mult) this.staleScaled++;
+      this.applyAsync(m, lrScale, sparseLrScale);
     } else {
       this.contribute(m);
     }
@@ -381,12 +387,12 @@ export class ShardState {
     this.staleRefused++;
   }
 
-  private applyAsync(m: PushRequest, lrScale: number): void {
+  private applyAsync(m: PushRequest, lrScale: number, sparseLrScale: number): void {
     const t0 = this.clock.monotonic();
-    this.applyGradients(m.dense, m.sparse, lrScale);
+    this.applyGradients(m.dense, m.sparse, lrScale, sparseLrScale);
     this.versionValue++;
     for (let k = 0; k < m.later_steps.length; k++) {
-      this.applyGradients(m.later_steps[k]!.dense, m.later_steps[k]!.sparse, lrScale);
+      this.applyGradients(m.later_steps[k]!.dense, m.later_steps[k]!.sparse, lrScale, sparseLrScale);
       this.versionValue++;
     }
     this.applyMs += this.clock.monotonic() - t0;
@@ -474,7 +480,7 @@ export class ShardState {
   }
 
   /** The optimizer step of one async push or one completed round (already validated). */
-  private applyGradients(dense: PushRequest['dense'], sparse: PushRequest['sparse'], lrScale: number): void {
+  private applyGradients(dense: PushRequest['dense'], sparse: PushRequest['sparse'], lrScale: number, sparseLrScale = lrScale): void {
     // The schedule of sparse rows follows the shard's update count (one per push or round).
     const scheduleStep = this.versionValue + 1;
     for (let k = 0; k < dense.length; k++) {
@@ -486,7 +492,7 @@ export class ShardState {
     }
     for (let k = 0; k < sparse.length; k++) {
       const e = sparse[k]!;
-      this.tables.get(e.table)!.table.applyGradients(e.ids, e.grads, this.sparseOptimizer, scheduleStep, lrScale);
+      this.tables.get(e.table)!.table.applyGradients(e.ids, e.grads, this.sparseOptimizer, scheduleStep, sparseLrScale);
     }
   }
 

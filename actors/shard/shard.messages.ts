@@ -112,6 +112,8 @@ export type ShardMessages = typeof shardMessages;
 const pushSchema = shardMessages.push;
 const pushReplySchema = z.object({
   version: z.number().int().nonnegative(), applied: z.boolean(), staleness: z.number().int().nonnegative(), lr_scale: z.number(),
+  // Embedding rows' multiplier when training.staleness_tolerance gives them their own; absent from older primaries: lr_scale.
+  sparse_lr_scale: z.number().optional(),
 });
 
 /**
@@ -129,6 +131,8 @@ export const replicationEntrySchema = z.object({
   seq: z.number().int().nonnegative(),
   push: pushSchema,
   lr_scale: z.number(),
+  /** The embedding rows' multiplier; absent (an older primary): lr_scale. */
+  sparse_lr_scale: z.number().optional(),
   reply: pushReplySchema.nullable(),
 });
 export type ReplicationEntry = z.output<typeof replicationEntrySchema>;
@@ -216,8 +220,10 @@ export interface PushReply {
   applied: boolean;
   /** Shard version minus `base_version` at the time of the push. */
   staleness: number;
-  /** Learning-rate multiplier the push was applied with (1 / (1 + staleness) under the hps policy; 1 otherwise). */
+  /** Learning-rate multiplier the push's dense blocks were applied with (1 / (1 + staleness) under the hps policy; 1 otherwise). */
   lr_scale: number;
+  /** Its embedding rows' multiplier (the same as `lr_scale` unless training.staleness_tolerance gives rows their own). */
+  sparse_lr_scale?: number;
 }
 
 /** One dense block in a snapshot, with its optimizer state. */

@@ -9,6 +9,7 @@ import {
   type ConfigIssue, type HetpsConfig,
 } from '../../topology/mod.ts';
 import { SMALL_CLUSTER } from '../support/config.ts';
+import { stalenessPolicyFromConfig } from '../../actors/node/nodes.ts';
 
 const FILE = 'job.yaml';
 
@@ -176,7 +177,7 @@ ${MODEL_AND_DATA}`);
     assert.equal(c.optimizer.momentum, null);
     assert.deepEqual(c.optimizer.schedule, { type: 'constant' });
     assert.equal(c.optimizer.sparse.type, 'adam');
-    assert.deepEqual(c.training, { mode: 'hps', random_seed: 42, sync_initial_params: true, max_staleness: 32, staleness_tolerance: 'auto', group_lr_scaling: 'none', group_lr_warmup_windows: 20, local_updates: true, eval_every: 100, emulation_reference_step_ms: 100 });
+    assert.deepEqual(c.training, { mode: 'hps', random_seed: 42, sync_initial_params: true, max_staleness: 32, staleness_tolerance: { dense: 0, sparse: 'auto' }, group_lr_scaling: 'none', group_lr_warmup_windows: 20, local_updates: true, eval_every: 100, emulation_reference_step_ms: 100 });
     assert.deepEqual(c.communication, { backend: 'auto', compression: 'adaptive', compression_threshold: 0.5 });
     assert.equal(c.fault_tolerance.backup_factor, 1);
     assert.deepEqual(c.server, { use_gpu: false, gpu_id: 0 });
@@ -478,6 +479,21 @@ describe('cross-field rules', () => {
     expectIssue(negative, { path: 'training.staleness_tolerance', words: ['must be auto or an integer ≥ 0'], line: lineOf(negative, 'staleness_tolerance') });
     const bsp = BASE + 'training:\n  mode: bsp\n  staleness_tolerance: 2\n';
     expectIssue(bsp, { path: 'training.staleness_tolerance', words: ['only applies to training.mode hps'], line: 10 });
+  });
+
+  test('staleness_tolerance { dense, sparse }: one for the dense blocks and one for the embedding rows; the shards get both', () => {
+    const c = parseConfig(BASE + 'training: { staleness_tolerance: { dense: 0, sparse: auto } }\n', FILE);
+    assert.deepEqual(c.training.staleness_tolerance, { dense: 0, sparse: 'auto' });
+    assert.deepEqual(stalenessPolicyFromConfig(c), { maxStaleness: 32, scaling: 'inverse', tolerance: 0, sparseTolerance: 'auto' });
+    assert.deepEqual(stalenessPolicyFromConfig(parseConfig(BASE + 'training: { staleness_tolerance: { sparse: 4 } }\n', FILE)),
+      { maxStaleness: 32, scaling: 'inverse', tolerance: 0, sparseTolerance: 4 }, 'an absent one takes the default\'s (dense 0)');
+    assert.deepEqual(stalenessPolicyFromConfig(parseConfig(BASE, FILE)), { maxStaleness: 32, scaling: 'inverse', tolerance: 0, sparseTolerance: 'auto' }, 'the default');
+    assert.deepEqual(stalenessPolicyFromConfig(parseConfig(BASE + 'training: { staleness_tolerance: 2 }\n', FILE)),
+      { maxStaleness: 32, scaling: 'inverse', tolerance: 2 }, 'one number: the same for both');
+    for (const bad of ['{ dense: -1 }', '{ rows: 0 }', '{}', '{ dense: often, sparse: 0 }', '[0, 1]']) {
+      const text = BASE + `training: { staleness_tolerance: ${bad} }\n`;
+      expectIssue(text, { path: 'training.staleness_tolerance', words: ['must be auto or an integer ≥ 0, or a map { dense, sparse } of those'], line: lineOf(text, 'staleness_tolerance') });
+    }
   });
 });
 

@@ -11,7 +11,7 @@ import {
   ActorSystem, InProcessBroker, SeededRandom, SimulatedClock, Transport, silentLogger, systemClock, type Clock,
 } from '../../runtime/mod.ts';
 import {
-  buildShardPlan, failover, placeReplicas, promoteSeeded, rereplicate, shardOfSparseId, withPlacement, type ShardPlan,
+  buildShardPlan, failover, placeReplicas, promoteSeeded, rereplicate, shardOfSparseId, withPlacement, type ShardPlan, type StalenessPolicy,
 } from '../../topology/mod.ts';
 import { ShardState, type PushReply, type PushRequest, type ShardStats } from '../../actors/mod.ts';
 import { ShardHost } from '../../actors/shard/shard-host.ts';
@@ -102,7 +102,7 @@ class Lab {
   readonly nodes = new Map<string, Node>();
   readonly client: ActorSystem;
   readonly store: PlanStore;
-  constructor(readonly plan: ShardPlan, readonly clock: Clock = systemClock) {
+  constructor(readonly plan: ShardPlan, readonly clock: Clock = systemClock, readonly staleness: StalenessPolicy | null = null) {
     this.store = memoryPlanStore(plan);
     this.client = this.system('client');
   }
@@ -120,7 +120,7 @@ class Lab {
       newState: (shard, p) => new ShardState({
         shard, plan: p, initialDense: new Map([['w', Float32Array.from([1, 2, 3, 4])]]),
         denseOptimizer: { type: 'sgd', learningRate: 0.1 }, sparseOptimizer: { type: 'sgd', learningRate: 0.1 },
-        sparseInitScale: 0.1, seed: SEED, clock: this.clock,
+        sparseInitScale: 0.1, seed: SEED, clock: this.clock, staleness: this.staleness,
       }),
     });
     const current = await store.get();
@@ -179,6 +179,24 @@ describe('replicated shards', () => {
       assert.equal(a!.role, 'primary');
       assert.equal(b!.role, 'backup');
       await assert.rejects(lab.ask('n2', 'pull', { plan_version: 1, dense: Int32Array.from([0]), sparse: [], min_round: null }), (e: Error) => e.name === 'StalePlanError' && /backup/.test(e.message));
+    } finally {
+      await lab.close();
+    }
+  });
+
+  test('stale pushes with separate dense and row tolerances: the backup applies each at the primary\'s two rates and ends bit-identical', async () => {
+    const lab = new Lab(plan(), systemClock, { maxStaleness: 32, scaling: 'inverse', tolerance: 0, sparseTolerance: 'auto' });
+    try {
+      await lab.start('n1'); await lab.start('n2');
+      const replies: PushReply[] = [];
+      // Every push is computed from version 0: staleness 0, 1, 2, …
+      for (let k = 0; k < 6; k++) replies.push(await lab.ask<PushReply>('n1', 'push', push(lab.plan, { grad: k + 1, batches: [`b${k}`] }) as unknown as Record<string, unknown>));
+      const last = replies.at(-1)!;
+      assert.equal(last.staleness, 5);
+      assert.equal(last.lr_scale, 1 / 6, 'dense: strict 1/(1 + s)');
+      assert.equal(last.sparse_lr_scale, 3 / 6, 'rows: tolerant of the median staleness of the earlier pushes (2, of 0 … 4)');
+      const [a, b] = await Promise.all(['n1', 'n2'].map((n) => lab.ask<IntegrityReply>(n, 'integrity')));
+      assert.equal(a!.hash, b!.hash);
     } finally {
       await lab.close();
     }
