@@ -472,11 +472,10 @@ const configSchema = section({
      * median staleness of the shard's recent pushes — the staleness the
      * groups' concurrency makes normal — so only pushes staler than usual
      * (a slow group's) are scaled down. `{ dense, sparse }`: a tolerance for
-     * the dense blocks and one for the embedding rows (an absent one takes
-     * the default's); topology/staleness.ts says why they differ. Default
-     * `{ dense: 0, sparse: auto }`: strict for the dense tower, tolerant for rows.
+     * the dense blocks and one for the embedding rows (an absent one is
+     * `auto`); topology/staleness.ts says why they may differ.
      */
-    staleness_tolerance: z.custom<StalenessToleranceSetting>(isStalenessToleranceSetting, { error: mustBe('auto or an integer ≥ 0, or a map { dense, sparse } of those') }).default({ dense: 0, sparse: 'auto' }),
+    staleness_tolerance: z.custom<StalenessToleranceSetting>(isStalenessToleranceSetting, { error: mustBe('auto or an integer ≥ 0, or a map { dense, sparse } of those') }).default('auto'),
     /**
      * hps: the learning-rate rule for a group's update, which averages its
      * members' batches (topology/group-lr.ts): `sqrt` lr·√members (Adam,

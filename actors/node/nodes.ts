@@ -62,7 +62,7 @@ export function stalenessPolicyFromConfig(config: HetpsConfig): StalenessPolicy 
   if (config.training.mode !== 'hps') return null;
   const t = config.training.staleness_tolerance;
   return typeof t === 'object'
-    ? { maxStaleness: config.training.max_staleness, scaling: 'inverse', tolerance: t.dense ?? 0, sparseTolerance: t.sparse ?? 'auto' }
+    ? { maxStaleness: config.training.max_staleness, scaling: 'inverse', tolerance: t.dense ?? 'auto', sparseTolerance: t.sparse ?? 'auto' }
     : { maxStaleness: config.training.max_staleness, scaling: 'inverse', tolerance: t };
 }
 

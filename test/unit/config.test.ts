@@ -177,7 +177,7 @@ ${MODEL_AND_DATA}`);
     assert.equal(c.optimizer.momentum, null);
     assert.deepEqual(c.optimizer.schedule, { type: 'constant' });
     assert.equal(c.optimizer.sparse.type, 'adam');
-    assert.deepEqual(c.training, { mode: 'hps', random_seed: 42, sync_initial_params: true, max_staleness: 32, staleness_tolerance: { dense: 0, sparse: 'auto' }, group_lr_scaling: 'none', group_lr_warmup_windows: 20, local_updates: true, eval_every: 100, emulation_reference_step_ms: 100 });
+    assert.deepEqual(c.training, { mode: 'hps', random_seed: 42, sync_initial_params: true, max_staleness: 32, staleness_tolerance: 'auto', group_lr_scaling: 'none', group_lr_warmup_windows: 20, local_updates: true, eval_every: 100, emulation_reference_step_ms: 100 });
     assert.deepEqual(c.communication, { backend: 'auto', compression: 'adaptive', compression_threshold: 0.5 });
     assert.equal(c.fault_tolerance.backup_factor, 1);
     assert.deepEqual(c.server, { use_gpu: false, gpu_id: 0 });
@@ -486,8 +486,8 @@ describe('cross-field rules', () => {
     assert.deepEqual(c.training.staleness_tolerance, { dense: 0, sparse: 'auto' });
     assert.deepEqual(stalenessPolicyFromConfig(c), { maxStaleness: 32, scaling: 'inverse', tolerance: 0, sparseTolerance: 'auto' });
     assert.deepEqual(stalenessPolicyFromConfig(parseConfig(BASE + 'training: { staleness_tolerance: { sparse: 4 } }\n', FILE)),
-      { maxStaleness: 32, scaling: 'inverse', tolerance: 0, sparseTolerance: 4 }, 'an absent one takes the default\'s (dense 0)');
-    assert.deepEqual(stalenessPolicyFromConfig(parseConfig(BASE, FILE)), { maxStaleness: 32, scaling: 'inverse', tolerance: 0, sparseTolerance: 'auto' }, 'the default');
+      { maxStaleness: 32, scaling: 'inverse', tolerance: 'auto', sparseTolerance: 4 }, 'an absent one is auto');
+    assert.deepEqual(stalenessPolicyFromConfig(parseConfig(BASE, FILE)), { maxStaleness: 32, scaling: 'inverse', tolerance: 'auto' }, 'the default: auto for both');
     assert.deepEqual(stalenessPolicyFromConfig(parseConfig(BASE + 'training: { staleness_tolerance: 2 }\n', FILE)),
       { maxStaleness: 32, scaling: 'inverse', tolerance: 2 }, 'one number: the same for both');
     for (const bad of ['{ dense: -1 }', '{ rows: 0 }', '{}', '{ dense: often, sparse: 0 }', '[0, 1]']) {
