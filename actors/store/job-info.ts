@@ -11,7 +11,7 @@ import { z } from 'zod';
 import { Kvm, type KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/nats-core';
 import { MemoryWatchers, destroyBucket, watchValues } from './kv-watch.ts';
-import { createKvBucket, type ReplicaOptions } from './replicas.ts';
+import { CONSISTENT_KV, createKvBucket, type ReplicaOptions } from './replicas.ts';
 import { waitOnWatch } from './plan-store.ts';
 import { ConfigError, TimeoutError, decode, encode, streamName, type Clock } from '../../runtime/mod.ts';
 import { workerGroupSchema, type HetpsConfig, type WorkerGroupConfig } from '../../topology/mod.ts';
@@ -132,7 +132,7 @@ export function natsJobInfoStore(nc: NatsConnection, job: string): JobInfoStore 
   const bucket = jobInfoBucket(job);
   return {
     async put(info) {
-      kv ??= await new Kvm(nc).create(bucket, { history: 1 });
+      kv ??= await new Kvm(nc).create(bucket, { ...CONSISTENT_KV, history: 1 });
       await kv.put(KEY, encode(jobInfoSchema.parse(info)));
     },
     async get() {

@@ -13,7 +13,7 @@
  */
 import { Kvm, type KV } from '@nats-io/kv';
 import type { NatsConnection } from '@nats-io/nats-core';
-import { createKvBucket, type ReplicaOptions } from './replicas.ts';
+import { CONSISTENT_KV, createKvBucket, type ReplicaOptions } from './replicas.ts';
 import { MemoryWatchers, destroyBucket, watchValues } from './kv-watch.ts';
 import { decode, encode, streamName } from '../../runtime/mod.ts';
 import { profileTelemetrySchema, type ProfileTelemetry } from '../monitor/telemetry.ts';
@@ -73,7 +73,7 @@ export function natsProfileStore(nc: NatsConnection, job: string): ProfileStore 
       const v = profileTelemetrySchema.parse(p);
       try {
         // A worker that comes first makes a plain bucket; the driver then uses it as it is (createKvBucket).
-        writer ??= await new Kvm(nc).create(bucket, { history: 1 });
+        writer ??= await new Kvm(nc).create(bucket, { ...CONSISTENT_KV, history: 1 });
         await writer.put(profileKey(v.node), encode(v));
       } catch (e) {
         writer = null; // the bucket was reset under us: create it again next time

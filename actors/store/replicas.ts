@@ -21,6 +21,16 @@ export interface ReplicaOptions {
   notice?: ((line: string) => void) | null;
 }
 
+/**
+ * Options every hetps KV bucket is made and opened with. `allow_direct:
+ * false`: a get is answered by the stream's leader, not by whichever replica
+ * answers a direct get first, so a get after an acknowledged put returns
+ * that put (a follower that has not applied it yet — common right after a
+ * leader change — would return the value before it). These buckets hold
+ * control state (plans, leases, job info, profiles), read rarely.
+ */
+export const CONSISTENT_KV = { allow_direct: false } as const;
+
 /** Servers the connection knows of (the server's INFO lists the cluster's client URLs, minus the unreachable ones). */
 function reachableServers(nc: NatsConnection): number | null {
   const info = nc.info;
@@ -90,19 +100,19 @@ export async function createKvBucket(nc: NatsConnection, bucket: string, opts: R
   const stream = `KV_${bucket}`;
   try {
     const info = await jsm.streams.info(stream);
-    return { kv: await kvm.create(bucket, { history: opts.history }), replicas: info.config.num_replicas };
+    return { kv: await kvm.create(bucket, { ...CONSISTENT_KV, history: opts.history }), replicas: info.config.num_replicas };
   } catch (e) {
     if (!/stream not found/i.test((e as Error).message)) throw e;
   }
   try {
     const { value, replicas } = await createWithReplicaFallback(nc, `KV bucket ${bucket}`, opts,
-      (r) => kvm.create(bucket, { replicas: r, history: opts.history }),
+      (r) => kvm.create(bucket, { ...CONSISTENT_KV, replicas: r, history: opts.history }),
       async () => { await jsm.streams.delete(stream); });
     return { kv: value, replicas };
   } catch (e) {
     // Another process (a node that started first) made it in the meantime: use theirs, as it is.
     if (!/already in use/i.test((e as Error).message)) throw e;
     const info = await jsm.streams.info(stream);
-    return { kv: await kvm.open(bucket), replicas: info.config.num_replicas };
+    return { kv: await kvm.open(bucket, CONSISTENT_KV), replicas: info.config.num_replicas };
   }
 }

@@ -78,6 +78,8 @@ test('an acknowledged write to the R3 batch queue and KV buckets survives a SIGK
     assert.equal(info.config.num_replicas, 3, `${s} is configured with 3 replicas`);
     assert.equal(replicas[s.replace(/^KV_/, '')], 3, `createJobStores reports 3 replicas for ${s}`);
     assert.equal(1 + (info.cluster?.replicas?.length ?? 0), 3, `${s} has a leader and 2 followers: ${JSON.stringify(info.cluster)}`);
+    // A KV get is answered by the leader, not by a follower that may not have applied the last put yet (the read-back after the kill below).
+    if (s.startsWith('KV_')) assert.equal(info.config.allow_direct, false, `${s} takes no direct (any-replica) gets`);
   }
 
   // Written and acknowledged before the kill.
