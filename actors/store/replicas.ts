@@ -22,7 +22,8 @@ export interface ReplicaOptions {
 }
 
 /**
- * Options every hetps KV bucket is made and opened with. `allow_direct:
+ * Options every hetps KV bucket is made with (`Kvm.open` never uses direct
+ * gets, so opened buckets need nothing). `allow_direct:
  * false`: a get is answered by the stream's leader, not by whichever replica
  * answers a direct get first, so a get after an acknowledged put returns
  * that put (a follower that has not applied it yet — common right after a
@@ -113,6 +114,6 @@ export async function createKvBucket(nc: NatsConnection, bucket: string, opts: R
     // Another process (a node that started first) made it in the meantime: use theirs, as it is.
     if (!/already in use/i.test((e as Error).message)) throw e;
     const info = await jsm.streams.info(stream);
-    return { kv: await kvm.open(bucket, CONSISTENT_KV), replicas: info.config.num_replicas };
+    return { kv: await kvm.open(bucket), replicas: info.config.num_replicas };
   }
 }
