@@ -16,7 +16,7 @@ export * from './data/batch.ts';
 export * from './data/spam.ts';
 export * from './data/ctr-synthetic.ts';
 export * from './data/mlp-synthetic.ts';
-export { SparseTable, type SparseTableOptions, type SparseTableSnapshot } from './sparse-table.ts';
+export { ROW_CHUNK, SparseTable, type ApplyOptions, type SparseTableOptions, type SparseTableSnapshot } from './sparse-table.ts';
 export { IdIndex } from './id-index.ts';
 export * from './local-trainer.ts';
 export { evaluateExported, exportedCtrFeeds, onnxMetadata } from './exported.ts';

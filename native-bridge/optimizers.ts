@@ -254,6 +254,27 @@ export interface SparseRowsUpdate {
   tensorName: string;
 }
 
+/**
+ * Rows of a sparse table updated where the table keeps them (`updateTableRows`):
+ * values row-major `[capacity, dim]`, optimizer state row-interleaved in one
+ * array (state slot k of row s at `s·dim·stateSlots() + k·dim`).
+ */
+export interface TableRowsUpdate {
+  values: Float32Array;
+  /** Row-interleaved optimizer state; empty for SGD. */
+  state: Float32Array;
+  /** Updates applied so far per table row; each updated row's count is incremented before its update. */
+  rowSteps: Uint32Array;
+  /** The table row of gradient row r, for r < count: distinct and in range (the caller's guarantee). */
+  slots: Int32Array;
+  count: number;
+  /** `[count, dim]`, finite (the caller's guarantee). */
+  grads: Float32Array;
+  dim: number;
+  scheduleStep: number;
+  lrScale: number;
+}
+
 export interface Optimizer {
   readonly config: OptimizerConfig;
   readonly schedule: LearningRateSchedule;
@@ -285,6 +306,14 @@ export interface Optimizer {
   updateRow(param: Float32Array, grad: Float32Array, state: readonly Float32Array[], rowStep: number, scheduleStep: number, lrScale?: number, tensorName?: string): void;
   /** Updates many rows of a table in place; every gradient and row index is checked before any row changes. */
   updateSparse(update: SparseRowsUpdate): void;
+  /**
+   * Updates rows of a sparse table in its own arrays, for a caller that has
+   * checked the gradient (finite, `[count, dim]`) and the rows (distinct, in
+   * range) already: no pass over the rows but the update itself, and no copy
+   * of rows or state into another layout (a shard's hot path). Only the step
+   * and the rate are checked.
+   */
+  updateTableRows(update: TableRowsUpdate): void;
 }
 
 /** Index of the first NaN or ±Inf in `a[start, end)`, or -1. */
@@ -323,6 +352,8 @@ function assertStep(name: string, step: number): void {
 function assertLrScale(lrScale: number): void {
   if (!(lrScale >= 0) || !Number.isFinite(lrScale)) throw new RangeError(`lrScale must be a finite number ≥ 0, got ${lrScale}`);
 }
+
+const NO_STATE_VIEWS: readonly Float32Array[] = [];
 
 abstract class BaseOptimizer implements Optimizer {
   readonly schedule: LearningRateSchedule;
@@ -431,6 +462,24 @@ abstract class BaseOptimizer implements Optimizer {
       const t = rowSteps[row]! + 1;
       rowSteps[row] = t;
       this.apply(table, row * dim, grads, r * dim, dim, state, row * dim, t, lr);
+    }
+  }
+
+  updateTableRows(u: TableRowsUpdate): void {
+    assertStep('scheduleStep', u.scheduleStep);
+    assertLrScale(u.lrScale);
+    const d = u.dim;
+    const k = this.stateSlots();
+    const sd = d * k;
+    // Slot j's view starts j·dim into the interleaved state: view j at s·sd + i is slot j of row s, element i.
+    const views = k === 0 ? NO_STATE_VIEWS : Array.from({ length: k }, (_, j) => u.state.subarray(j * d));
+    const lr = this.learningRateAt(u.scheduleStep, u.lrScale);
+    const { values, rowSteps, slots, grads } = u;
+    for (let r = 0; r < u.count; r++) {
+      const s = slots[r]!;
+      const t = rowSteps[s]! + 1;
+      rowSteps[s] = t;
+      this.apply(values, s * d, grads, r * d, d, views, s * sd, t, lr);
     }
   }
 }
