@@ -494,6 +494,13 @@ const configSchema = section({
      * parameters pulled at its start.
      */
     local_updates: z.boolean().default(true),
+    /**
+     * asp and hps: near the end of the job a worker leaves the last batches
+     * to workers that would take all of them before it finished one of its own
+     * (topology/tail-dispatch.ts), so the job does not wait for a slow node's
+     * last batch. false: every worker takes batches until the queue is empty.
+     */
+    tail_dispatch: z.boolean().default(true),
     /** Evaluate every this many steps (not active yet: NOT_ACTIVE_YET says what happens instead). */
     eval_every: posInt().default(100),
     /**
@@ -624,6 +631,7 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   { path: 'training.staleness_tolerance', when: (c) => c.training.mode === 'asp', instead: 'in asp stale gradients are applied at the full learning rate' },
   { path: 'training.group_lr_scaling', when: (c) => c.training.mode !== 'hps' && c.training.group_lr_scaling !== 'none', instead: 'only hps groups average their members\' batches into one update; every update is at the configured learning rate' },
   { path: 'training.local_updates', when: (c) => c.training.mode !== 'hps' && c.training.local_updates, instead: 'only hps windows take several steps between pulls; asp and bsp pull before every step' },
+  { path: 'training.tail_dispatch', when: (c) => c.training.mode === 'bsp' && c.training.tail_dispatch, instead: 'in bsp every worker takes part in every round, so there is no tail to dispatch' },
   { path: 'training.max_staleness', when: (c) => c.training.mode === 'asp', instead: 'in asp stale gradients are applied as they come; staleness is only measured (training.mode hps enforces it)' },
   { path: 'communication.backend', when: (c) => c.communication.backend === 'nccl' || c.communication.backend === 'gloo', instead: 'every tensor goes over NATS' },
   { path: 'communication.compression', when: (c) => c.communication.compression !== 'none', instead: 'gradients are sent uncompressed' },

@@ -9,3 +9,4 @@ export * from './replication.ts';
 export * from './group-lr.ts';
 export * from './nats-roles.ts';
 export * from './cut-moment.ts';
+export * from './tail-dispatch.ts';

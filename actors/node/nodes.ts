@@ -165,6 +165,8 @@ export async function startWorkerNode(o: {
   regroupResumeTimeoutMs?: number;
   /** The node is a standby of the job: called before it waits for a place (its heartbeat says `standby`). */
   onStandby?: () => void;
+  /** How often the worker publishes its progress telemetry (default 2 s; the tail dispatch measures rates from it). */
+  progressIntervalMs?: number;
 }): Promise<StartedWorker> {
   const { config, node, system, log } = o;
   const waitMs = o.waitMs ?? DEFAULT_NODE_WAIT_MS;
@@ -209,9 +211,11 @@ export async function startWorkerNode(o: {
     groupSync,
     groupLr: groupLrRuleFromConfig(config),
     localOptimizers: localOptimizersFromConfig(config),
+    tailDispatch: config.training.mode !== 'bsp' && config.training.tail_dispatch,
     planStore: o.planStore,
     health: o.health ?? null,
     ...(o.regroupResumeTimeoutMs !== undefined ? { regroupResumeTimeoutMs: o.regroupResumeTimeoutMs } : {}),
+    ...(o.progressIntervalMs !== undefined ? { progressIntervalMs: o.progressIntervalMs } : {}),
     jobStore: o.jobStore,
     onBatchTrained: reporter ? (t) => reporter.noteStep(t.emulated_step_ms ?? t.busy_ms) : null,
   });

@@ -74,6 +74,8 @@ export interface BatchQueue {
   next(timeoutMs: number): Promise<QueuedBatch | null>;
   /** Descriptors not yet acknowledged (waiting or in flight). */
   pending(): Promise<number>;
+  /** Descriptors waiting to be handed to a worker (not in flight): the tail dispatch's view of the queue. */
+  undelivered(): Promise<number>;
   close(): Promise<void>;
 }
 
@@ -186,6 +188,7 @@ export function memoryBatchQueue(opts: BatchQueueOptions & { clock: Clock }): Ba
       });
     },
     async pending() { return items.size; },
+    async undelivered() { return ready.length; },
     async close() {
       closed = true;
       for (const item of items.values()) item.timer?.cancel();
@@ -325,6 +328,11 @@ export function natsBatchQueue(nc: NatsConnection, job: string, opts: { log?: (m
     async pending() {
       const info = await (await manager()).streams.info(stream);
       return info.state.messages;
+    },
+    async undelivered() {
+      // The consumer's num_pending: messages it has not delivered yet (redeliveries due count as pending acks, not here).
+      const info = await (await manager()).consumers.info(stream, WORKERS_CONSUMER);
+      return info.num_pending;
     },
     async close() { closed = true; },
   };

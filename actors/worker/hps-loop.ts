@@ -24,6 +24,7 @@ import type { QueuedBatch } from '../store/batch-queue.ts';
 import { GroupMember, WindowAbandonedError, type WindowOutcome, type WindowPhases } from '../group/group-sync.ts';
 import { batchFromDescriptor } from './step.ts';
 import { trainQueued, type WorkerLoopEnv } from './worker-loop.ts';
+import { TAIL_RECHECK_MS } from './tail-gate.ts';
 
 /** How long a window waits for its next batch before it closes with what it has. */
 const HPS_TAKE_WAIT_MS = 1_000;
@@ -141,6 +142,11 @@ export class HpsLoop {
       outcome = await member.runWindow({
         next: async () => {
           if (control.stopRequested) return null;
+          if (this.carried === null && this.env.tail !== null && !(await this.env.tail.allows())) {
+            // Faster workers take the last batches (training.tail_dispatch): the window closes with what it has.
+            await this.env.clock.sleep(TAIL_RECHECK_MS);
+            return null;
+          }
           const ahead = this.carried;
           this.carried = null;
           this.carriedItem = null;
@@ -158,6 +164,8 @@ export class HpsLoop {
         drained: async () => (await o.queue.pending().catch(() => 1)) === 0,
         prefetch: () => {
           if (control.stopRequested || this.carried !== null) return;
+          // Near the end a batch fetched ahead could be one the tail dispatch leaves to faster workers.
+          if (this.env.tail?.mayDecline() === true) return;
           const fetching: Promise<QueuedBatch | null> = o.queue.next(HPS_TAKE_WAIT_MS).then((item) => { if (this.carried === fetching) this.carriedItem = item; return item; });
           this.carried = fetching;
         },

@@ -9,6 +9,7 @@ import type { ActorSystem, Clock, Logger, Timer, Transport } from '../../runtime
 import type { QueuedBatch } from '../store/batch-queue.ts';
 import { publishTelemetry, type BatchTelemetry, type ProgressTelemetry } from '../monitor/telemetry.ts';
 import type { LoopControl } from './loop-control.ts';
+import type { TailGate } from './tail-gate.ts';
 import { batchFromDescriptor, type SyncRound, type WorkerStepper } from './step.ts';
 import type { WorkerActorOptions } from './worker.actor.ts';
 import type { WorkerStats } from './worker.messages.ts';
@@ -24,6 +25,8 @@ export interface WorkerLoopEnv {
   clock: Clock;
   log: Logger;
   requestTimeoutMs: number;
+  /** training.tail_dispatch (asp, hps): asked before each batch is taken; null: every batch is taken. */
+  tail: TailGate | null;
 }
 
 /** One trained batch, as the ledger counts it. */

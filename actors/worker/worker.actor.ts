@@ -37,6 +37,7 @@ import { TrainingLedger, type WorkerLoopEnv } from './worker-loop.ts';
 import { runAspLoop } from './asp-loop.ts';
 import { runBspLoop } from './bsp-loop.ts';
 import { HpsLoop } from './hps-loop.ts';
+import { TailGate } from './tail-gate.ts';
 import {
   workerMessages, type PauseReply, type ResumeReply, type StopReply, type WorkerMessages, type WorkerStats,
 } from './worker.messages.ts';
@@ -85,6 +86,8 @@ export interface WorkerActorOptions {
   onBatchTrained?: ((t: BatchTelemetry) => void) | null;
   /** hps: the health actor's verdicts, handed to each group member (see GroupMemberOptions.health); null or absent: none. */
   health?: HealthView | null;
+  /** asp and hps: training.tail_dispatch (tail-gate.ts); absent: false. */
+  tailDispatch?: boolean;
 }
 
 export type WorkerActorDefinition = ActorDefinition<WorkerMessages> & {
@@ -104,7 +107,7 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
     node: o.node, group: o.group, state: 'starting', mode, sync_mode: groupSync?.sync_mode ?? null, windows: 0, group_state: null, lost_shard_updates: 0,
     window_phases_ms: groupSync !== null ? { steps: 0, slices: 0, round: 0, gather: 0, push: 0, reports: 0 } : null, dropped_stale_batches: 0,
     busy_ms: 0, emulated_step_ms: 0, steps: 0, samples: 0, batches_acked: 0, ack_failures: 0,
-    redelivered_taken: 0, empty_rounds: 0, round: null, mean_loss: null, emulated_speed: o.emulateSpeed, emulated, error: null,
+    redelivered_taken: 0, empty_rounds: 0, tail_declined: 0, round: null, mean_loss: null, emulated_speed: o.emulateSpeed, emulated, error: null,
   };
   const control = new LoopControl({
     // A worker that starts while the job is paused (or regrouping) starts under the version training runs under, so it pauses too.
@@ -144,13 +147,20 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
       emulateSpeed: o.emulateSpeed, emulated, ackWaitMs: o.job.ack_wait_ms, onBatchTrained: o.onBatchTrained ?? null,
       firstStepAt: () => stepper.firstStepAt,
     });
-    const env: WorkerLoopEnv = { o, stats, control, ledger, stepper, system, clock, log, requestTimeoutMs };
+    const progressMs = o.progressIntervalMs ?? 2_000;
+    // Rates over the last ten progress reports, counted once a worker has sent three.
+    const tail = o.tailDispatch === true && mode !== 'bsp'
+      ? new TailGate({ transport: system.transport, job, node: o.node, queue: o.queue, clock, log, windowMs: 10 * progressMs, minSpanMs: 3 * progressMs,
+        samplesPerBatch: () => (stats.steps > 0 ? stats.samples / stats.steps : null) })
+      : null;
+    const env: WorkerLoopEnv = { o, stats, control, ledger, stepper, system, clock, log, requestTimeoutMs, tail };
     if (groupSync !== null) hps = new HpsLoop(env, groupSync);
     const start: StartTelemetry = {
       node: o.node, group: o.group, mode, emulated_speed: o.emulateSpeed, emulated, sync_mode: groupSync?.sync_mode ?? null,
       emulated_step_target_ms: stepper.pacer.targetStepMs,
     };
-    ledger.start(o.progressIntervalMs ?? 2_000);
+    tail?.start();
+    ledger.start(progressMs);
     publishTelemetry(system.transport, job, 'start', o.node, start);
     try {
       await control.start({ transport: system.transport, job, clock, log });
@@ -168,6 +178,8 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
     } finally {
       control.close();
       ledger.stop();
+      tail?.stop();
+      stats.tail_declined = tail?.declined ?? 0;
       // A step left running by a window dropped for a pause ends before the session is disposed.
       await stepper.idle();
       const body: DoneTelemetry = {

@@ -75,6 +75,8 @@ export interface WorkerStats {
   redelivered_taken: number;
   /** bsp rounds this worker took part in without a batch. */
   empty_rounds: number;
+  /** Times this worker left the queue's last batches to faster workers (training.tail_dispatch). */
+  tail_declined: number;
   /** bsp: the round in progress; null in asp. */
   round: number | null;
   mean_loss: number | null;

@@ -86,6 +86,7 @@ test('an acknowledged write to the R3 batch queue and KV buckets survives a SIGK
   const queue = natsBatchQueue(driver, job);
   await queue.publish(Array.from({ length: BATCHES }, (_, i) => descriptor(i)));
   assert.equal(await queue.pending(), BATCHES);
+  assert.equal(await queue.undelivered(), BATCHES, 'none handed to a worker yet (the consumer\'s num_pending)');
   await natsPlanStore(driver, job).put(plan(1));
   await natsJobInfoStore(driver, job).put(jobInfo(job, 'r1'));
 
@@ -125,6 +126,7 @@ test('an acknowledged write to the R3 batch queue and KV buckets survives a SIGK
     taken.add(b.desc.batch_id);
   }
   assert.deepEqual([...taken].sort(), Array.from({ length: BATCHES }, (_, i) => descriptor(i).batch_id).sort());
+  assert.equal(await rqueue.undelivered(), 0, 'every descriptor was handed out');
 
   const planStore = natsPlanStore(reader, job);
   const infoStore = natsJobInfoStore(reader, job);

@@ -66,6 +66,7 @@ function countingQueue(inner: BatchQueue): BatchQueue & { outstanding(): number;
       return wrap(b);
     },
     pending: () => inner.pending(),
+    undelivered: () => inner.undelivered(),
     close: () => inner.close(),
     outstanding: () => outstanding,
     takes: () => takes,

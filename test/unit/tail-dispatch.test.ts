@@ -1,0 +1,191 @@
+/**
+ * Tail dispatch (training.tail_dispatch): the rule (topology/tail-dispatch.ts),
+ * the worker's gate on measured rates (actors/worker/tail-gate.ts), and whole
+ * asp and hps jobs on the in-process bus where a slow worker leaves the last
+ * batches to two fast ones and every batch is still trained exactly once.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { ActorSystem, InProcessBroker, SeededRandom, SimulatedClock, connectTransport, silentLogger, systemClock, type Transport } from '../../runtime/mod.ts';
+import { allWorkerNodes, inactiveSettings, parseConfig, tailDecision, TAIL_FASTER_BY } from '../../topology/mod.ts';
+import { modelAndData, startServerNode, startWorkerNode, type StartedWorker } from '../../actors/node/nodes.ts';
+import { memoryPlanStore } from '../../actors/store/plan-store.ts';
+import { memoryJobInfoStore } from '../../actors/store/job-info.ts';
+import { memoryBatchQueue, type BatchQueue } from '../../actors/store/batch-queue.ts';
+import { prepareJob } from '../../actors/scheduler/job.ts';
+import { subscribeTelemetry } from '../../actors/monitor/telemetry.ts';
+import { TailGate } from '../../actors/worker/tail-gate.ts';
+
+test('tailDecision: a worker leaves the waiting batches to faster workers only when they take them all before it finished one', () => {
+  // Own 10 samples/s; two peers at 40: in one of its steps they finish (40 + 40) / 10 = 8 batches.
+  const v = { ownRate: 10, peerRates: [40, 40] };
+  assert.deepEqual(tailDecision({ ...v, undelivered: 8 }), { take: false, fasterCapacity: 8, faster: 2 });
+  assert.equal(tailDecision({ ...v, undelivered: 3 }).take, false);
+  assert.equal(tailDecision({ ...v, undelivered: 9 }).take, true, 'more than they finish meanwhile: taking one does not delay the end');
+  // Equally fast peers (below TAIL_FASTER_BY × own) never make a worker wait: the fastest always take.
+  assert.deepEqual(tailDecision({ ownRate: 10, peerRates: [10 * TAIL_FASTER_BY - 0.01, 9], undelivered: 1 }), { take: true, fasterCapacity: 0, faster: 0 });
+  assert.equal(tailDecision({ ownRate: 10, peerRates: [10 * TAIL_FASTER_BY], undelivered: 1 }).take, false, 'at TAIL_FASTER_BY a peer counts as faster');
+  // A worker that does not know its own rate yet takes.
+  for (const ownRate of [0, -1, Number.NaN, Number.POSITIVE_INFINITY]) assert.equal(tailDecision({ ownRate, peerRates: [100], undelivered: 1 }).take, true, `own rate ${ownRate}`);
+  assert.equal(tailDecision({ ownRate: 10, peerRates: [Number.NaN, 100], undelivered: 5 }).faster, 1, 'a peer rate that is not a number is not counted');
+});
+
+test('training.tail_dispatch: on by default; set in a bsp job (every worker in every round) it is reported as inactive', () => {
+  const text = (mode: 'asp' | 'hps' | 'bsp', tail: boolean | null) => {
+    const t = configText(mode === 'bsp' ? 'asp' : mode, tail ?? true).replace('mode: asp', `mode: ${mode}`);
+    return tail === null ? t.replace(', tail_dispatch: true', '') : t;
+  };
+  for (const mode of ['asp', 'hps', 'bsp'] as const) {
+    assert.equal(parseConfig(text(mode, null), `${mode}.yaml`).training.tail_dispatch, true, mode);
+    assert.equal(inactiveSettings(parseConfig(text(mode, true), `${mode}.yaml`)).some((l) => l.startsWith('training.tail_dispatch')), mode === 'bsp', mode);
+  }
+  assert.equal(parseConfig(configText('asp', false), 'off.yaml').training.tail_dispatch, false);
+  assert.throws(() => parseConfig(configText('asp', true).replace('tail_dispatch: true', 'tail_dispatch: sometimes'), 'bad.yaml'), /training\.tail_dispatch/);
+});
+
+/** A queue whose undelivered count the test sets (and can make fail). */
+function fakeQueue(): BatchQueue & { waiting: number; fail: boolean; asked: number } {
+  const inner = memoryBatchQueue({ clock: new SimulatedClock(), ackWaitMs: 1_000 });
+  const q = {
+    ...inner,
+    waiting: 0, fail: false, asked: 0,
+    async undelivered() { q.asked++; if (q.fail) throw new Error('consumer info timed out'); return q.waiting; },
+  };
+  return q;
+}
+
+test('TailGate: measured rates decide; far from the tail it asks the queue rarely; a faster peer whose reports stop drops out, and the slow worker takes again', async () => {
+  const clock = new SimulatedClock(0);
+  const queue = fakeQueue();
+  const transport = await connectTransport({ servers: null, broker: new InProcessBroker(), name: 'gate' });
+  try {
+    const gate = new TailGate({ transport, job: 'j', node: 'slow', queue, clock, log: silentLogger(), windowMs: 10_000, minSpanMs: 3_000, askEveryMs: 500, samplesPerBatch: () => 10 });
+    // Reports every second: slow 10 samples/s, fast-1 and fast-2 40 each (capacity 8 batches).
+    const report = (s: number) => { gate.note('slow', 10 * s, s * 1000); gate.note('fast-1', 40 * s, s * 1000); gate.note('fast-2', 40 * s, s * 1000); };
+    report(0);
+    clock.increment(1_000); report(1);
+    queue.waiting = 3;
+    assert.equal(await gate.allows(), true, 'rates not known yet (reports span 1 s < 3 s): take');
+    assert.equal(queue.asked, 0, 'and no question to the queue');
+    for (let s = 2; s <= 4; s++) { clock.increment(1_000); report(s); }
+    assert.equal(Math.round(gate.rate('fast-1')!), 40);
+    assert.equal(Math.round(gate.rate('slow')!), 10);
+    assert.equal(gate.mayDecline(), true, 'faster peers and no count yet: no batch fetched ahead');
+    queue.waiting = 100;
+    assert.equal(await gate.allows(), true, '100 waiting, 8 taken meanwhile by the faster ones: take');
+    assert.equal(gate.mayDecline(), false, 'far from the tail: fetching ahead is fine');
+    clock.increment(1_000); report(5);
+    assert.equal(await gate.allows(), true);
+    assert.equal(queue.asked, 1, 'far from the tail the last count, less what the workers took since by their rates, is used again');
+    clock.increment(1_500); report(6.5);
+    queue.waiting = 8;
+    assert.equal(await gate.allows(), false, '8 waiting, all taken by the faster ones before this worker finished one: leave them');
+    assert.equal(gate.declined, 1);
+    assert.equal(queue.asked, 2);
+    queue.waiting = 0;
+    clock.increment(400);
+    assert.equal(await gate.allows(), false, 'near the tail the count is asked again only after askEveryMs');
+    clock.increment(200);
+    assert.equal(await gate.allows(), true, 'nothing waiting: take (the queue answers null and the loop ends)');
+    // The fast workers stop reporting (dead, or done): after the window they no longer count.
+    queue.waiting = 5;
+    for (let s = 8; s <= 18; s++) { clock.increment(1_000); gate.note('slow', 10 * s, clock.monotonic()); }
+    assert.equal(gate.rate('fast-1'), null, 'no report for over the window: not counted');
+    assert.equal(await gate.allows(), true, 'no faster peer left: the slow worker takes');
+    // A queue that cannot say how many wait: take, as without the gate.
+    for (let s = 19; s <= 23; s++) { clock.increment(1_000); report(s); }
+    queue.waiting = 1;
+    queue.fail = true;
+    clock.increment(600);
+    assert.equal(await gate.allows(), true);
+  } finally {
+    await transport.close();
+  }
+});
+
+// ---------------------------------------------------------------- whole jobs on the in-process bus
+
+type Mode = 'asp' | 'hps';
+
+function configText(mode: Mode, tail: boolean): string {
+  const groups = mode === 'hps'
+    ? '[{ name: fast, nodes: [w1, w2], sync_mode: sync, sync_steps: 2 }, { name: slow, nodes: [w3], sync_mode: async }]'
+    : '[{ name: g, nodes: [w1, w2, w3] }]';
+  return `job: { name: tail${mode} }
+cluster:
+  worker_groups: ${groups}
+  server_nodes: [s1]
+nodes:
+  w1: { emulate: { speed: 1 } }
+  w2: { emulate: { speed: 1 } }
+  w3: { emulate: { speed: 0.1 } }
+model: { type: ctr, ctr: { embedding_dim: 4, hidden: [8], pooling: mean, wide: true, hash_buckets: 2000 } }
+data: { source: ctr-synthetic, batch_size: 16, samples: 3200, test_samples: 32, slots: 4, dense_features: 3, vocab_size: 1000 }
+optimizer: { type: sgd, learning_rate: 0.1, sparse: { type: sgd, learning_rate: 0.1 } }
+training: { mode: ${mode}, random_seed: 3, emulation_reference_step_ms: 40, tail_dispatch: ${tail} }
+`;
+}
+
+async function runJob(mode: Mode, tail: boolean): Promise<{ total: number; acks: Map<string, number>; ackedBy: Map<string, number>; declined: Map<string, number> }> {
+  const config = parseConfig(configText(mode, tail), `tail-${mode}.yaml`);
+  const md = modelAndData(config);
+  const broker = new InProcessBroker();
+  const transports: Transport[] = [];
+  const systems: ActorSystem[] = [];
+  const mk = async (name: string) => {
+    const t = await connectTransport({ servers: null, broker, name });
+    transports.push(t);
+    const s = new ActorSystem({ transport: t, job: config.job.name, node: name, clock: systemClock, random: new SeededRandom(1), logger: silentLogger() });
+    systems.push(s);
+    return s;
+  };
+  const driver = await mk('driver');
+  const queue = memoryBatchQueue({ clock: systemClock, ackWaitMs: 30_000 });
+  const planStore = memoryPlanStore();
+  const jobStore = memoryJobInfoStore();
+  const acks = new Map<string, number>();
+  const ackedBy = new Map<string, number>();
+  const unsubscribe = subscribeTelemetry(driver.transport, config.job.name, {
+    batch: (t) => {
+      if (!t.ack_confirmed) return;
+      acks.set(t.batch_id, (acks.get(t.batch_id) ?? 0) + 1);
+      ackedBy.set(t.node, (ackedBy.get(t.node) ?? 0) + 1);
+    },
+  });
+  try {
+    const prepared = await prepareJob({ config, runId: `run-${mode}`, maxPayload: 1024 * 1024, md, planStore, jobStore, queue, ackWaitMs: 30_000 });
+    for (const s of config.cluster.server_nodes) await startServerNode({ config, server: s, system: await mk(s), planStore, log: silentLogger(), md });
+    const workers = new Map<string, StartedWorker>();
+    for (const w of allWorkerNodes(config)) {
+      workers.set(w.name, await startWorkerNode({ config, node: w, system: await mk(w.name), planStore, jobStore, queue, log: silentLogger(), md, runId: `run-${mode}`, progressIntervalMs: 100 }));
+    }
+    const ends = await Promise.all([...workers.values()].map((w) => w.def.done));
+    for (const s of ends) assert.equal(s.state, 'done', `${s.node}: ${s.error}`);
+    return { total: prepared.info.total_batches, acks, ackedBy, declined: new Map(ends.map((s) => [s.node, s.tail_declined])) };
+  } finally {
+    unsubscribe();
+    for (const s of systems.slice(1).reverse()) await s.stop({ timeoutMs: 15_000 });
+    await queue.close();
+    await driver.stop();
+    for (const t of transports) await t.close();
+  }
+}
+
+for (const mode of ['asp', 'hps'] as const) {
+  test(`${mode}: near the end the slow worker (speed 0.1) leaves the last batches to the two fast ones; every batch is trained exactly once`, { timeout: 120_000 }, async () => {
+    const r = await runJob(mode, true);
+    assert.equal(r.acks.size, r.total, 'every batch acknowledged');
+    assert.ok([...r.acks.values()].every((n) => n === 1), 'and each once');
+    assert.ok((r.ackedBy.get('w3') ?? 0) > 0, `the slow worker trained batches before the tail: ${JSON.stringify([...r.ackedBy])}`);
+    assert.ok(r.declined.get('w3')! > 0, `the slow worker left batches to the fast ones: declined ${JSON.stringify([...r.declined])}`);
+    assert.equal(r.declined.get('w1'), 0, 'the fastest workers never wait');
+    assert.equal(r.declined.get('w2'), 0);
+  });
+}
+
+test('asp with training.tail_dispatch: false: every worker takes batches until the queue is empty', { timeout: 120_000 }, async () => {
+  const r = await runJob('asp', false);
+  assert.equal(r.acks.size, r.total);
+  assert.ok([...r.acks.values()].every((n) => n === 1));
+  assert.deepEqual([...r.declined.values()], [0, 0, 0]);
+});
