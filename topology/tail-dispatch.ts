@@ -12,10 +12,10 @@
  * +0.01 to +0.03).
  *
  * The rule, per take: a worker leaves the queue's next batch to the faster
- * workers when they would take every batch still waiting before it finished
- * one of its own: when
+ * workers when they would take every other batch still waiting before it
+ * finished that one: when
  *
- *     undelivered ≤ Σ rate(faster workers) · (1 / own rate)
+ *     undelivered − 1 < Σ rate(faster workers) · (1 / own rate)
  *
  * "Faster" is at least `FASTER_BY` × this worker's rate, so equally fast
  * workers never wait for each other, and the fastest workers always take.
@@ -51,5 +51,5 @@ export function tailDecision(v: TailView): TailDecision {
     if (Number.isFinite(r) && r >= TAIL_FASTER_BY * v.ownRate) { sum += r; faster++; }
   }
   const fasterCapacity = sum / v.ownRate;
-  return { take: faster === 0 || v.undelivered > fasterCapacity, fasterCapacity, faster };
+  return { take: faster === 0 || v.undelivered - 1 >= fasterCapacity, fasterCapacity, faster };
 }

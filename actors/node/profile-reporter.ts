@@ -6,9 +6,10 @@
  * - Join: measure the node (actors/node/node-profile.ts: device through ONNX
  *   Runtime, rtt and bandwidth to the NATS server, emulation applied and
  *   labelled) with a short probe (`cluster.profiling.probe_seconds`, 0.5 s
- *   by default), publish it on `hps.<job>.tel.profile.<node>` and put it in
- *   the job's profile store, where the driver reads it whatever the start
- *   order. Until the worker has the job, the profile is put again every few
+ *   by default), put it in the job's profile store, where the driver
+ *   reads it whatever the start order, then publish it on
+ *   `hps.<job>.tel.profile.<node>` (a watcher that sees it finds it in the
+ *   store). Until the worker has the job, the profile is put again every few
  *   seconds: a driver that starts later empties the store first.
  * - Training: keep the node's recent step times (the batches' step time as
  *   the — possibly emulated — device took it) and every
@@ -179,11 +180,12 @@ export class ProfileReporter {
     this.timer = null;
   }
 
+  /** Stored first, then published: whoever sees the telemetry finds the same profile in the store (unless the put failed). */
   private async publish(): Promise<void> {
-    publishTelemetry(this.o.transport, this.o.job, 'profile', this.o.node, this.current);
     await this.o.store.put(this.current).catch((e: unknown) => {
-      // The telemetry went out; the store is retried by keepStored / the next republish.
+      // The telemetry still goes out; the store is retried by keepStored / the next republish.
       this.o.log.warn({ err: (e as Error).message }, `could not store the profile of ${this.o.node}`);
     });
+    publishTelemetry(this.o.transport, this.o.job, 'profile', this.o.node, this.current);
   }
 }

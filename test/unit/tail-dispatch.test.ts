@@ -21,7 +21,8 @@ test('tailDecision: a worker leaves the waiting batches to faster workers only w
   const v = { ownRate: 10, peerRates: [40, 40] };
   assert.deepEqual(tailDecision({ ...v, undelivered: 8 }), { take: false, fasterCapacity: 8, faster: 2 });
   assert.equal(tailDecision({ ...v, undelivered: 3 }).take, false);
-  assert.equal(tailDecision({ ...v, undelivered: 9 }).take, true, 'more than they finish meanwhile: taking one does not delay the end');
+  assert.equal(tailDecision({ ...v, undelivered: 8.5 }).take, false, 'taking one would leave them 7.5, fewer than the 8 they finish meanwhile');
+  assert.equal(tailDecision({ ...v, undelivered: 9 }).take, true, 'taking one leaves them 8, all they finish meanwhile: it does not delay the end');
   // Equally fast peers (below TAIL_FASTER_BY × own) never make a worker wait: the fastest always take.
   assert.deepEqual(tailDecision({ ownRate: 10, peerRates: [10 * TAIL_FASTER_BY - 0.01, 9], undelivered: 1 }), { take: true, fasterCapacity: 0, faster: 0 });
   assert.equal(tailDecision({ ownRate: 10, peerRates: [10 * TAIL_FASTER_BY], undelivered: 1 }).take, false, 'at TAIL_FASTER_BY a peer counts as faster');
@@ -157,7 +158,7 @@ async function runJob(mode: Mode, tail: boolean): Promise<{ total: number; acks:
     for (const s of config.cluster.server_nodes) await startServerNode({ config, server: s, system: await mk(s), planStore, log: silentLogger(), md });
     const workers = new Map<string, StartedWorker>();
     for (const w of allWorkerNodes(config)) {
-      workers.set(w.name, await startWorkerNode({ config, node: w, system: await mk(w.name), planStore, jobStore, queue, log: silentLogger(), md, runId: `run-${mode}`, progressIntervalMs: 100 }));
+      workers.set(w.name, await startWorkerNode({ config, node: w, system: await mk(w.name), planStore, jobStore, queue, log: silentLogger(), md, runId: `run-${mode}`, progressIntervalMs: 200 }));
     }
     const ends = await Promise.all([...workers.values()].map((w) => w.def.done));
     for (const s of ends) assert.equal(s.state, 'done', `${s.node}: ${s.error}`);
