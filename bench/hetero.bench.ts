@@ -42,7 +42,11 @@
  *
  * hps runs with hetps' defaults, local updates inside a window included
  * (`training.local_updates`: each member steps its own copy between the
- * window's steps; actors/worker/local-updates.ts).
+ * window's steps; actors/worker/local-updates.ts). asp and hps also run with
+ * tail dispatch, on by default since 399302a (`training.tail_dispatch`: near
+ * the end a worker leaves the last batches to faster ones;
+ * actors/worker/tail-gate.ts); `--hps-training "tail_dispatch: false"` turns
+ * it off for the hps peers.
  *
  * Protocol, per workload (fixed before any run):
  * 1. Learning rates: every peer runs the grid ×{0.5, 1, 2} of the base rates
@@ -75,7 +79,7 @@
  *
  *   npm run bench:hetero     → bench/results/hetero.json, hetero.svg, hetero-mlp.svg
  *   options: --workloads ctr,mlp  --peers a,b  --repeats N  --no-grid  --samples N  --quick  --out DIR
- *            --reference-ms N  --ctr-hidden a,b  --mlp-hidden a,b  --hps-training "key: value; …"
+ *            --reference-ms N  --ctr-hidden a,b  --mlp-hidden a,b  --hps-training "key: value; …"  --training "key: value; …" (every peer)
  *            --lr-mult X  --group-lr none|sqrt (with --no-grid) (to explore; results then go to a temp dir)
  *            --collect DIR: aggregate the runs an earlier invocation left in DIR (e.g. one stopped after a workload)
  */
@@ -117,6 +121,8 @@ const NOMINAL_IDEAL = WORKERS.reduce((s, w) => s + (BATCH * 1000) / stepMs(w.cls
 const LR_GRID = [0.5, 1, 2];
 /** To explore: the training settings hps peers get on top of the protocol's (`--hps-training "local_updates: false"`, YAML lines joined by ';'). */
 const HPS_TRAINING = option('--hps-training')?.split(';').map((l) => l.trim()).filter((l) => l.length > 0) ?? [];
+/** To explore: training settings every peer gets (`--training "tail_dispatch: false"`). */
+const ALL_TRAINING = option('--training')?.split(';').map((l) => l.trim()).filter((l) => l.length > 0) ?? [];
 /** To explore with --no-grid: the learning-rate multiplier and the hps group rule instead of ×1 and none. */
 const NO_GRID_LR = Number(option('--lr-mult') ?? 1);
 const NO_GRID_RULE = (option('--group-lr') ?? 'none') as 'none' | 'sqrt';
@@ -208,7 +214,7 @@ training:
   mode: ${mode}
   random_seed: 42
   emulation_reference_step_ms: ${REFERENCE_STEP_MS}
-${mode === 'hps' ? `  group_lr_scaling: ${rule}\n${HPS_TRAINING.map((l) => `  ${l}\n`).join('')}` : ''}fault_tolerance:
+${mode === 'hps' ? `  group_lr_scaling: ${rule}\n${HPS_TRAINING.map((l) => `  ${l}\n`).join('')}` : ''}${ALL_TRAINING.map((l) => `  ${l}\n`).join('')}fault_tolerance:
   worker_recovery_timeout: 120
 logging:
   level: warn
@@ -464,7 +470,7 @@ async function chart(r: WorkloadResult, w: Workload): Promise<string> {
 // ---------------------------------------------------------------- main
 
 async function main(): Promise<void> {
-  const full = !QUICK && GRID && REPEATS >= 3 && SAMPLES_OVERRIDE === null && !['--reference-ms', '--ctr-hidden', '--mlp-hidden', '--hps-training', '--lr-mult', '--group-lr'].some((o) => option(o) !== null) && PEER_KEYS.length === PEERS.length && (WORKLOAD_KEYS.length === WORKLOADS.length || COLLECT !== null);
+  const full = !QUICK && GRID && REPEATS >= 3 && SAMPLES_OVERRIDE === null && !['--reference-ms', '--ctr-hidden', '--mlp-hidden', '--hps-training', '--training', '--lr-mult', '--group-lr'].some((o) => option(o) !== null) && PEER_KEYS.length === PEERS.length && (WORKLOAD_KEYS.length === WORKLOADS.length || COLLECT !== null);
   // Before anything is written: the results' own files would make the tree look dirty.
   const git = gitCommit(ROOT);
   const dir = mkdtempSync(join(tmpdir(), 'hetps-bench-hetero-'));
