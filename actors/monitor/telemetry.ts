@@ -103,6 +103,8 @@ export const doneTelemetrySchema = z.object({
   dropped_stale_batches: z.number().int().nonnegative().default(0),
   /** hps: sync windows the worker went through. */
   windows: z.number().int().nonnegative().default(0),
+  /** Times the worker left the queue's last batches to faster workers (training.tail_dispatch). */
+  tail_declined: z.number().int().nonnegative().default(0),
   /** hps: the windows' wall time by phase, ms summed over windows (see WindowPhases in actors/group/group-sync.ts); null in asp / bsp. */
   window_phases_ms: z.object({
     steps: z.number(), slices: z.number(), round: z.number(), gather: z.number(), push: z.number(), reports: z.number(),

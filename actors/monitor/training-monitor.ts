@@ -59,6 +59,8 @@ export interface NodeUtilisation {
   window_phases_s: Record<string, number> | null;
   /** hps: windows the worker went through (done telemetry); null otherwise. */
   windows: number | null;
+  /** Times the worker left the queue's last batches to faster workers (training.tail_dispatch; done telemetry). */
+  tail_declined: number;
   /** `telemetry`: the worker's own step times; `nominal`: steps × the node's nominal step time; `none`: neither was available. */
   busy_from: 'telemetry' | 'nominal' | 'none';
 }
@@ -148,10 +150,11 @@ interface WorkerActivity {
   droppedStale: number;
   windowPhasesS: Record<string, number> | null;
   windows: number | null;
+  tailDeclined: number;
 }
 
 function newActivity(): WorkerActivity {
-  return { steps: 0, samples: 0, emulatedSpeed: null, stepMs: null, computeMs: null, droppedStale: 0, windowPhasesS: null, windows: null };
+  return { steps: 0, samples: 0, emulatedSpeed: null, stepMs: null, computeMs: null, droppedStale: 0, windowPhasesS: null, windows: null, tailDeclined: 0 };
 }
 
 /**
@@ -224,6 +227,7 @@ export class TrainingMonitor {
       done: (t) => {
         seen(t.node);
         this.done.set(t.node, t.reason);
+        this.activityOf(t.node).tailDeclined = t.tail_declined;
         if (t.window_phases_ms !== null) this.activityOf(t.node).windows = t.windows;
         if (t.window_phases_ms !== null) this.activityOf(t.node).windowPhasesS = Object.fromEntries(Object.entries(t.window_phases_ms).map(([k, v]) => [k, Math.round(v) / 1000]));
       },
@@ -432,7 +436,7 @@ export class TrainingMonitor {
       perNode[w] = {
         busy_s: busyS, utilisation: wallS > 0 ? busyS / wallS : 0, compute_s: a.computeMs === null ? null : a.computeMs / 1000,
         steps: a.steps, samples: a.samples, emulated_speed: a.emulatedSpeed, dropped_stale: a.droppedStale, busy_from: busyFrom,
-        window_phases_s: a.windowPhasesS, windows: a.windows,
+        window_phases_s: a.windowPhasesS, windows: a.windows, tail_declined: a.tailDeclined,
       };
     }
     const values = Object.values(perNode).map((n) => n.utilisation);

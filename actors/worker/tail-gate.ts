@@ -37,6 +37,8 @@ export interface TailGateOptions {
   askEveryMs?: number;
   /** Samples per batch as this worker has seen them (turns rates into batches); null while unknown. */
   samplesPerBatch?: () => number | null;
+  /** Called with the count each time the gate leaves a batch to faster workers (the worker's stats). */
+  onDeclined?: (declined: number) => void;
 }
 
 /** How long a worker that left the last batches to faster ones waits before it looks again. */
@@ -61,6 +63,12 @@ export class TailGate {
   /** Batches left to faster workers so far. */
   declined = 0;
   private lastLogged = -Infinity;
+  /**
+   * This worker's rate over a window in which it never left batches to
+   * others: a worker the gate keeps idle does not look slower for waiting.
+   */
+  private ownRate: number | null = null;
+  private lastDeclinedAt = -Infinity;
 
   constructor(private readonly o: TailGateOptions) {
     this.windowMs = o.windowMs ?? 20_000;
@@ -110,7 +118,9 @@ export class TailGate {
 
   /** What the rule says now, with the queue's undelivered count as given. */
   decide(undelivered: number, now = this.o.clock.monotonic()): TailDecision {
-    const own = this.rate(this.o.node, now);
+    const measured = this.rate(this.o.node, now);
+    if (measured !== null && measured > 0 && (this.ownRate === null || now - this.lastDeclinedAt > this.windowMs)) this.ownRate = measured;
+    const own = this.ownRate;
     const peerRates: number[] = [];
     for (const node of [...this.peers.keys()]) {
       if (node === this.o.node) continue;
@@ -147,6 +157,8 @@ export class TailGate {
     const d = this.decide(undelivered, now);
     if (d.take) return true;
     this.declined++;
+    this.lastDeclinedAt = now;
+    this.o.onDeclined?.(this.declined);
     if (now - this.lastLogged > 5_000) {
       this.lastLogged = now;
       this.o.log.info({ undelivered, faster_workers: d.faster, faster_capacity: Number(d.fasterCapacity.toFixed(1)) },

@@ -151,7 +151,7 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
     // Rates over the last ten progress reports, counted once a worker has sent three.
     const tail = o.tailDispatch === true && mode !== 'bsp'
       ? new TailGate({ transport: system.transport, job, node: o.node, queue: o.queue, clock, log, windowMs: 10 * progressMs, minSpanMs: 3 * progressMs,
-        samplesPerBatch: () => (stats.steps > 0 ? stats.samples / stats.steps : null) })
+        samplesPerBatch: () => (stats.steps > 0 ? stats.samples / stats.steps : null), onDeclined: (n) => { stats.tail_declined = n; } })
       : null;
     const env: WorkerLoopEnv = { o, stats, control, ledger, stepper, system, clock, log, requestTimeoutMs, tail };
     if (groupSync !== null) hps = new HpsLoop(env, groupSync);
@@ -179,13 +179,12 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
       control.close();
       ledger.stop();
       tail?.stop();
-      stats.tail_declined = tail?.declined ?? 0;
       // A step left running by a window dropped for a pause ends before the session is disposed.
       await stepper.idle();
       const body: DoneTelemetry = {
         node: o.node, steps: stats.steps, samples: stats.samples, batches_acked: stats.batches_acked, empty_rounds: stats.empty_rounds, reason: stats.state,
         busy_ms: stats.busy_ms, emulated_step_ms: stats.emulated_step_ms, wall_ms: Math.max(0, clock.monotonic() - ledger.startedAt),
-        emulated, emulated_speed: o.emulateSpeed, dropped_stale_batches: stats.dropped_stale_batches, windows: stats.windows,
+        emulated, emulated_speed: o.emulateSpeed, dropped_stale_batches: stats.dropped_stale_batches, windows: stats.windows, tail_declined: stats.tail_declined,
         window_phases_ms: stats.window_phases_ms === null ? null : { ...stats.window_phases_ms },
       };
       publishTelemetry(system.transport, job, 'done', o.node, body);
