@@ -84,6 +84,7 @@ test('TrainingMonitor: the curve starts when the first worker does, has a point 
     publishTelemetry(workerT, JOB, 'done', w, {
       node: w, steps: w === 'w1' ? 4 : 2, samples: 0, batches_acked: 0, empty_rounds: 0, reason: 'done',
       windows: 2, window_phases_ms: w === 'w1' ? { steps: 800, slices: 10, round: 20, gather: 0, push: 30, reports: 40 } : null,
+      ...(w === 'w2' ? { tail_declined: 3 } : {}),
     });
   }
   await advance(500);
@@ -96,6 +97,8 @@ test('TrainingMonitor: the curve starts when the first worker does, has a point 
   assert.deepEqual(report.utilisation.per_node.w1!.window_phases_s, { steps: 0.8, slices: 0.01, round: 0.02, gather: 0, push: 0.03, reports: 0.04 });
   assert.equal(report.utilisation.per_node.w1!.windows, 2);
   assert.equal(report.utilisation.per_node.w2!.window_phases_s, null, 'asp / bsp workers have no windows');
+  assert.equal(report.utilisation.per_node.w2!.tail_declined, 3, 'the batches w2 left to faster workers (training.tail_dispatch)');
+  assert.equal(report.utilisation.per_node.w1!.tail_declined, 0, 'absent from older workers\' done telemetry: 0');
   assert.ok(report.curve.length >= 4, `points: ${JSON.stringify(report.curve)}`);
   assert.equal(report.curve[0]!.samples, 0);
   assert.ok(report.curve[0]!.t_s < 0.3, 'the first point is at the start of training');
