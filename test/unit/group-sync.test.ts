@@ -5,7 +5,7 @@
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { ActorSystem, InProcessBroker, SeededRandom, connectTransport, silentLogger, systemClock, type Transport } from '../../runtime/mod.ts';
+import { type ActorSystem, silentLogger, systemClock } from '../../runtime/mod.ts';
 import { parseConfig, type HetpsConfig, type ShardPlan, type WorkerGroupConfig } from '../../topology/mod.ts';
 import { StepSession, bucketCtrIds, ctrBagIndex, streamOptions, type CtrBatch } from '../../native-bridge/mod.ts';
 import { shardPlanFromConfig, sparseLayoutFromConfig, type SparseLayout } from '../../actors/node/config-bridge.ts';
@@ -15,6 +15,7 @@ import { GroupMember, reduceOwners, windowStepLimit, type GroupMemberOptions, ty
 import type { GroupState } from '../../actors/group/group.machine.ts';
 import type { HealthState, HealthView } from '../../actors/health/health.types.ts';
 import { allocateDense, assemblePull, planExchange, pullRequest, pushRequest } from '../../actors/worker/param-exchange.ts';
+import { inProcessBus } from '../support/in-process.ts';
 import { ShardClient } from '../../actors/worker/shard-client.ts';
 import { WorkerStepper } from '../../actors/worker/step.ts';
 import type { LocalOptimizers } from '../../actors/worker/local-updates.ts';
@@ -81,16 +82,8 @@ interface Cluster {
 
 /** Two shards of job `job` (hps policy from `cfg`) on their own bus. */
 async function cluster(job: string, cfg: HetpsConfig = config): Promise<Cluster> {
-  const broker = new InProcessBroker();
-  const transports: Transport[] = [];
-  const systems: ActorSystem[] = [];
-  const system = async (name: string) => {
-    const t = await connectTransport({ servers: null, broker, name });
-    transports.push(t);
-    const s = new ActorSystem({ transport: t, job, node: name, clock: systemClock, random: new SeededRandom(1), logger: silentLogger() });
-    systems.push(s);
-    return s;
-  };
+  const bus = inProcessBus(job);
+  const system = (name: string) => bus.system(name);
   const planStore = memoryPlanStore(plan);
   for (const s of ['s1', 's2']) await startServerNode({ config: cfg, server: s, system: await system(s), planStore, log: silentLogger(), md });
   const client = (sys: ActorSystem) => new ShardClient(sys, { requestTimeoutMs: 5_000, log: silentLogger(), shouldStop: () => false, plans: plan });
@@ -98,10 +91,7 @@ async function cluster(job: string, cfg: HetpsConfig = config): Promise<Cluster>
     system,
     client,
     stepper: (sys, session, localOptimizers = null) => new WorkerStepper({ client: client(sys), plan, model: md.model, layout, session, clock: systemClock, log: silentLogger(), emulateSpeed: null, localOptimizers }),
-    async close() {
-      for (const s of systems.reverse()) await s.stop();
-      for (const t of transports) await t.close();
-    },
+    close: () => bus.close(),
   };
 }
 

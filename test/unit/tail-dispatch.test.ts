@@ -6,7 +6,7 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { ActorSystem, InProcessBroker, SeededRandom, SimulatedClock, connectTransport, silentLogger, systemClock, type Transport } from '../../runtime/mod.ts';
+import { InProcessBroker, SimulatedClock, connectTransport, silentLogger, systemClock } from '../../runtime/mod.ts';
 import { allWorkerNodes, inactiveSettings, parseConfig, tailDecision, TAIL_FASTER_BY } from '../../topology/mod.ts';
 import { modelAndData, startServerNode, startWorkerNode, type StartedWorker } from '../../actors/node/nodes.ts';
 import { memoryPlanStore } from '../../actors/store/plan-store.ts';
@@ -15,6 +15,7 @@ import { memoryBatchQueue, type BatchQueue } from '../../actors/store/batch-queu
 import { prepareJob } from '../../actors/scheduler/job.ts';
 import { publishTelemetry, subscribeTelemetry } from '../../actors/monitor/telemetry.ts';
 import { until } from '../support/until.ts';
+import { inProcessBus } from '../support/in-process.ts';
 import { TailGate } from '../../actors/worker/tail-gate.ts';
 
 test('tailDecision: a worker leaves the waiting batches to faster workers only when they take them all before it finished one', () => {
@@ -134,16 +135,8 @@ training: { mode: ${mode}, random_seed: 3, emulation_reference_step_ms: 40, tail
 async function runJob(mode: Mode, tail: boolean, whileFaster: (j: { worker: StartedWorker; acked: () => number }) => Promise<void>) {
   const config = parseConfig(configText(mode, tail), `tail-${mode}.yaml`);
   const md = modelAndData(config);
-  const broker = new InProcessBroker();
-  const transports: Transport[] = [];
-  const systems: ActorSystem[] = [];
-  const mk = async (name: string) => {
-    const t = await connectTransport({ servers: null, broker, name });
-    transports.push(t);
-    const s = new ActorSystem({ transport: t, job: config.job.name, node: name, clock: systemClock, random: new SeededRandom(1), logger: silentLogger() });
-    systems.push(s);
-    return s;
-  };
+  const bus = inProcessBus(config.job.name);
+  const mk = (name: string) => bus.system(name);
   const driver = await mk('driver');
   const queue = memoryBatchQueue({ clock: systemClock, ackWaitMs: 30_000 });
   const planStore = memoryPlanStore();
@@ -178,10 +171,7 @@ async function runJob(mode: Mode, tail: boolean, whileFaster: (j: { worker: Star
   } finally {
     clearInterval(fakes);
     unsubscribe();
-    for (const s of systems.slice(1).reverse()) await s.stop({ timeoutMs: 15_000 });
-    await queue.close();
-    await driver.stop();
-    for (const t of transports) await t.close();
+    await bus.close({ stop: { timeoutMs: 15_000 }, beforeFirst: () => queue.close() });
   }
 }
 

@@ -7,7 +7,7 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { ActorSystem, InProcessBroker, SeededRandom, connectTransport, silentLogger, systemClock, type Transport } from '../../runtime/mod.ts';
+import { type ActorSystem, silentLogger, systemClock } from '../../runtime/mod.ts';
 import { allWorkerNodes, parseConfig, type HetpsConfig } from '../../topology/mod.ts';
 import { modelAndData, startServerNode, startWorkerNode, type StartedWorker } from '../../actors/node/nodes.ts';
 import { memoryPlanStore } from '../../actors/store/plan-store.ts';
@@ -17,6 +17,7 @@ import { prepareJob } from '../../actors/scheduler/job.ts';
 import { subscribeTelemetry, type RegroupTelemetry } from '../../actors/monitor/telemetry.ts';
 import type { PauseReply, ResumeReply, WorkerStats } from '../../actors/worker/worker.messages.ts';
 import { until } from '../support/until.ts';
+import { inProcessBus } from '../support/in-process.ts';
 
 const WORKERS = ['w1', 'w2'];
 
@@ -91,16 +92,8 @@ interface Job {
 async function startJob(mode: Mode, opts: { pausedBeforeWorkers?: boolean } = {}): Promise<Job> {
   const config = parseConfig(configText(mode), `pause-${mode}.yaml`);
   const md = modelAndData(config);
-  const broker = new InProcessBroker();
-  const transports: Transport[] = [];
-  const systems: ActorSystem[] = [];
-  const mk = async (name: string) => {
-    const t = await connectTransport({ servers: null, broker, name });
-    transports.push(t);
-    const s = new ActorSystem({ transport: t, job: config.job.name, node: name, clock: systemClock, random: new SeededRandom(1), logger: silentLogger() });
-    systems.push(s);
-    return s;
-  };
+  const bus = inProcessBus(config.job.name);
+  const mk = (name: string) => bus.system(name);
   const driver = await mk('driver');
   const queue = countingQueue(memoryBatchQueue({ clock: systemClock, ackWaitMs: 30_000 }));
   const planStore = memoryPlanStore();
@@ -130,10 +123,7 @@ async function startJob(mode: Mode, opts: { pausedBeforeWorkers?: boolean } = {}
     config, total: prepared.info.total_batches, queue, jobStore, driver, workers, acks, ackedBy, regroups,
     async close() {
       unsubscribe();
-      for (const s of systems.slice(1).reverse()) await s.stop({ timeoutMs: 15_000 });
-      await queue.close();
-      await driver.stop();
-      for (const t of transports) await t.close();
+      await bus.close({ stop: { timeoutMs: 15_000 }, beforeFirst: () => queue.close() });
     },
   };
 }
