@@ -345,11 +345,13 @@ function assertFiniteGradient(grad: Float32Array, start: number, end: number, te
   });
 }
 
-function assertStep(name: string, step: number): void {
+/** Throws RangeError unless `step` is an integer ≥ 1 (steps are 1-based). */
+export function assertStep(name: string, step: number): void {
   if (!Number.isInteger(step) || step < 1) throw new RangeError(`${name} must be an integer ≥ 1 (1-based), got ${step}`);
 }
 
-function assertLrScale(lrScale: number): void {
+/** Throws RangeError unless `lrScale` is a finite number ≥ 0. */
+export function assertLrScale(lrScale: number): void {
   if (!(lrScale >= 0) || !Number.isFinite(lrScale)) throw new RangeError(`lrScale must be a finite number ≥ 0, got ${lrScale}`);
 }
 

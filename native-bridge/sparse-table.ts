@@ -16,7 +16,7 @@
  */
 import { InvalidTensorError } from '../runtime/errors.ts';
 import { hashString } from '../runtime/random.ts';
-import { firstNonFinite, type Optimizer } from './optimizers.ts';
+import { assertLrScale, assertStep, firstNonFinite, type Optimizer } from './optimizers.ts';
 
 /** Options of `SparseTable.applyGradients`. */
 export interface ApplyOptions {
@@ -282,8 +282,8 @@ export class SparseTable {
       throw new InvalidTensorError(`gradient for ${this.table} has ${Number.isNaN(g) ? 'NaN' : 'Infinity'} at id ${ids[k]! >>> 0} (entry ${k}), element ${bad % d}; nothing was updated`, { data: { tensor: this.table, index: k, id: ids[k]! >>> 0 } });
     }
     // The step and rate are checked before anything changes too (the optimizer checks them again).
-    if (!Number.isInteger(scheduleStep) || scheduleStep < 1) throw new RangeError(`scheduleStep must be an integer ≥ 1 (1-based), got ${scheduleStep}`);
-    if (!(lrScale >= 0) || !Number.isFinite(lrScale)) throw new RangeError(`lrScale must be a finite number ≥ 0, got ${lrScale}`);
+    assertStep('scheduleStep', scheduleStep);
+    assertLrScale(lrScale);
     // Find the distinct ids (first-seen order); `rowOf[k]` is entry k's compact row.
     const n = ids.length;
     const sc = this.scratchFor(n);

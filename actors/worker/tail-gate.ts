@@ -18,7 +18,7 @@
  * the rates.
  */
 import type { Clock, Logger, Transport } from '../../runtime/mod.ts';
-import { tailDecision, type TailDecision } from '../../topology/mod.ts';
+import { tailDecision } from '../../topology/mod.ts';
 import type { BatchQueue } from '../store/batch-queue.ts';
 import { subscribeTelemetry } from '../monitor/telemetry.ts';
 
@@ -116,18 +116,17 @@ export class TailGate {
     return ((last.samples - first.samples) * 1000) / span;
   }
 
-  /** What the rule says now, with the queue's undelivered count as given. */
-  decide(undelivered: number, now = this.o.clock.monotonic()): TailDecision {
+  /** Every worker's rate now, measured once for a decision: this worker's (0: unknown), the others', and their sum. */
+  private rates(now: number): { own: number; peers: number[]; total: number } {
     const measured = this.rate(this.o.node, now);
     if (measured !== null && measured > 0 && (this.ownRate === null || now - this.lastDeclinedAt > this.windowMs)) this.ownRate = measured;
-    const own = this.ownRate;
-    const peerRates: number[] = [];
+    const peers: number[] = [];
     for (const node of [...this.peers.keys()]) {
       if (node === this.o.node) continue;
       const r = this.rate(node, now);
-      if (r !== null) peerRates.push(r);
+      if (r !== null) peers.push(r);
     }
-    return tailDecision({ undelivered, ownRate: own ?? 0, peerRates });
+    return { own: this.ownRate ?? 0, peers, total: peers.reduce((a, b) => a + b, measured ?? 0) };
   }
 
   /**
@@ -137,12 +136,13 @@ export class TailGate {
    */
   async allows(): Promise<boolean> {
     const now = this.o.clock.monotonic();
-    const first = this.decide(Number.POSITIVE_INFINITY, now);
+    const r = this.rates(now);
+    const first = tailDecision({ undelivered: Number.POSITIVE_INFINITY, ownRate: r.own, peerRates: r.peers });
     if (first.faster === 0) return true;
     let undelivered: number;
-    if (this.asked !== null && (now - this.asked.at < this.askEveryMs || this.farFromTail(now, first.fasterCapacity))) {
+    if (this.asked !== null && (now - this.asked.at < this.askEveryMs || this.farFromTail(now, first.fasterCapacity, r.total))) {
       // The last count, less what the workers took since (as far as their rates tell).
-      undelivered = Math.max(1, Math.round(this.estimate(now) ?? this.asked.undelivered));
+      undelivered = Math.max(1, Math.round(this.estimate(now, r.total) ?? this.asked.undelivered));
     } else {
       try {
         undelivered = await this.o.queue.undelivered();
@@ -154,7 +154,7 @@ export class TailGate {
       this.asked = { at: now, undelivered };
     }
     if (undelivered === 0) return true;
-    const d = this.decide(undelivered, now);
+    const d = tailDecision({ undelivered, ownRate: r.own, peerRates: r.peers });
     if (d.take) return true;
     this.declined++;
     this.lastDeclinedAt = now;
@@ -174,9 +174,10 @@ export class TailGate {
    */
   mayDecline(): boolean {
     const now = this.o.clock.monotonic();
-    const d = this.decide(Number.POSITIVE_INFINITY, now);
+    const r = this.rates(now);
+    const d = tailDecision({ undelivered: Number.POSITIVE_INFINITY, ownRate: r.own, peerRates: r.peers });
     if (d.faster === 0) return false;
-    return !this.farFromTail(now, d.fasterCapacity);
+    return !this.farFromTail(now, d.fasterCapacity, r.total);
   }
 
   /**
@@ -185,20 +186,18 @@ export class TailGate {
    * worker's steps (and the count is at most FAR_ASK_MS old): the last count
    * may be used again.
    */
-  private farFromTail(now: number, capacity: number): boolean {
+  private farFromTail(now: number, capacity: number, total: number): boolean {
     const a = this.asked;
     if (a === null || now - a.at >= FAR_ASK_MS) return false;
-    const e = this.estimate(now);
+    const e = this.estimate(now, total);
     return e !== null && e > FAR * capacity;
   }
 
-  /** The last count less the batches every worker took since, by their rates; null while samples per batch are unknown. */
-  private estimate(now: number): number | null {
+  /** The last count less the batches every worker took since at `total` samples/s; null while samples per batch are unknown. */
+  private estimate(now: number, total: number): number | null {
     const a = this.asked;
     const perBatch = this.o.samplesPerBatch?.() ?? null;
     if (a === null || perBatch === null || !(perBatch > 0)) return null;
-    let total = 0;
-    for (const node of [...this.peers.keys()]) total += this.rate(node, now) ?? 0;
     return a.undelivered - ((now - a.at) / 1000) * (total / perBatch);
   }
 }
