@@ -44,6 +44,7 @@ import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
 import { earlierResults, gitCommit, natsServerVersion } from './chaos.ts';
+import { median } from './stats.ts';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
 const BIN = join(ROOT, 'bin', 'hetps.mjs');
@@ -92,12 +93,6 @@ function up(config: string, extra: string[], watch: RegExp | null = null): Promi
   });
 }
 
-const median = (xs: readonly number[]): number | null => {
-  if (xs.length === 0) return null;
-  const s = [...xs].sort((a, b) => a - b);
-  const m = Math.floor(s.length / 2);
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
-};
 const round = (x: number | null, d = 3) => (x === null ? null : +x.toFixed(d));
 
 async function main(): Promise<void> {

@@ -76,6 +76,7 @@ import {
   Cleanup, DEFAULT_RECOVERY_OPTIONS, JobWatch, cliHelpMatches, gitCommit, natsServerVersion, loadNetLab, nodePids, now, placementOf, recoveryDefinition, recoveryFromAcks,
   followOutput, removeDir, signalGroup, sleep, spawnTracked, type NetLab, type Recovery, type Tracked,
 } from './chaos.ts';
+import { median } from './stats.ts';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
 const BIN = join(ROOT, 'bin', 'hetps.mjs');
@@ -602,12 +603,6 @@ async function runOnce(spec: RunSpec): Promise<RunResult> {
 
 // ---------------------------------------------------------------- aggregation
 
-function median(xs: number[]): number | null {
-  if (xs.length === 0) return null;
-  const s = [...xs].sort((a, b) => a - b);
-  const m = Math.floor(s.length / 2);
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
-}
 
 const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
 

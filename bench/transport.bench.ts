@@ -29,10 +29,10 @@ import { connect, type NatsConnection } from '@nats-io/transport-node';
 import { startLocalCluster } from '../deploy/local-cluster.ts';
 import { ActorSystem, SeededRandom, connectTransport, systemClock, zbytes, type Transport } from '../runtime/mod.ts';
 import { alternateRounds, earlierResults, gitCommit, natsServerVersion } from './chaos.ts';
+import { median } from './stats.ts';
 
 const roundsArg = process.argv.indexOf('--rounds');
 const ROUNDS = roundsArg > 0 ? Number(process.argv[roundsArg + 1]) : 5;
-const median = (xs: number[]): number => { const a = [...xs].sort((x, y) => x - y); return a.length % 2 ? a[a.length >> 1]! : (a[a.length / 2 - 1]! + a[a.length / 2]!) / 2; };
 
 const MAX_PAYLOAD = 2 * 1024 * 1024;
 const ALL_SIZES = [64, 4 * 1024, 256 * 1024, 1024 * 1024, 8 * 1024 * 1024];
@@ -157,7 +157,7 @@ async function main(): Promise<void> {
     const rounds = async (n: number, raw: () => Promise<number>, ours: () => Promise<number>) => {
       const { rawSeconds, oursSeconds, paired } = await alternateRounds(ROUNDS, raw, ours);
       const rawRate = (n * ROUNDS) / rawSeconds; const oursRate = (n * ROUNDS) / oursSeconds;
-      return { raw: rawRate, ours: oursRate, ratio: median(paired), ratio_of_totals: oursRate / rawRate, rounds: paired.map((x) => +x.toFixed(3)) };
+      return { raw: rawRate, ours: oursRate, ratio: median(paired)!, ratio_of_totals: oursRate / rawRate, rounds: paired.map((x) => +x.toFixed(3)) };
     };
     for (const size of SIZES) {
       const n1 = Math.max(20, Math.floor(oneWayCount(size) / ROUNDS));
