@@ -391,11 +391,11 @@ export async function loadNetLab(_root: string): Promise<{ module: NetLabModule 
   return { module: { NetLab } };
 }
 
-/** The checkout's commit and whether tracked files differ from it (a result file records both). */
+/** The checkout's commit and whether tracked files other than bench/results differ from it (a result file records both; a benchmark that writes several results, or runs twice, must not mark its own second file dirty). */
 export function gitCommit(root: string): { commit: string | null; dirty: boolean | null } {
   const git = (args: string[]) => execFileSync('git', ['--no-optional-locks', ...args], { cwd: root, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
   try {
-    return { commit: git(['rev-parse', 'HEAD']), dirty: git(['status', '--porcelain', '--untracked-files=no']) !== '' };
+    return { commit: git(['rev-parse', 'HEAD']), dirty: git(['status', '--porcelain', '--untracked-files=no', '--', '.', ':(exclude)bench/results']) !== '' };
   } catch {
     return { commit: null, dirty: null };
   }
