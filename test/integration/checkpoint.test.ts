@@ -97,7 +97,8 @@ test('quick start with checkpoint.every_s 2: periodic, ctl.checkpoint and end-of
     assert.equal(rv.accepted, true);
 
     await until(() => acks.size >= 100, '100 acknowledged batches', 150_000, () => driver.stderr().slice(-3000));
-    const asked = await ctl(nc, 'checkpoint');
+    // No reply within the request's 60 s (seen once in a full-suite run): say what the driver was doing.
+    const asked = await ctl(nc, 'checkpoint').catch((e: Error) => { throw new Error(`ctl.checkpoint: ${e.message}; the driver's stderr ends:\n${driver.stderr().slice(-4000)}`); });
     assert.equal(asked.type, 'reply', JSON.stringify(asked));
     const mine = asked.result as Taken;
     assert.equal(mine.trigger, 'command');
