@@ -381,8 +381,8 @@ type WorkloadResult = Awaited<ReturnType<typeof runWorkload>>;
 
 // ---------------------------------------------------------------- goals
 
-function goals(r: WorkloadResult, w: Workload) {
-  const p = r.peers;
+/** The goals of one workload, from its peers' statistics. */
+function goals(p: WorkloadResult['peers'], w: Workload) {
   const present = (k: PeerKey) => p[k] !== undefined;
   const baselines = (['bsp_all', 'bsp_fast', 'asp'] as PeerKey[]).filter(present);
   const hpsPeers = (['hps_config', 'hps_auto'] as PeerKey[]).filter(present);
@@ -482,7 +482,7 @@ function rescore(file: string): void {
     const w = WORKLOADS.find((x) => x.key === k);
     if (w === undefined) throw new Error(`--rescore ${file}: workload "${k}" is not one of ${WORKLOADS.map((x) => x.key).join(', ')}`);
     for (const peer of Object.values(wl.peers)) peer.time_to_target_s = targetStat(peer.runs.map((r) => r.time_to_target_s), 2);
-    wl.goals = goals({ peers: wl.peers } as unknown as WorkloadResult, w);
+    wl.goals = goals(wl.peers as unknown as WorkloadResult['peers'], w);
     if (k === 'ctr') { out.goals = wl.goals; out.peers = wl.peers; }
     say(`${k}: ${JSON.stringify(wl.goals)}`);
   }
@@ -529,13 +529,13 @@ async function main(): Promise<void> {
     hps_over_bsp_fast: ratio(hpsRate, rate('bsp_fast')),
     hps_over_asp: ratio(hpsRate, rate('asp')),
     hps_over_ideal: ratio(hpsRate, NOMINAL_IDEAL),
-    goals: ctr ? goals(ctr, WORKLOADS[0]!) : null,
+    goals: ctr ? goals(ctr.peers, WORKLOADS[0]!) : null,
     peers: main.peers,
     workloads: Object.fromEntries(Object.entries(results).map(([k, r]) => [k, {
       what: WORKLOADS.find((w) => w.key === k)!.what,
       samples: WORKLOADS.find((w) => w.key === k)!.samples,
       target_loss: r.target, target_per_bsp_fast_run: r.targets,
-      goals: goals(r, WORKLOADS.find((w) => w.key === k)!),
+      goals: goals(r.peers, WORKLOADS.find((w) => w.key === k)!),
       lr_grid: { multipliers: LR_GRID, samples: r.gridSamples, criterion: 'lowest final_train_loss (the last 10 % of batches, each scored before its update; one epoch: a held-out estimate)', tried: r.grid },
       bytes_per_step: {
         dense_bytes: WORKLOADS.find((w) => w.key === k)!.denseBytes,
@@ -568,7 +568,7 @@ async function main(): Promise<void> {
       say(`${p.padEnd(11)} ${String(v.samples_per_s.median).padStart(6)} samples/s [${v.samples_per_s.min}–${v.samples_per_s.max}]  to target ${v.time_to_target_s.median} s [${v.time_to_target_s.min}–${v.time_to_target_s.max}]  `
         + `AUC ${v.final_auc.median} acc ${v.final_accuracy.median} loss ${v.final_loss.median}  lr ×${v.lr.mult}${v.lr.group_lr_scaling ? ` ${v.lr.group_lr_scaling}` : ''}`);
     }
-    say(JSON.stringify(goals(r, WORKLOADS.find((w) => w.key === k)!)));
+    say(JSON.stringify(out.workloads[k]!.goals));
   }
   say(`results: ${join(outDir, 'hetero.json')}`);
 }

@@ -603,7 +603,6 @@ async function runOnce(spec: RunSpec): Promise<RunResult> {
 
 // ---------------------------------------------------------------- aggregation
 
-
 const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
 
 function scenarioResult(s: Scenario, runs: RunResult[], aucFaultFree: number | null) {
