@@ -20,7 +20,7 @@
  * One checkpoint at a time: a request while one is being taken waits for it.
  * A pause already in force (ctl.pause) is used as it is and not lifted.
  */
-import { encode } from '../../runtime/mod.ts';
+import { HetpsError, encode } from '../../runtime/mod.ts';
 import type { Clock, Logger } from '../../runtime/mod.ts';
 import type { ShardPlan } from '../../topology/mod.ts';
 import type { ShardSnapshot } from '../shard/shard.messages.ts';
@@ -97,6 +97,8 @@ export interface CheckpointerOptions {
 export class Checkpointer {
   readonly taken: CheckpointTaken[] = [];
   private queue: Promise<unknown> = Promise.resolve();
+  /** The trigger of the checkpoint being taken, if one is. */
+  private running: CheckpointTrigger | null = null;
   /** The chain the next delta builds on: names from its full checkpoint on, and the row update counts as of the last; null: the next is full. */
   private chain: { names: string[]; steps: Map<string, RowSteps> } | null = null;
 
@@ -106,21 +108,52 @@ export class Checkpointer {
    * Takes one checkpoint (after any in progress). `at`: written at exactly
    * that directory (it must not exist; the API's `saveCheckpoint({ path })`):
    * always full, outside the root's chain, never pruned.
+   *
+   * `pauseWithinMs` (default `pauseTimeoutMs`) bounds everything before the
+   * workers are paused, from this call on: a checkpoint still being taken
+   * before it, the cut's moment, a regroup in progress and the pause itself.
+   * Past it the promise rejects saying what it waited for, and nothing is
+   * paused for it (ctl.checkpoint passes less than its callers' 60 s, so
+   * they get that answer rather than a timeout).
    */
-  take(trigger: CheckpointTrigger, at?: string): Promise<CheckpointTaken> {
-    const run = this.queue.catch(() => undefined).then(() => this.cut(trigger, at));
+  take(trigger: CheckpointTrigger, at?: string, o: { pauseWithinMs?: number } = {}): Promise<CheckpointTaken> {
+    const { clock } = this.o;
+    const within = o.pauseWithinMs ?? this.o.pauseTimeoutMs ?? 60_000;
+    const deadline = clock.monotonic() + within;
+    let started = false;
+    let gaveUp = false;
+    const run = this.queue.catch(() => undefined).then(async () => {
+      if (gaveUp) return null;
+      started = true;
+      this.running = trigger;
+      try {
+        return await this.cut(trigger, at, deadline);
+      } finally {
+        this.running = null;
+      }
+    });
     this.queue = run;
-    return run;
+    return new Promise<CheckpointTaken>((resolve, reject) => {
+      // Still behind another checkpoint at the deadline: this one gives up (once started, the cut keeps its own deadline).
+      const t = clock.setTimeout(() => {
+        if (started) return;
+        gaveUp = true;
+        reject(new HetpsError(`checkpoint (${trigger}): the ${this.running ?? 'previous'} checkpoint before it was still being taken after ${Math.round(within / 1000)} s; `
+          + 'nothing was paused for this one; try again (the driver\'s log says what that checkpoint waits for)'));
+      }, Math.max(1, within));
+      run.then((r) => { t.cancel(); if (r !== null) resolve(r); }, (e: unknown) => { t.cancel(); reject(e); });
+    });
   }
 
-  private async cut(trigger: CheckpointTrigger, at: string | undefined): Promise<CheckpointTaken> {
+  private async cut(trigger: CheckpointTrigger, at: string | undefined, deadline: number): Promise<CheckpointTaken> {
     const { clock, log, controller } = this.o;
     // Refused before the pause, not after it: the workers would stop for nothing.
     if (at !== undefined) await refuseExisting(at);
     // Training goes on meanwhile; a job paused already has no window in progress to wait for.
-    const moment = this.o.moment && !controller.jobInfo.paused ? await this.o.moment(this.o.momentCapMs ?? 5_000) : null;
+    const left = () => Math.max(0, deadline - clock.monotonic());
+    const moment = this.o.moment && !controller.jobInfo.paused ? await this.o.moment(Math.min(this.o.momentCapMs ?? 5_000, left() / 4)) : null;
     const t0 = clock.monotonic();
-    const paused = await controller.pauseUntilPaused(`checkpoint (${trigger})`, this.o.pauseTimeoutMs ?? 60_000);
+    const paused = await controller.pauseUntilPaused(`checkpoint (${trigger})`, left());
     let acked: string[];
     let plan: ShardPlan;
     let info: JobInfo;

@@ -495,12 +495,23 @@ export class RegroupController {
    * regroup in progress is let finish first). `already`: a pause was in
    * force before (the caller must not resume it). A pause taken here is the
    * caller's to lift with `resume`, soon (a checkpoint's cut): meanwhile
-   * ctl.pause, regroup and recover wait for it rather than find the job paused. Throws after `timeoutMs`
-   * naming the workers that did not pause, with the pause undone.
+   * ctl.pause, regroup and recover wait for it rather than find the job paused. `timeoutMs` bounds the
+   * whole wait, the regroup's included: past it, throws naming the regroup still in place or the
+   * workers that did not pause, with its pause undone.
    */
   async pauseUntilPaused(reason: string, timeoutMs: number): Promise<{ already: boolean; groups_version: number }> {
     const started = this.o.clock.monotonic();
-    while (this.inProgress !== null) await this.inProgress.catch(() => undefined);
+    while (this.inProgress !== null) {
+      const waited = this.o.clock.monotonic() - started;
+      if (waited >= timeoutMs) {
+        const v = this.info.groups_version;
+        const ready = this.ready.get(v) ?? new Set<string>();
+        const missing = this.live().filter((w) => !ready.has(w));
+        throw new HetpsError(`${reason}: groups v${v} were still being put in place after ${Math.round(timeoutMs / 1000)} s`
+          + `${missing.length > 0 ? ` (${missing.join(', ')} not paused for them yet)` : ''}; nothing was paused for it, training goes on (try again once the regroup is done, or look at those workers)`);
+      }
+      await Promise.race([this.inProgress.catch(() => undefined), this.changed(Math.min(250, timeoutMs - waited))]);
+    }
     const r = await this.pause(reason);
     if (!r.already) {
       let lift = () => {};

@@ -25,6 +25,13 @@ import { schedulerMessages, type JobStatus, type SchedulerMessages } from './sch
 import type { Checkpointer } from './checkpointer.ts';
 
 export const SCHEDULER_ACTOR_ID = 'main';
+/**
+ * The most a ctl.checkpoint cut waits for the workers to pause (a checkpoint
+ * ahead of it and a regroup in progress included) before it answers with an
+ * error naming what it waited for: under the 60 s that `hetps` and the
+ * examples' NATS clients wait for a reply, so they hear why.
+ */
+export const COMMAND_PAUSE_WITHIN_MS = 40_000;
 
 export interface AttachedJob {
   info: () => JobInfo;
@@ -179,7 +186,8 @@ export function createSchedulerActor(o: SchedulerActorOptions): SchedulerActorDe
         // After training the job's state no longer changes: its end-of-job checkpoint (checkpoint.at_end) holds it.
         if (ended !== null) throw new HetpsError(`checkpoint: the job has ended (it is ${ended}); its end-of-job checkpoint (checkpoint.at_end) holds the final state`);
         if (k === undefined) throw new HetpsError('checkpoint: this job takes no checkpoints');
-        const r = await k.take(m.trigger, m.path);
+        // A plain NATS client and `hetps` wait 60 s for the reply: a command's cut gives up on the pause well before that, saying why.
+        const r = await k.take(m.trigger, m.path, m.trigger === 'command' ? { pauseWithinMs: COMMAND_PAUSE_WITHIN_MS } : {});
         event(c, 'checkpoint', `checkpoint ${r.name}: ${r.files} shard files, ${r.bytes} bytes, ${r.batches_done} batches done; paused ${r.pause_ms} ms`, m.from);
         return { ...r };
       },

@@ -16,6 +16,10 @@ import { createSchedulerActor } from '../../actors/scheduler/scheduler.actor.ts'
 import type { ShardPlan } from '../../topology/mod.ts';
 import { publishTelemetry } from '../../actors/monitor/telemetry.ts';
 import { until } from '../support/until.ts';
+import { Checkpointer } from '../../actors/scheduler/checkpointer.ts';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 
 const JOB = 'rg';
 const g = (name: string, nodes: string[], sync_mode: 'sync' | 'async', sync_steps: number | null = null) =>
@@ -330,5 +334,59 @@ test('a checkpoint\'s cut (pauseUntilPaused) is not a pause of the operator: rec
     assert.equal(ctl.jobInfo.paused, true);
   } finally {
     await close();
+  }
+});
+
+test('a cut sent while a recover is still re-forming the groups gives up within its timeout, naming the worker not paused; nothing is paused for it', async () => {
+  const { ctl, ready, close } = await followingVerdicts(info);
+  try {
+    const r = await ctl.recover('partition healed');
+    assert.equal(r.groups_version, 1);
+    ready(1, ['w1', 'w2', 'w3']); // w4 is still in its window
+    const t0 = performance.now();
+    await assert.rejects(ctl.pauseUntilPaused('checkpoint (command)', 400),
+      /checkpoint \(command\): groups v1 were still being put in place after 0 s \(w4 not paused for them yet\); nothing was paused for it/);
+    const waited = performance.now() - t0;
+    assert.ok(waited >= 380 && waited < 3_000, `gave up at its timeout, not when the re-form ended (${waited.toFixed(0)} ms)`);
+    assert.deepEqual([ctl.jobInfo.groups_version, ctl.jobInfo.paused, ctl.state], [1, false, 'regrouping'], 'no pause of its own written');
+    // Once w4 pauses, the re-form completes and a cut goes through.
+    ready(1, ['w4']);
+    await until(async () => ctl.records.length === 1, 'the recover re-form done');
+    const cut = ctl.pauseUntilPaused('checkpoint (command)', 5_000);
+    await until(async () => ctl.jobInfo.groups_version === 2, 'the cut\'s pause written');
+    ready(2, info.workers);
+    assert.equal((await cut).already, false);
+    await ctl.resume();
+  } finally {
+    await close();
+  }
+});
+
+test('checkpoints: a command behind a checkpoint stuck in its pause answers by its own deadline and is not taken later; the stuck one names the worker', async () => {
+  const { ctl, ready, close } = await followingVerdicts(info);
+  const root = await mkdtemp(join(tmpdir(), 'hetps-ck-'));
+  const froze: string[] = [];
+  const k = new Checkpointer({
+    root, keep: 10, job: JOB, model: null, controller: ctl, plan: () => ({ version: 1, shards: ['s0'] }) as unknown as ShardPlan,
+    frozen: { freeze: async (s) => { froze.push(s); }, take: () => Promise.reject(new Error('not reached')) },
+    acked: () => [], totalBatches: 10, clock: systemClock, log: silentLogger(), pauseTimeoutMs: 800,
+  });
+  try {
+    const periodic = k.take('periodic');
+    const periodicFailed = assert.rejects(periodic, /checkpoint \(periodic\): w4 did not pause within 1 s; training goes on/);
+    await until(async () => ctl.jobInfo.groups_version === 1, 'the periodic cut\'s pause written');
+    ready(1, ['w1', 'w2', 'w3']);
+    const t0 = performance.now();
+    await assert.rejects(k.take('command', undefined, { pauseWithinMs: 300 }),
+      /checkpoint \(command\): the periodic checkpoint before it was still being taken after 0 s; nothing was paused for this one; try again/);
+    const waited = performance.now() - t0;
+    assert.ok(waited >= 280 && waited < 700, `answered by its own deadline, before the periodic one's (${waited.toFixed(0)} ms)`);
+    await periodicFailed;
+    assert.deepEqual([ctl.jobInfo.paused, froze], [false, []], 'the periodic cut undid its pause; no shard was frozen');
+    await new Promise((r) => setTimeout(r, 200));
+    assert.deepEqual([ctl.jobInfo.groups_version, ctl.jobInfo.paused], [1, false], 'the command that gave up did not pause the job afterwards');
+  } finally {
+    await close();
+    await rm(root, { recursive: true, force: true });
   }
 });
