@@ -505,8 +505,7 @@ export class RegroupController {
       const waited = this.o.clock.monotonic() - started;
       if (waited >= timeoutMs) {
         const v = this.info.groups_version;
-        const ready = this.ready.get(v) ?? new Set<string>();
-        const missing = this.live().filter((w) => !ready.has(w));
+        const missing = this.notPaused();
         throw new HetpsError(`${reason}: groups v${v} were still being put in place after ${Math.round(timeoutMs / 1000)} s`
           + `${missing.length > 0 ? ` (${missing.join(', ')} not paused for them yet)` : ''}; nothing was paused for it, training goes on (try again once the regroup is done, or look at those workers)`);
       }
@@ -523,13 +522,18 @@ export class RegroupController {
       if (this.pausedAt === null) throw new HetpsError(`${reason}: the pause was lifted (ctl.resume) before every worker paused`);
       const waited = this.o.clock.monotonic() - started;
       if (waited >= timeoutMs) {
-        const ready = this.ready.get(this.info.groups_version) ?? new Set<string>();
-        const missing = this.live().filter((w) => !ready.has(w));
+        const missing = this.notPaused();
         if (!r.already) await this.resume().catch(() => undefined);
         throw new HetpsError(`${reason}: ${missing.join(', ')} did not pause within ${Math.round(timeoutMs / 1000)} s; training goes on (try again, or look at those workers)`);
       }
       await this.changed(Math.min(250, timeoutMs - waited));
     }
+  }
+
+  /** Live workers not paused yet for the current groups version. */
+  private notPaused(): string[] {
+    const ready = this.ready.get(this.info.groups_version) ?? new Set<string>();
+    return this.live().filter((w) => !ready.has(w));
   }
 
   /** Until the pause of a checkpoint's cut (if one is in force) is lifted. */
