@@ -151,3 +151,59 @@ export function measureFp16EncodeMbPerS(options: Fp16MeasureOptions = {}): numbe
 export function measureFp16DecodeMbPerS(options: Fp16MeasureOptions = {}): number {
   return measure('decode', options);
 }
+
+// ---------------------------------------------------------------- gradient compression (communication.compression: fp16)
+
+/**
+ * A gradient on the wire as scaled halves: element i is
+ * `decodeFp16(f16)[i] · 2^-exp`. The power-of-two scale puts the tensor's
+ * largest magnitude in [2^14, 2^15), so nothing overflows (fp16 ends at
+ * 65504) and small gradients keep fp16's 11 bits instead of falling into its
+ * subnormals or to zero; scaling by a power of two is exact both ways.
+ */
+export interface Fp16Gradient { f16: Uint16Array<ArrayBuffer>; exp: number }
+
+/** Tensors shorter than this stay float32: the bytes saved would not pay for the work (biases, small blocks). */
+export const FP16_MIN_ELEMENTS = 64;
+
+/** |exp| this large or larger is never a scale compressGradient makes (float32 spans 2^-149 … 2^128). */
+export const FP16_MAX_EXP = 200;
+
+/**
+ * A gradient for the wire: scaled halves (`Fp16Gradient`, half the bytes),
+ * or `src` itself when it is shorter than FP16_MIN_ELEMENTS, holds a NaN or
+ * an infinity (sent as it is, so the receiver's check names the bad
+ * element), or is all zeros. Relative error per element ≤ 2^-11 of the
+ * tensor's largest magnitude's binade; elements under 2^-39 of the largest
+ * become 0.
+ */
+export function compressGradient(src: Float32Array<ArrayBuffer>): Float32Array<ArrayBuffer> | Fp16Gradient {
+  const n = src.length;
+  if (n < FP16_MIN_ELEMENTS) return src;
+  let max = 0;
+  for (let i = 0; i < n; i++) {
+    const a = Math.abs(src[i]!);
+    if (!(a <= max)) {
+      if (!Number.isFinite(a)) return src; // NaN (the comparison fails) or ±inf
+      max = a;
+    }
+  }
+  if (max === 0) return src;
+  // max in [2^k, 2^(k+1)) → max·2^(14−k) in [2^14, 2^15).
+  const exp = 14 - Math.floor(Math.log2(max));
+  const scale = 2 ** exp;
+  const scaled = new Float32Array(n);
+  for (let i = 0; i < n; i++) scaled[i] = src[i]! * scale;
+  return { f16: encodeFp16(scaled) as Uint16Array<ArrayBuffer>, exp };
+}
+
+/** The float32 values of a compressed gradient (exact: every half times a power of two is a float32, bar float32 underflow). */
+export function decompressGradient(g: Fp16Gradient): Float32Array<ArrayBuffer> {
+  if (!Number.isInteger(g.exp) || Math.abs(g.exp) >= FP16_MAX_EXP) {
+    throw new InvalidTensorError(`fp16 gradient: exp must be an integer with |exp| < ${FP16_MAX_EXP}, got ${g.exp}`, { data: { tensor: 'exp' } });
+  }
+  const out = decodeFp16(g.f16) as Float32Array<ArrayBuffer>;
+  const unscale = 2 ** -g.exp;
+  if (g.exp !== 0) for (let i = 0; i < out.length; i++) out[i] = out[i]! * unscale;
+  return out;
+}

@@ -634,8 +634,9 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   { path: 'training.tail_dispatch', when: (c) => c.training.mode === 'bsp' && c.training.tail_dispatch, instead: 'in bsp every worker takes part in every round, so there is no tail to dispatch' },
   { path: 'training.max_staleness', when: (c) => c.training.mode === 'asp', instead: 'in asp stale gradients are applied as they come; staleness is only measured (training.mode hps enforces it)' },
   { path: 'communication.backend', when: (c) => c.communication.backend === 'nccl' || c.communication.backend === 'gloo', instead: 'every tensor goes over NATS' },
-  { path: 'communication.compression', when: (c) => c.communication.compression !== 'none', instead: 'gradients are sent uncompressed' },
-  { path: 'communication.compression_threshold', when: () => true, instead: 'gradients are sent uncompressed' },
+  // fp16 is built (pushes and group slices as scaled halves); adaptive, which would switch by link utilisation, is not.
+  { path: 'communication.compression', when: (c) => c.communication.compression === 'adaptive', instead: 'gradients are sent uncompressed (compression: fp16 compresses every gradient)' },
+  { path: 'communication.compression_threshold', when: () => true, instead: 'adaptive compression is not built: gradients are sent uncompressed unless compression is fp16' },
   { path: 'fault_tolerance.worker_recovery_timeout', when: (c) => c.training.mode !== 'hps', instead: 'only hps groups wait for a silent member; a dead worker\'s batch comes back after fault_tolerance.ack_wait_ms' },
   { path: 'load_balancing.enabled', when: (c) => c.load_balancing.enabled, instead: 'shards stay where the initial plan put them' },
   { path: 'load_balancing.imbalance_threshold', when: () => true, instead: 'shards stay where the initial plan put them' },

@@ -29,13 +29,15 @@
  * others `own` for that window instead of sending slices (see `own`).
  */
 import { z } from 'zod';
-import { zf32, zi32 } from '../../runtime/mod.ts';
+import { zi32 } from '../../runtime/mod.ts';
+import { zGradient } from '../shard/shard.messages.ts';
 
+/** Gradients: float32, or compressed (communication.compression: fp16), decoded on arrival. */
 const tensors = {
   /** Σ samples·gradient of each dense block of the receiver's shards. */
-  dense: z.array(z.object({ block: z.number().int().nonnegative(), grad: zf32() })),
+  dense: z.array(z.object({ block: z.number().int().nonnegative(), grad: zGradient() })),
   /** Σ samples·gradient of each row of the receiver's shards the sender touched. */
-  sparse: z.array(z.object({ table: z.string().min(1), ids: zi32(), grads: zf32() })),
+  sparse: z.array(z.object({ table: z.string().min(1), ids: zi32(), grads: zGradient() })),
 };
 
 const header = {
@@ -101,5 +103,7 @@ export const groupSyncMessages = {
 };
 export type GroupSyncMessages = typeof groupSyncMessages;
 export type SliceMessage = z.output<typeof groupSyncMessages.slice>;
+/** A slice as sent: its gradients may be compressed. */
+export type SliceWire = z.input<typeof groupSyncMessages.slice>;
 export type PushedMessage = z.output<typeof groupSyncMessages.pushed>;
 export type SlicePart = SliceMessage['parts'][number];

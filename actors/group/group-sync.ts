@@ -58,10 +58,10 @@ import {
 } from '../../runtime/mod.ts';
 import { groupLrMultiplier, splitIdsByShard, type GroupLrRule, type ShardPlan, type WorkerGroupConfig } from '../../topology/mod.ts';
 import type { Batch } from '../../native-bridge/mod.ts';
-import type { PushRequest } from '../shard/shard.messages.ts';
+import { wireTensorBytes, type GradientTensors, type PushRequest } from '../shard/shard.messages.ts';
 import { StopRequestedError } from '../worker/shard-client.ts';
 import { maxPushStaleness, type ComputedStep, type PreparedStep, type PushResult, type WorkerStepper } from '../worker/step.ts';
-import { groupSyncMessages, type GroupSyncMessages, type PushedMessage, type SliceMessage } from './group-sync.messages.ts';
+import { groupSyncMessages, type GroupSyncMessages, type PushedMessage, type SliceMessage, type SliceWire } from './group-sync.messages.ts';
 import { groupEvents } from './group.events.ts';
 import { createGroupActor, groupStateOf, type GroupActor, type GroupState } from './group.machine.ts';
 import { syncPolicyFromConfig, type SyncPolicy } from './sync-policy.ts';
@@ -151,10 +151,7 @@ class RowSums {
 }
 
 /** Gradient tensors of some shards, as pushes and slices carry them. */
-export interface ShardTensors {
-  dense: { block: number; grad: Float32Array<ArrayBuffer> }[];
-  sparse: { table: string; ids: Int32Array<ArrayBuffer>; grads: Float32Array<ArrayBuffer> }[];
-}
+export type ShardTensors = GradientTensors;
 
 /**
  * Dense blocks and sparse rows summed in float64, cut by shard. Holds one
@@ -838,10 +835,12 @@ export class GroupMember {
     await Promise.all(owners.map(async (to) => {
       const msg = this.slice(w, owners, to, steps, idle, drained);
       if (to === this.o.member) { this.inbox.addSlice(msg); return; }
+      // Compressed for the wire (communication.compression); the receiver's schema decodes it to float32.
+      const parts = msg.parts.map((p) => ({ weight: p.weight, ...this.o.stepper.wireTensors(p) }));
       let bytes = 0;
-      for (const p of msg.parts) bytes += tensorBytes(p);
+      for (const p of parts) bytes += wireTensorBytes(p);
       await this.o.stepper.link.transfer(bytes);
-      await this.send(to, 'slice', msg);
+      await this.send(to, 'slice', { ...msg, parts });
     }));
   }
 
@@ -996,7 +995,7 @@ export class GroupMember {
   }
 
   /** A slice, pushed or own message, re-sent (same seq: applied once) until the member's mailbox takes it, or the member is dropped or dead. */
-  private async send(to: string, type: 'slice' | 'pushed' | 'own', fields: SliceMessage | PushedMessage | { run_id: string; window: number; member: string }, giveUpAfterMs: number | null = null): Promise<void> {
+  private async send(to: string, type: 'slice' | 'pushed' | 'own', fields: SliceWire | PushedMessage | { run_id: string; window: number; member: string }, giveUpAfterMs: number | null = null): Promise<void> {
     const seq = this.o.system.nextSeq();
     const started = this.clock.monotonic();
     let lastNote = started;
@@ -1130,9 +1129,4 @@ const SEND_ATTEMPT_MS = 2_000;
 /** How long an `own` notice is offered to a peer that does not take it (it went on alone, paused or re-formed). */
 const OWN_NOTICE_MS = 30_000;
 
-function tensorBytes(t: ShardTensors): number {
-  let n = 0;
-  for (const d of t.dense) n += d.grad.byteLength;
-  for (const s of t.sparse) n += s.ids.byteLength + s.grads.byteLength;
-  return n;
-}
+

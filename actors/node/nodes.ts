@@ -73,6 +73,15 @@ export function groupLrRuleFromConfig(config: HetpsConfig): GroupLrRule | null {
     : null;
 }
 
+/**
+ * communication.compression: `fp16` sends gradients (pushes, group slices)
+ * as scaled halves; `none`, and `adaptive` (not built yet: it would compress
+ * by link utilisation), send float32.
+ */
+export function gradientCompressionFromConfig(config: HetpsConfig): 'fp16' | null {
+  return config.communication.compression === 'fp16' ? 'fp16' : null;
+}
+
 /** hps with training.local_updates: the optimizers a member applies to its own copy between a window's steps (actors/worker/local-updates.ts); null otherwise. */
 export function localOptimizersFromConfig(config: HetpsConfig): LocalOptimizers | null {
   if (config.training.mode !== 'hps' || !config.training.local_updates) return null;
@@ -211,6 +220,7 @@ export async function startWorkerNode(o: {
     groupSync,
     groupLr: groupLrRuleFromConfig(config),
     localOptimizers: localOptimizersFromConfig(config),
+    compression: gradientCompressionFromConfig(config),
     tailDispatch: config.training.mode !== 'bsp' && config.training.tail_dispatch,
     planStore: o.planStore,
     health: o.health ?? null,

@@ -21,12 +21,51 @@
  * StaleUpdateError.
  */
 import { z } from 'zod';
-import { zf32, zi32 } from '../../runtime/mod.ts';
-import type { SparseTableSnapshot } from '../../native-bridge/mod.ts';
+import { zf32, zi32, zu16 } from '../../runtime/mod.ts';
+import { compressGradient, decompressGradient, FP16_MAX_EXP, type SparseTableSnapshot } from '../../native-bridge/mod.ts';
+
+/**
+ * A gradient tensor: float32, or scaled halves `{ f16, exp }` when the
+ * sender compresses (communication.compression: fp16;
+ * native-bridge/fp16.ts). Decoded to float32 on arrival, so every receiver
+ * (shard, backup, group member) sees float32 whatever the sender chose.
+ */
+export const zGradient = () => z.union([
+  zf32(),
+  z.strictObject({ f16: zu16(), exp: z.number().int().gt(-FP16_MAX_EXP).lt(FP16_MAX_EXP) }),
+], { error: `must be a Float32Array, or a compressed gradient { f16: Uint16Array, exp: an integer with |exp| < ${FP16_MAX_EXP} } and nothing else` }).transform((g): Float32Array<ArrayBuffer> => (g instanceof Float32Array ? g as Float32Array<ArrayBuffer> : decompressGradient(g as { f16: Uint16Array<ArrayBuffer>; exp: number })));
 
 const sparseIds = z.object({ table: z.string().min(1), ids: zi32() });
-const sparseGrads = z.object({ table: z.string().min(1), ids: zi32(), grads: zf32() });
-const denseGrad = z.object({ block: z.number().int().nonnegative(), grad: zf32() });
+const sparseGrads = z.object({ table: z.string().min(1), ids: zi32(), grads: zGradient() });
+const denseGrad = z.object({ block: z.number().int().nonnegative(), grad: zGradient() });
+
+/** Gradient tensors as pushes and group slices carry them, before compression. */
+export interface GradientTensors {
+  dense: { block: number; grad: Float32Array<ArrayBuffer> }[];
+  sparse: { table: string; ids: Int32Array<ArrayBuffer>; grads: Float32Array<ArrayBuffer> }[];
+}
+/** The same on the wire: each gradient float32 or compressed. */
+export interface WireGradientTensors {
+  dense: { block: number; grad: z.input<ReturnType<typeof zGradient>> }[];
+  sparse: { table: string; ids: Int32Array<ArrayBuffer>; grads: z.input<ReturnType<typeof zGradient>> }[];
+}
+
+/** `t` with every gradient compressed where compressGradient finds it worth it (communication.compression: fp16). */
+export function compressTensors(t: GradientTensors): WireGradientTensors {
+  return {
+    dense: t.dense.map((d) => ({ block: d.block, grad: compressGradient(d.grad) })),
+    sparse: t.sparse.map((s) => ({ table: s.table, ids: s.ids, grads: compressGradient(s.grads) })),
+  };
+}
+
+/** Bytes of the tensors' payload as sent (ids and gradients; halves count 2 bytes). */
+export function wireTensorBytes(t: WireGradientTensors): number {
+  const size = (g: WireGradientTensors['dense'][number]['grad']) => (g instanceof Float32Array ? g.byteLength : (g as { f16: Uint16Array }).f16.byteLength);
+  let n = 0;
+  for (const d of t.dense) n += size(d.grad);
+  for (const s of t.sparse) n += s.ids.byteLength + size(s.grads);
+  return n;
+}
 
 export const shardMessages = {
   /**
@@ -203,6 +242,13 @@ export interface IntegrityReply {
 }
 export type PullRequest = z.output<typeof shardMessages.pull>;
 export type PushRequest = z.output<typeof shardMessages.push>;
+/** A push as sent: gradients may be compressed (decoded to `PushRequest` on arrival). */
+export type PushWire = z.input<typeof shardMessages.push>;
+
+/** `req` with its gradients (and its later steps') compressed (communication.compression: fp16). */
+export function compressPush(req: PushRequest): PushWire {
+  return { ...req, ...compressTensors(req), later_steps: req.later_steps.map((l) => compressTensors(l)) };
+}
 
 export interface PullReply {
   version: number;

@@ -16,7 +16,7 @@
  * Time comes from the injected clock, so both are tested with a simulated one.
  */
 import type { Clock, Logger } from '../../runtime/mod.ts';
-import type { PullReply, PullRequest, PushRequest } from '../shard/shard.messages.ts';
+import { wireTensorBytes, type PullReply, type PullRequest, type PushWire } from '../shard/shard.messages.ts';
 
 export interface StepTiming {
   /** Real compute time of the step (what the CPU did). */
@@ -96,11 +96,14 @@ export class EmulatedLink {
   get totalDelayMs(): number { return this.delayedMs; }
 }
 
-/** Tensor bytes of a push (ids and gradients); headers are small next to them. */
-export function pushBytes(req: Pick<PushRequest, 'dense' | 'sparse'>): number {
-  let n = 0;
-  for (const d of req.dense) n += d.grad.byteLength;
-  for (const s of req.sparse) n += s.ids.byteLength + s.grads.byteLength;
+/**
+ * Tensor bytes of a push as sent (ids and gradients, compressed ones at 2
+ * bytes an element), its later steps included (a group window's push carries
+ * one step per step index); headers are small next to them.
+ */
+export function pushBytes(req: Pick<PushWire, 'dense' | 'sparse' | 'later_steps'>): number {
+  let n = wireTensorBytes(req);
+  for (const l of req.later_steps ?? []) n += wireTensorBytes(l);
   return n;
 }
 

@@ -15,7 +15,7 @@ import {
   HetpsError, TimeoutError, isRetryable, type ActorRef, type ActorSystem, type Logger,
 } from '../../runtime/mod.ts';
 import type { ShardPlan } from '../../topology/mod.ts';
-import type { PullReply, PullRequest, PushReply, PushRequest, RestoreReply, ShardSnapshot, ShardStats } from '../shard/shard.messages.ts';
+import type { PullReply, PullRequest, PushReply, PushRequest, PushWire, RestoreReply, ShardSnapshot, ShardStats } from '../shard/shard.messages.ts';
 import { primaryReplicaId } from '../shard/replica.ts';
 import { PlanView } from '../store/plan-view.ts';
 
@@ -126,7 +126,7 @@ export class ShardClient {
   }
 
   /** One logical push: every attempt carries the same seq. */
-  async push(shard: string, req: PushRequest): Promise<PushReply> {
+  async push(shard: string, req: PushWire): Promise<PushReply> {
     const seq = this.system.nextSeq();
     const started = this.system.clock.monotonic();
     for (let attempt = 0; ; attempt++) {

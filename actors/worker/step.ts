@@ -20,7 +20,7 @@ import {
 } from '../../native-bridge/mod.ts';
 import type { BatchDescriptor } from '../store/batch-queue.ts';
 import { EMB_TABLE, WIDE_TABLE, type SparseLayout } from '../node/config-bridge.ts';
-import type { PullReply, PullRequest, PushReply, PushRequest } from '../shard/shard.messages.ts';
+import { compressPush, compressTensors, type GradientTensors, type PullReply, type PullRequest, type PushReply, type PushRequest, type WireGradientTensors } from '../shard/shard.messages.ts';
 import { StaleUpdateError } from '../shard/shard.errors.ts';
 import { ComputePacer, EmulatedLink, pullBytes, pushBytes } from './emulation.ts';
 import { allocateDense, assemblePull, planExchange, pullRequest, pushRequest, type ShardExchange } from './param-exchange.ts';
@@ -110,6 +110,12 @@ export interface WorkerStepperOptions {
    * window's steps all compute from the parameters pulled at its start.
    */
   localOptimizers?: LocalOptimizers | null;
+  /**
+   * communication.compression: `fp16` sends every gradient (pushes and group
+   * slices) as scaled halves (native-bridge/fp16.ts, compressGradient);
+   * null or absent: float32.
+   */
+  compression?: 'fp16' | null;
 }
 
 export class WorkerStepper {
@@ -242,6 +248,11 @@ export class WorkerStepper {
     };
   }
 
+  /** Gradient tensors as this worker sends them (group slices): compressed with communication.compression fp16. */
+  wireTensors(t: GradientTensors): WireGradientTensors {
+    return this.o.compression === 'fp16' ? compressTensors(t) : t;
+  }
+
   /** A pull through the emulated link. */
   async pull(shard: string, req: PullRequest, expected: number | null = null): Promise<PullReply> {
     const reply = await this.o.client.pull(shard, req, expected);
@@ -251,9 +262,10 @@ export class WorkerStepper {
 
   /** A push through the emulated link; a push the shard refuses as too stale (hps) is reported, not thrown. */
   async push(shard: string, req: PushRequest): Promise<PushResult> {
-    await this.link.transfer(pushBytes(req));
+    const wire = this.o.compression === 'fp16' ? compressPush(req) : req;
+    await this.link.transfer(pushBytes(wire));
     try {
-      return { refused: false, reply: await this.o.client.push(shard, req) };
+      return { refused: false, reply: await this.o.client.push(shard, wire) };
     } catch (e) {
       if (e instanceof StaleUpdateError) {
         this.o.log.debug({ shard, staleness: e.data?.staleness ?? null }, 'push refused as too stale: its gradient is dropped');

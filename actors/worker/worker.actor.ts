@@ -67,6 +67,8 @@ export interface WorkerActorOptions {
   groupLr?: GroupLrRule | null;
   /** hps: training.local_updates' optimizers (local-updates.ts); null or absent: none. */
   localOptimizers?: LocalOptimizers | null;
+  /** communication.compression fp16: gradients go out as scaled halves; null or absent: float32. */
+  compression?: 'fp16' | null;
   /** Per request attempt to a shard. Default 10 s. */
   requestTimeoutMs?: number;
   /** How long a bsp worker looks for a batch before it contributes an empty one. Default 1.5 s. */
@@ -130,6 +132,7 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
       client, plan: o.plan, model: o.model, layout: o.layout, session: session!, clock, log, node: o.node,
       emulateSpeed: o.emulateSpeed, referenceStepMs: o.referenceStepMs, bandwidthMbps: o.bandwidthMbps ?? null,
       localOptimizers: groupSync !== null ? o.localOptimizers ?? null : null,
+      compression: o.compression ?? null,
     });
     if (o.emulateSpeed !== null) {
       log.info({ emulated_speed: o.emulateSpeed, emulated_step_ms: stepper.pacer.targetStepMs },

@@ -36,7 +36,7 @@ const EVERYTHING = (mode: string) => `${CLUSTER}training:
   sync_initial_params: false
   eval_every: 10
   group_lr_scaling: sqrt
-${mode === 'bsp' ? '' : '  max_staleness: 4\n  staleness_tolerance: 2\n'}communication: { backend: nccl, compression: fp16, compression_threshold: 0.3 }
+${mode === 'bsp' ? '' : '  max_staleness: 4\n  staleness_tolerance: 2\n'}communication: { backend: nccl, compression: adaptive, compression_threshold: 0.3 }
 fault_tolerance:
   worker_recovery_timeout: 5
   server_recovery_timeout: 5
@@ -91,6 +91,12 @@ describe('inactiveSettings', () => {
       const listed = inactiveSettings(parseConfig(EVERYTHING(mode), FILE)).map(pathOf);
       assert.ok(!listed.some((p) => p === 'fault_tolerance.heartbeat_ms' || p === 'fault_tolerance.dead_after_ms'), `listed in ${mode}: ${listed.join(', ')}`);
     }
+  });
+
+  test('compression fp16 is active (pushes and slices as halves): not listed; adaptive is', () => {
+    const at = (c: string) => inactiveSettings(parseConfig(`${CLUSTER}communication: { compression: ${c} }\n`, FILE)).map(pathOf);
+    assert.deepEqual(at('fp16'), []);
+    assert.deepEqual(at('adaptive'), ['communication.compression']);
   });
 
   test('values that ask for nothing are not listed', () => {

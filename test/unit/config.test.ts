@@ -537,8 +537,8 @@ describe('inactiveSettings', () => {
   test('lists the article settings no code acts on yet', () => {
     const c = parse(ARTICLE + MODEL_AND_DATA);
     assert.deepEqual(inactiveSettings(c), [
-      'communication.compression=adaptive (not active yet: gradients are sent uncompressed)',
-      'communication.compression_threshold=0.5 (not active yet: gradients are sent uncompressed)',
+      'communication.compression=adaptive (not active yet: gradients are sent uncompressed (compression: fp16 compresses every gradient))',
+      'communication.compression_threshold=0.5 (not active yet: adaptive compression is not built: gradients are sent uncompressed unless compression is fp16)',
     ]);
   });
 

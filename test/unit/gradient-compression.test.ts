@@ -1,0 +1,175 @@
+/**
+ * communication.compression fp16: gradients leave a worker as scaled halves
+ * (pushes and group slices) and arrive as float32 at every receiver.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { ActorSystem, InProcessBroker, SeededRandom, connectTransport, decodeEnvelope, encodeEnvelope, silentLogger, systemClock, ValidationError, type Transport } from '../../runtime/mod.ts';
+import { parseConfig } from '../../topology/mod.ts';
+import { StepSession, compressGradient, decompressGradient, streamOptions, FP16_MIN_ELEMENTS, type Fp16Gradient } from '../../native-bridge/mod.ts';
+import { shardPlanFromConfig, sparseLayoutFromConfig } from '../../actors/node/config-bridge.ts';
+import { gradientCompressionFromConfig, modelAndData, startServerNode } from '../../actors/node/nodes.ts';
+import { memoryPlanStore } from '../../actors/store/plan-store.ts';
+import { ShardClient } from '../../actors/worker/shard-client.ts';
+import { WorkerStepper } from '../../actors/worker/step.ts';
+import { pushBytes } from '../../actors/worker/emulation.ts';
+import { compressPush, shardMessages, type PushRequest } from '../../actors/shard/shard.messages.ts';
+import { groupSyncMessages } from '../../actors/group/group-sync.messages.ts';
+
+/** Deterministic gradient-like values over many binades (|g| from ~1e-9 to ~1e3). */
+function gradientLike(n: number, seed = 1): Float32Array<ArrayBuffer> {
+  const g = new Float32Array(n);
+  let s = seed >>> 0;
+  for (let i = 0; i < n; i++) {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    g[i] = ((s / 4294967296) - 0.5) * 2 ** ((s % 40) - 30);
+  }
+  return g;
+}
+
+const isCompressed = (x: Float32Array | Fp16Gradient): x is Fp16Gradient => !(x instanceof Float32Array);
+
+test('compressGradient: half the bytes; every element within 2^-11 of the largest magnitude, large or tiny tensors alike', () => {
+  for (const scale of [1, 1e6, 1e-7, 3e30]) {
+    const src = gradientLike(4096).map((x) => x * scale) as Float32Array<ArrayBuffer>;
+    const c = compressGradient(src);
+    assert.ok(isCompressed(c), `scale ${scale}: compressed`);
+    assert.equal(c.f16.byteLength * 2, src.byteLength);
+    const back = decompressGradient(c);
+    let max = 0;
+    for (const x of src) max = Math.max(max, Math.abs(x));
+    for (let i = 0; i < src.length; i++) {
+      assert.ok(Number.isFinite(back[i]!), `scale ${scale}: element ${i} stays finite (${back[i]})`);
+      assert.ok(Math.abs(back[i]! - src[i]!) <= max * 2 ** -11, `scale ${scale}: element ${i}: ${src[i]} came back as ${back[i]}`);
+    }
+    // The largest element keeps fp16's relative precision (the scale puts it in [2^14, 2^15)).
+    const at = src.findIndex((x) => Math.abs(x) === max);
+    assert.ok(Math.abs(back[at]! - src[at]!) <= max * 2 ** -11, `scale ${scale}: the largest element, relative error`);
+  }
+});
+
+test('compressGradient leaves short, all-zero and non-finite tensors float32 (the receiver\'s NaN check still names the element)', () => {
+  const short = gradientLike(FP16_MIN_ELEMENTS - 1);
+  assert.equal(compressGradient(short), short);
+  const zeros = new Float32Array(1000);
+  assert.equal(compressGradient(zeros), zeros);
+  for (const bad of [Number.NaN, Number.POSITIVE_INFINITY, Number.NEGATIVE_INFINITY]) {
+    const g = gradientLike(1000);
+    g[500] = bad;
+    assert.equal(compressGradient(g), g, `${bad} is sent as it is`);
+  }
+  assert.ok(isCompressed(compressGradient(gradientLike(FP16_MIN_ELEMENTS))));
+});
+
+test('a compressed push crosses the envelope codec and is float32 for the shard; malformed compressed tensors are rejected naming the field', () => {
+  const grad = gradientLike(1000, 3);
+  const grads = gradientLike(8 * 16, 4);
+  const req: PushRequest = {
+    plan_version: 1, round: null, expected: null, weight: 32, base_version: 0,
+    dense: [{ block: 0, grad }], sparse: [{ table: 'emb', ids: Int32Array.from({ length: 8 }, (_, i) => i * 7), grads }],
+    later_steps: [{ dense: [{ block: 0, grad: gradientLike(1000, 5) }], sparse: [] }], lr_mult: 1, batches: ['b1'],
+  };
+  const wire = compressPush(req);
+  assert.ok(isCompressed(wire.dense[0]!.grad as Float32Array | Fp16Gradient));
+  assert.ok(isCompressed(wire.later_steps![0]!.dense[0]!.grad as Float32Array | Fp16Gradient));
+  const bytes = encodeEnvelope({ type: 'push', from: 'w1', seq: 1 }, wire as unknown as Record<string, unknown>);
+  const plain = encodeEnvelope({ type: 'push', from: 'w1', seq: 1 }, req as unknown as Record<string, unknown>);
+  assert.ok(bytes.byteLength < 0.6 * plain.byteLength, `${bytes.byteLength} bytes compressed against ${plain.byteLength}`);
+  const got = decodeEnvelope(bytes, { push: shardMessages.push }) as unknown as PushRequest;
+  const d = got.dense[0]!.grad;
+  assert.ok(d instanceof Float32Array && d.length === 1000);
+  assert.deepEqual([...d], [...decompressGradient(wire.dense[0]!.grad as Fp16Gradient)], 'the shard sees exactly the decoded halves');
+  assert.ok(got.sparse[0]!.grads instanceof Float32Array && got.later_steps[0]!.dense[0]!.grad instanceof Float32Array);
+  // Uncompressed pushes are untouched.
+  assert.deepEqual([...(decodeEnvelope(plain, { push: shardMessages.push }) as unknown as PushRequest).dense[0]!.grad], [...grad]);
+
+  const bad = (grad: unknown) => encodeEnvelope({ type: 'push', from: 'w1', seq: 2 }, { ...req, dense: [{ block: 0, grad }], later_steps: [] } as unknown as Record<string, unknown>);
+  const compressedForm = /must be a Float32Array, or a compressed gradient \{ f16: Uint16Array, exp: an integer with \|exp\| < 200 \}/;
+  for (const [what, g, says] of [
+    ['a fractional exp', { f16: new Uint16Array(100), exp: 1.5 }, compressedForm],
+    ['an exp out of range', { f16: new Uint16Array(100), exp: 400 }, /\.exp: Too big/],
+    ['halves that are not a Uint16Array', { f16: new Float32Array(100), exp: 0 }, compressedForm],
+    ['an unknown key', { f16: new Uint16Array(100), exp: 0, scale: 2 }, /Unrecognized key: "scale"/],
+    ['a string', 'x', compressedForm],
+  ] as const) {
+    assert.throws(() => decodeEnvelope(bad(g), { push: shardMessages.push }), (e: unknown) => {
+      const m = (e as Error).message;
+      return e instanceof ValidationError && /dense\[0\]\.grad/.test(m) && says.test(m);
+    }, what);
+  }
+});
+
+test('a compressed group slice arrives as float32', () => {
+  const grad = gradientLike(512, 9);
+  const c = compressGradient(grad);
+  const slice = {
+    run_id: 'r', window: 0, member: 'a', weight: 32, steps: 1, total_steps: 1, owners: ['a', 'b'], idle: false, drained: false, groups_version: 0,
+    base_versions: [{ shard: 's1', version: 0 }], parts: [{ weight: 32, dense: [{ block: 0, grad: c }], sparse: [] }], batches: ['b1'],
+  };
+  const got = decodeEnvelope(encodeEnvelope({ type: 'slice', from: 'a', seq: 1 }, slice), { slice: groupSyncMessages.slice }) as unknown as typeof slice;
+  const g = got.parts[0]!.dense[0]!.grad as unknown as Float32Array;
+  assert.ok(g instanceof Float32Array);
+  assert.deepEqual([...g], [...decompressGradient(c as Fp16Gradient)]);
+});
+
+test('pushBytes counts every step of a window\'s push (later_steps) and compressed gradients at 2 bytes an element', () => {
+  const step = { dense: [{ block: 0, grad: gradientLike(1000) }], sparse: [{ table: 'emb', ids: new Int32Array(10), grads: gradientLike(160) }] };
+  const one = 1000 * 4 + 10 * 4 + 160 * 4;
+  const req: PushRequest = { plan_version: 1, round: null, expected: null, weight: 1, base_version: 0, ...step, later_steps: [step, step], lr_mult: 1, batches: [] };
+  assert.equal(pushBytes(req), 3 * one);
+  assert.equal(pushBytes(compressPush(req)), 3 * (1000 * 2 + 10 * 4 + 160 * 2));
+});
+
+test('an asp worker with compression fp16 trains over real shards like one without, within fp16\'s rounding, and its emulated link carries about half the bytes', async () => {
+  const yaml = (compression: string) => `cluster:
+  worker_groups: [{ name: g, nodes: [w1] }]
+  server_nodes: [s1, s2]
+nodes: { w1: { emulate: { speed: 1, bandwidth_mbps: 1000 } } }
+model: { type: ctr, ctr: { embedding_dim: 8, hidden: [32], pooling: mean, wide: true, hash_buckets: 5000 } }
+data: { source: ctr-synthetic, batch_size: 64, samples: 640, test_samples: 64, slots: 4, dense_features: 3, vocab_size: 2000 }
+optimizer: { type: adam, learning_rate: 0.01, sparse: { type: adagrad, learning_rate: 0.05 } }
+training: { mode: asp, random_seed: 7 }
+communication: { compression: ${compression} }
+`;
+  const run = async (compression: string) => {
+    const config = parseConfig(yaml(compression), 'job.yaml');
+    const md = modelAndData(config);
+    const plan = shardPlanFromConfig(config, md.model, 4096 + 16 * 1024);
+    const broker = new InProcessBroker();
+    const transports: Transport[] = [];
+    const system = async (name: string) => {
+      const t = await connectTransport({ servers: null, broker, name });
+      transports.push(t);
+      return new ActorSystem({ transport: t, job: 'fp16test', node: name, clock: systemClock, random: new SeededRandom(1), logger: silentLogger() });
+    };
+    const systems = await Promise.all(['s1', 's2', 'w1'].map(system));
+    const planStore = memoryPlanStore(plan);
+    for (const [i, s] of ['s1', 's2'].entries()) await startServerNode({ config, server: s, system: systems[i]!, planStore, log: silentLogger(), md });
+    const session = await StepSession.create(md.model, { graph: 'step', intraOpNumThreads: 1 });
+    const stepper = new WorkerStepper({
+      client: new ShardClient(systems[2]!, { requestTimeoutMs: 5_000, log: silentLogger(), shouldStop: () => false, plans: plan }),
+      plan, model: md.model, layout: sparseLayoutFromConfig(config, md.model), session, clock: systemClock, log: silentLogger(),
+      emulateSpeed: null, bandwidthMbps: 1000, compression: gradientCompressionFromConfig(config),
+    });
+    const losses: number[] = [];
+    try {
+      for (const batch of md.source.batchesSync(streamOptions('train', 64, { epoch: 0 }))) {
+        losses.push((await stepper.run(batch, null)).loss!);
+      }
+      return { losses, linkMs: stepper.link.totalDelayMs };
+    } finally {
+      await session.dispose();
+      for (const s of systems) await s.stop();
+      for (const t of transports) await t.close();
+    }
+  };
+  const plain = await run('none');
+  const fp16 = await run('fp16');
+  assert.equal(plain.losses.length, 10);
+  assert.equal(fp16.losses.length, 10);
+  assert.equal(fp16.losses[0], plain.losses[0], 'the first step computes from the same initial parameters');
+  for (let i = 1; i < 10; i++) assert.ok(Math.abs(fp16.losses[i]! - plain.losses[i]!) < 2e-3, `step ${i + 1}: loss ${fp16.losses[i]} with fp16, ${plain.losses[i]} without`);
+  assert.ok(fp16.losses.some((l, i) => l !== plain.losses[i]), 'the pushes were compressed (fp16 rounding changed the trajectory)');
+  // Pulls (parameters) stay float32; only the push half of the link's bytes shrinks.
+  assert.ok(fp16.linkMs < 0.85 * plain.linkMs, `link time ${fp16.linkMs.toFixed(2)} ms with fp16 against ${plain.linkMs.toFixed(2)} ms without`);
+});
