@@ -80,7 +80,7 @@
  *   npm run bench:hetero     → bench/results/hetero.json, hetero.svg, hetero-mlp.svg
  *   options: --workloads ctr,mlp  --peers a,b  --repeats N  --no-grid  --samples N  --quick  --out DIR
  *            --reference-ms N  --ctr-hidden a,b  --mlp-hidden a,b  --hps-training "key: value; …"  --training "key: value; …" (every peer)
- *            --lr-mult X  --group-lr none|sqrt (with --no-grid) (to explore; results then go to a temp dir)
+ *            --lr-mult X  --group-lr none|sqrt (with --no-grid)  --compression none|fp16 (every peer) (to explore; results then go to a temp dir)
  *            --collect DIR: aggregate the runs an earlier invocation left in DIR (e.g. one stopped after a workload)
  *            --rescore FILE: recompute the statistics and goals of a results file from the runs it records
  */
@@ -128,6 +128,9 @@ const ALL_TRAINING = option('--training')?.split(';').map((l) => l.trim()).filte
 /** To explore with --no-grid: the learning-rate multiplier and the hps group rule instead of ×1 and none. */
 const NO_GRID_LR = Number(option('--lr-mult') ?? 1);
 const NO_GRID_RULE = (option('--group-lr') ?? 'none') as 'none' | 'sqrt';
+/** To explore: communication.compression for every peer (`--compression fp16`); absent: the protocol's float32. */
+const COMPRESSION = option('--compression');
+if (COMPRESSION !== null && !['none', 'fp16'].includes(COMPRESSION)) throw new Error(`--compression: none or fp16, got ${COMPRESSION}`);
 const EVAL_EVERY_S = 2;
 const EVAL_SAMPLES = 4096;
 
@@ -216,7 +219,7 @@ training:
   mode: ${mode}
   random_seed: 42
   emulation_reference_step_ms: ${REFERENCE_STEP_MS}
-${mode === 'hps' ? `  group_lr_scaling: ${rule}\n${HPS_TRAINING.map((l) => `  ${l}\n`).join('')}` : ''}${ALL_TRAINING.map((l) => `  ${l}\n`).join('')}fault_tolerance:
+${mode === 'hps' ? `  group_lr_scaling: ${rule}\n${HPS_TRAINING.map((l) => `  ${l}\n`).join('')}` : ''}${ALL_TRAINING.map((l) => `  ${l}\n`).join('')}${COMPRESSION !== null ? `communication:\n  compression: ${COMPRESSION}\n` : ''}fault_tolerance:
   worker_recovery_timeout: 120
 logging:
   level: warn
@@ -494,7 +497,7 @@ function rescore(file: string): void {
 async function main(): Promise<void> {
   const RESCORE = option('--rescore');
   if (RESCORE !== null) return rescore(RESCORE);
-  const full = !QUICK && GRID && REPEATS >= 3 && SAMPLES_OVERRIDE === null && !['--reference-ms', '--ctr-hidden', '--mlp-hidden', '--hps-training', '--training', '--lr-mult', '--group-lr'].some((o) => option(o) !== null) && PEER_KEYS.length === PEERS.length && (WORKLOAD_KEYS.length === WORKLOADS.length || COLLECT !== null);
+  const full = !QUICK && GRID && REPEATS >= 3 && SAMPLES_OVERRIDE === null && !['--reference-ms', '--ctr-hidden', '--mlp-hidden', '--hps-training', '--training', '--lr-mult', '--group-lr', '--compression'].some((o) => option(o) !== null) && PEER_KEYS.length === PEERS.length && (WORKLOAD_KEYS.length === WORKLOADS.length || COLLECT !== null);
   // Before anything is written: the results' own files would make the tree look dirty.
   const git = gitCommit(ROOT);
   const dir = mkdtempSync(join(tmpdir(), 'hetps-bench-hetero-'));

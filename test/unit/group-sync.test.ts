@@ -75,7 +75,7 @@ function union(bs: readonly CtrBatch[]): CtrBatch {
 
 interface Cluster {
   system(name: string): Promise<ActorSystem>;
-  stepper(system: ActorSystem, session: StepSession, localOptimizers?: LocalOptimizers | null): WorkerStepper;
+  stepper(system: ActorSystem, session: StepSession, localOptimizers?: LocalOptimizers | null, compression?: 'fp16' | null): WorkerStepper;
   client(system: ActorSystem): ShardClient;
   close(): Promise<void>;
 }
@@ -90,7 +90,7 @@ async function cluster(job: string, cfg: HetpsConfig = config): Promise<Cluster>
   return {
     system,
     client,
-    stepper: (sys, session, localOptimizers = null) => new WorkerStepper({ client: client(sys), plan, model: md.model, layout, session, clock: systemClock, log: silentLogger(), emulateSpeed: null, localOptimizers }),
+    stepper: (sys, session, localOptimizers = null, compression = null) => new WorkerStepper({ client: client(sys), plan, model: md.model, layout, session, clock: systemClock, log: silentLogger(), emulateSpeed: null, localOptimizers, compression }),
     close: () => bus.close(),
   };
 }
@@ -196,6 +196,34 @@ test('sync group of 2, sync_steps 1: one sync equals a single-process step on th
     assert.deepEqual(ob.map((o) => o.steps.length), [1, 0]);
     assert.ok(oa.every((o) => !o.droppedStale && o.staleness === 0));
   }, [u], uniqueIdsOf(u));
+});
+
+test('communication.compression fp16: a sync group of 2 sends its slices and pushes as halves and still equals the union step, within fp16 rounding', async () => {
+  const [b1, b2] = batches;
+  const u = union([b1!, b2!]);
+  const ids = uniqueIdsOf(u);
+  const ours = await cluster('fp16');
+  const ref = await cluster('fp16-ref');
+  try {
+    const refSys = await ref.system('r');
+    const initial = await readParams(ref.client(refSys), ids);
+    const g = group('sync', ['a', 'b'], 1);
+    const ms = await Promise.all(['a', 'b'].map(async (name, i) => {
+      const sys = await ours.system(name);
+      const m = new GroupMember({ system: sys, group: g, member: name, runId: 'run-1', plan, stepper: ours.stepper(sys, sessions[i]!, null, 'fp16'), log: silentLogger(), shouldStop: () => false });
+      await m.start();
+      return m;
+    }));
+    await Promise.all([runUntilDone(ms[0]!, source([b1!])), runUntilDone(ms[1]!, source([b2!]))]);
+    await ref.stepper(refSys, sessions[3]!).run(u, null);
+    const { diff, moved } = compare(await readParams(ours.client(await ours.system('reader')), ids), await readParams(ref.client(refSys), ids), initial);
+    assert.ok(moved > 1e-3, `the parameters hardly moved (${moved})`);
+    assert.ok(diff > 0, 'the halves rounded something: the gradients really went compressed');
+    assert.ok(diff < 1e-3 * moved, `parameters differ from the float32 union step by ${diff} (moved ${moved})`);
+  } finally {
+    await ours.close();
+    await ref.close();
+  }
 });
 
 test('sync group of 3 over 2 shards (one member reduces nothing), sync_steps 1: equals the union step', async () => {
