@@ -56,6 +56,22 @@ test('bsp: hetps up with 2 shard and 4 worker processes on NATS trains to train-
   assert.match(r.stderr, /\[w3\] /, 'node output is prefixed with the node name');
 });
 
+test('hps with communication.compression fp16: slices and pushes go as halves over NATS; 2 shard and 4 worker processes train to train-local\'s AUC (±0.01), every batch acknowledged once', { timeout: 110_000 }, async (t) => {
+  const cfg = await writeJobConfig(dir, { job: 'psfp16', mode: 'hps', servers: nats.urls, runDir: join(dir, 'runs'), samples: SAMPLES, epochs: EPOCHS, workerRecoveryTimeoutS: 10, compression: 'fp16' });
+  const summaryFile = join(dir, 'fp16-summary.json');
+  const r = await hetps(['up', '--config', cfg, '--summary', summaryFile], { timeoutMs: 100_000 }).exited;
+  assert.equal(r.code, 0, explain(r));
+  const s = JSON.parse(await readFile(summaryFile, 'utf8')) as Record<string, number | string | null>;
+  t.diagnostic(`hps fp16: AUC ${s.test_auc} (train-local ${localAuc}), ${Math.round(s.samples_per_s as number)} samples/s`);
+  assert.equal(s.transport, 'nats');
+  assert.equal(s.mode, 'hps');
+  assert.equal(s.batches_acked, s.batches);
+  assert.equal(s.duplicate_acks, 0);
+  assert.ok(Math.abs((s.test_auc as number) - localAuc) <= 0.01, `hps fp16 AUC ${s.test_auc} vs train-local ${localAuc}`);
+  assert.doesNotMatch(r.stdout + r.stderr, /communication\.compression=fp16 \(not active/, 'fp16 is not reported as inactive');
+  assert.doesNotMatch(r.stdout + r.stderr, /invalid message/, 'every compressed message passed validation');
+});
+
 test('asp: nodes started before the driver, one worker SIGKILLed mid-epoch — every batch acknowledged exactly once, AUC within 0.01', { timeout: 110_000 }, async (t) => {
   const job = 'psasp';
   const cfg = await writeJobConfig(dir, { job, mode: 'asp', servers: nats.urls, runDir: join(dir, 'runs'), samples: SAMPLES, epochs: EPOCHS, workerRecoveryTimeoutS: 3 });

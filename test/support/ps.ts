@@ -90,6 +90,8 @@ export interface JobConfigOptions {
   epochs: number;
   /** ack_wait of the batch queue, seconds. */
   workerRecoveryTimeoutS: number;
+  /** communication.compression; absent: the default. */
+  compression?: 'none' | 'fp16' | 'adaptive';
 }
 
 /**
@@ -115,7 +117,7 @@ optimizer:
   sparse: { type: adagrad, learning_rate: 0.05 }
 training: { mode: ${o.mode}, random_seed: 42 }
 fault_tolerance: { worker_recovery_timeout: ${o.workerRecoveryTimeoutS} }
-logging: { level: info }
+${o.compression !== undefined ? `communication: { compression: ${o.compression} }\n` : ''}logging: { level: info }
 `;
   const file = join(dir, `${o.job}.yaml`);
   await writeFile(file, text);
