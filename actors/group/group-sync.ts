@@ -1128,5 +1128,3 @@ export class GroupMember {
 const SEND_ATTEMPT_MS = 2_000;
 /** How long an `own` notice is offered to a peer that does not take it (it went on alone, paused or re-formed). */
 const OWN_NOTICE_MS = 30_000;
-
-

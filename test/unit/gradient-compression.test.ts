@@ -4,7 +4,8 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { ActorSystem, InProcessBroker, SeededRandom, connectTransport, decodeEnvelope, encodeEnvelope, silentLogger, systemClock, ValidationError, type Transport } from '../../runtime/mod.ts';
+import { decodeEnvelope, encodeEnvelope, silentLogger, systemClock, ValidationError } from '../../runtime/mod.ts';
+import { inProcessBus } from '../support/in-process.ts';
 import { parseConfig } from '../../topology/mod.ts';
 import { StepSession, compressGradient, decompressGradient, streamOptions, FP16_MIN_ELEMENTS, type Fp16Gradient } from '../../native-bridge/mod.ts';
 import { shardPlanFromConfig, sparseLayoutFromConfig } from '../../actors/node/config-bridge.ts';
@@ -135,19 +136,12 @@ communication: { compression: ${compression} }
     const config = parseConfig(yaml(compression), 'job.yaml');
     const md = modelAndData(config);
     const plan = shardPlanFromConfig(config, md.model, 4096 + 16 * 1024);
-    const broker = new InProcessBroker();
-    const transports: Transport[] = [];
-    const system = async (name: string) => {
-      const t = await connectTransport({ servers: null, broker, name });
-      transports.push(t);
-      return new ActorSystem({ transport: t, job: 'fp16test', node: name, clock: systemClock, random: new SeededRandom(1), logger: silentLogger() });
-    };
-    const systems = await Promise.all(['s1', 's2', 'w1'].map(system));
+    const bus = inProcessBus('fp16test');
     const planStore = memoryPlanStore(plan);
-    for (const [i, s] of ['s1', 's2'].entries()) await startServerNode({ config, server: s, system: systems[i]!, planStore, log: silentLogger(), md });
+    for (const s of ['s1', 's2']) await startServerNode({ config, server: s, system: await bus.system(s), planStore, log: silentLogger(), md });
     const session = await StepSession.create(md.model, { graph: 'step', intraOpNumThreads: 1 });
     const stepper = new WorkerStepper({
-      client: new ShardClient(systems[2]!, { requestTimeoutMs: 5_000, log: silentLogger(), shouldStop: () => false, plans: plan }),
+      client: new ShardClient(await bus.system('w1'), { requestTimeoutMs: 5_000, log: silentLogger(), shouldStop: () => false, plans: plan }),
       plan, model: md.model, layout: sparseLayoutFromConfig(config, md.model), session, clock: systemClock, log: silentLogger(),
       emulateSpeed: null, bandwidthMbps: 1000, compression: gradientCompressionFromConfig(config),
     });
@@ -159,8 +153,7 @@ communication: { compression: ${compression} }
       return { losses, linkMs: stepper.link.totalDelayMs };
     } finally {
       await session.dispose();
-      for (const s of systems) await s.stop();
-      for (const t of transports) await t.close();
+      await bus.close();
     }
   };
   const plain = await run('none');
