@@ -42,7 +42,7 @@ import {
   TrainingMonitor, type CurvePoint, type TrainingProgress, type TrainingReport, type UtilisationReport,
 } from '../actors/monitor/training-monitor.ts';
 import { EVAL_BATCH_MIN, ShardEvaluator, evaluateOnShards } from '../actors/monitor/evaluate.ts';
-import { DEFAULT_NODE_WAIT_MS, modelAndData } from '../actors/node/nodes.ts';
+import { DEFAULT_NODE_WAIT_MS, gradientCompressionFromConfig, modelAndData } from '../actors/node/nodes.ts';
 import { RegroupController, type RegroupRecord } from '../actors/scheduler/regroup.ts';
 import { startControlPlane, type ControlPlane } from '../actors/scheduler/control-plane.ts';
 import { createMonitorActor } from '../actors/monitor/monitor.actor.ts';
@@ -798,7 +798,7 @@ export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSumma
       onShutdown: (reason) => { shutdownRequested = reason; },
       nats: servers === null ? null : { servers, ...natsAuthOf(ctx) }, secure: servers !== null && config.nats.secure,
       http: monitorHttpOf(config), onServing: (url) => ctx.out.line(`dashboard: ${url}  (metrics: ${url}metrics)`),
-      telemetryLog: join(ctx.runDir, TELEMETRY_LOG),
+      telemetryLog: join(ctx.runDir, TELEMETRY_LOG), compression: gradientCompressionFromConfig(config),
     });
     const p = plane;
     backend.onNodeExit((node, how) => p.nodeExited(node, how));
@@ -937,7 +937,7 @@ export async function runStandby(o: StandbyRunOptions, out: JobPrinter): Promise
       onShutdown: (reason) => { shutdownRequested = reason; },
       nats: { servers, ...natsAuthOf(ctx) }, monitor: monitorDef, secure: config.nats.secure,
       http: monitorHttpOf(config), onServing: (url) => out.line(`dashboard: ${url}  (metrics: ${url}metrics)`),
-      telemetryLog: join(runDir, TELEMETRY_LOG),
+      telemetryLog: join(runDir, TELEMETRY_LOG), compression: gradientCompressionFromConfig(config),
     });
     const pending = await backend.queue.pending().catch(() => null);
     out.line(`run ${info.run_id} (${info.mode}): ${pending ?? '?'} of ${info.total_batches} batches not acknowledged yet; `

@@ -97,7 +97,11 @@ export class JobWatch {
   private readonly status: () => Promise<JobStatus | null>;
   private ticking: Promise<void> | null = null;
 
-  constructor(private readonly o: { job: string; transport: Transport; monitor: MonitorActorDefinition; recordTo?: string | null; everyMs?: number }) {
+  constructor(private readonly o: {
+    job: string; transport: Transport; monitor: MonitorActorDefinition; recordTo?: string | null; everyMs?: number;
+    /** communication.compression as the workers apply it (gradientCompressionFromConfig); null or absent: float32. */
+    compression?: 'fp16' | null;
+  }) {
     this.status = statusOverControl(o.transport, o.job);
     // A scrape reads the status of the latest snapshot (at most a second old): no request of its own.
     this.metrics = new JobMetrics({ status: async () => this.latest?.status ?? null });
@@ -163,7 +167,7 @@ export class JobWatch {
       job: this.o.job, at_ms: now, ended: this.ended, status,
       groups: status === null ? {} : groupProgress(status),
       staleness: [...STALENESS_BUCKETS, Number.POSITIVE_INFINITY].map((le) => ({ le: Number.isFinite(le) ? le : null, count: this.metrics.stalenessCounts.get(le) ?? 0 })),
-      wire: { bytes_out: out, bytes_in: inn, compression: 'none (gradients are sent uncompressed)' },
+      wire: { bytes_out: out, bytes_in: inn, compression: this.o.compression === 'fp16' ? 'fp16 (gradients in pushes and group slices as scaled halves)' : 'none (gradients are sent uncompressed)' },
       point,
     };
     this.latest = snap;

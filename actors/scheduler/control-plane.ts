@@ -49,6 +49,8 @@ export async function startControlPlane(system: ActorSystem, o: {
   telemetryLog?: string | null;
   /** nats.secure: the servers enforce who may send commands, so the scheduler logs each one's sender role. */
   secure?: boolean;
+  /** communication.compression as the workers apply it, for the dashboard's wire line; null or absent: float32. */
+  compression?: 'fp16' | null;
 }): Promise<ControlPlane> {
   const health = createHealthActor({ policy: o.policy });
   const monitor = o.monitor ?? createMonitorActor({ transport: system.transport, job: system.job, clock: system.clock, log: o.log });
@@ -59,7 +61,7 @@ export async function startControlPlane(system: ActorSystem, o: {
   const heartbeat = o.nats !== null
     ? new ThreadedHeartbeat({ ...beat, ...o.nats })
     : new HeartbeatPublisher({ ...beat, transport: system.transport }).start();
-  const watch = new JobWatch({ job: system.job, transport: system.transport, monitor, recordTo: o.telemetryLog ?? null });
+  const watch = new JobWatch({ job: system.job, transport: system.transport, monitor, recordTo: o.telemetryLog ?? null, compression: o.compression ?? null });
   let server: MonitorServer | null = null;
   if (o.http) {
     try {
