@@ -76,15 +76,16 @@ export const DEFAULT_MAX_STALENESS = 32;
 
 /** Per source; null marks a field that does not apply to that source. */
 const DATA_DEFAULTS = {
-  spam: { batch_size: 64, test_fraction: 0.2, samples: null, test_samples: null, vocab_size: 20_000, zipf_exponent: null, slots: null, dense_features: null, max_tokens: 256 },
-  'ctr-synthetic': { batch_size: 256, test_fraction: null, samples: 50_000, test_samples: 5_000, vocab_size: 10_000, zipf_exponent: 1.1, slots: 8, dense_features: 4, max_tokens: null },
-  'mlp-synthetic': { batch_size: 256, test_fraction: null, samples: 20_000, test_samples: 2_000, vocab_size: null, zipf_exponent: null, slots: null, dense_features: null, max_tokens: null },
+  spam: { batch_size: 64, test_fraction: 0.2, samples: null, test_samples: null, test_offset: null, vocab_size: 20_000, zipf_exponent: null, slots: null, dense_features: null, max_tokens: 256 },
+  'ctr-synthetic': { batch_size: 256, test_fraction: null, samples: 50_000, test_samples: 5_000, test_offset: 0, vocab_size: 10_000, zipf_exponent: 1.1, slots: 8, dense_features: 4, max_tokens: null },
+  'mlp-synthetic': { batch_size: 256, test_fraction: null, samples: 20_000, test_samples: 2_000, test_offset: 0, vocab_size: null, zipf_exponent: null, slots: null, dense_features: null, max_tokens: null },
 } satisfies Record<DataSource, Record<string, number | null>>;
 
 /** Which data fields each source reads (`samples` is read by all). */
 const DATA_FIELDS_BY_SOURCE: Record<string, readonly DataSource[]> = {
   test_fraction: ['spam'],
   test_samples: ['ctr-synthetic', 'mlp-synthetic'],
+  test_offset: ['ctr-synthetic', 'mlp-synthetic'],
   vocab_size: ['spam', 'ctr-synthetic'],
   zipf_exponent: ['ctr-synthetic'],
   slots: ['ctr-synthetic'],
@@ -307,6 +308,13 @@ const dataSchema = section({
   samples: posInt().optional(),
   /** Synthetic sources: held-out samples. */
   test_samples: posInt().optional(),
+  /**
+   * Synthetic sources: the held-out samples start this many after the
+   * training ones (default 0). A run with test_offset ≥ the test_samples of
+   * another scores a set disjoint from that run's test split: a validation
+   * set for tuning that never touches the test split.
+   */
+  test_offset: nonNegInt().optional(),
   /** spam: tokens kept (most frequent); ctr-synthetic: distinct ids per slot. */
   vocab_size: posInt().optional(),
   /** ctr-synthetic: skew of the id distribution. */
@@ -328,6 +336,7 @@ const dataSchema = section({
     // spam reads at most `samples` e-mails when given; its default is all of them
     samples: d.samples ?? s.samples,
     test_samples: onlyFor(s.test_samples, d.test_samples),
+    test_offset: onlyFor(s.test_offset, d.test_offset),
     vocab_size: onlyFor(s.vocab_size, d.vocab_size),
     zipf_exponent: onlyFor(s.zipf_exponent, d.zipf_exponent),
     slots: onlyFor(s.slots, d.slots),

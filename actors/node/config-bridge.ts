@@ -75,12 +75,12 @@ export function dataSourceFromConfig(config: HetpsConfig, spamPackage = SPAM_ASS
     case 'ctr-synthetic':
       return createSyntheticCtrSource({
         seed: d.seed, slots: d.slots!, vocabularyPerSlot: d.vocab_size!, zipfExponent: d.zipf_exponent!, denseDim: d.dense_features!,
-        trainSize: d.samples!, testSize: d.test_samples!,
+        trainSize: d.samples!, testSize: d.test_samples!, testOffset: d.test_offset!,
       });
     case 'mlp-synthetic': {
       const m = config.model.mlp;
       if (m === null) throw new ConfigError('data.source mlp-synthetic needs model.type mlp', { data: { field: 'model.type' } });
-      return createSyntheticMlpSource({ seed: d.seed, featureDim: m.input_dim, numClasses: m.classes, trainSize: d.samples!, testSize: d.test_samples! });
+      return createSyntheticMlpSource({ seed: d.seed, featureDim: m.input_dim, numClasses: m.classes, trainSize: d.samples!, testSize: d.test_samples!, testOffset: d.test_offset! });
     }
   }
 }

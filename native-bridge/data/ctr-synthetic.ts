@@ -8,7 +8,10 @@
  * hash of (seed, slot, id), so the "ground truth table" costs no memory even
  * for millions of ids.
  *
- * Train is sample indices [0, trainSize), test is [trainSize, trainSize + testSize).
+ * Train is sample indices [0, trainSize), test is [trainSize + testOffset,
+ * trainSize + testOffset + testSize): `testOffset` holds out a second set
+ * (a validation set for tuning) disjoint from the test split of a run with
+ * offset 0.
  */
 import { ConfigError } from '../../runtime/errors.ts';
 import type { BatchStreamOptions, CtrBatch, CtrDataDescription, CtrDataSource, SlotRange } from './batch.ts';
@@ -29,6 +32,8 @@ export interface SyntheticCtrConfig {
   denseDim: number;
   trainSize: number;
   testSize: number;
+  /** Held-out samples start this many after the training ones (0: right after). */
+  testOffset: number;
   /** Target fraction of positive labels (the hidden model's bias is calibrated to it). */
   positiveRate: number;
   /** Std of the hidden model's id-weight contribution to the logit. */
@@ -58,6 +63,7 @@ export const DEFAULT_SYNTHETIC_CTR_CONFIG: SyntheticCtrConfig = {
   denseDim: 8,
   trainSize: 1_000_000,
   testSize: 100_000,
+  testOffset: 0,
   positiveRate: 0.25,
   idWeightScale: 1.5,
   denseWeightScale: 0.5,
@@ -155,6 +161,7 @@ function resolveConfig(options: Partial<SyntheticCtrConfig>): SyntheticCtrConfig
   int('denseDim', 0, 100_000);
   int('trainSize', 0, 2 ** 52);
   int('testSize', 0, 2 ** 52);
+  int('testOffset', 0, 2 ** 52);
   real('zipfExponent', (v) => v >= 0, 'a number ≥ 0');
   real('positiveRate', (v) => v > 0 && v < 1, 'in (0, 1)');
   real('idWeightScale', (v) => v >= 0, 'a number ≥ 0');
@@ -266,7 +273,7 @@ class SyntheticCtr implements SyntheticCtrSource {
   }
 
   private globalIndex(split: 'train' | 'test', index: number): number {
-    return split === 'train' ? index : this.config.trainSize + index;
+    return split === 'train' ? index : this.config.trainSize + this.config.testOffset + index;
   }
 
   trueLogit(split: 'train' | 'test', index: number): number {

@@ -12,7 +12,9 @@
  *
  * Only the subspace basis and the cluster centres are stored (featureDim ×
  * latentDim floats); sample i is a function of (seed, i). Train is sample
- * indices [0, trainSize), test is [trainSize, trainSize + testSize).
+ * indices [0, trainSize), test is [trainSize + testOffset, trainSize +
+ * testOffset + testSize) (`testOffset`: a held-out set disjoint from the
+ * test split of a run with offset 0, for tuning).
  */
 import { ConfigError } from '../../runtime/errors.ts';
 import type { BatchStreamOptions, MlpBatch, MlpDataDescription, MlpDataSource } from './batch.ts';
@@ -33,6 +35,8 @@ export interface SyntheticMlpConfig {
   featureNoise: number;
   trainSize: number;
   testSize: number;
+  /** Held-out samples start this many after the training ones (0: right after). */
+  testOffset: number;
 }
 
 export const DEFAULT_SYNTHETIC_MLP_CONFIG: SyntheticMlpConfig = {
@@ -46,6 +50,7 @@ export const DEFAULT_SYNTHETIC_MLP_CONFIG: SyntheticMlpConfig = {
   featureNoise: 1,
   trainSize: 60_000,
   testSize: 10_000,
+  testOffset: 0,
 };
 
 function configFail(field: string, rule: string, value: unknown): never {
@@ -69,6 +74,7 @@ function resolveConfig(options: Partial<SyntheticMlpConfig>): SyntheticMlpConfig
   int('clustersPerClass', 1, 1024);
   int('trainSize', 0, 2 ** 52);
   int('testSize', 0, 2 ** 52);
+  int('testOffset', 0, 2 ** 52);
   real('classSeparation');
   real('latentNoise');
   real('featureNoise');
@@ -170,7 +176,7 @@ class SyntheticMlp implements SyntheticMlpSource {
     const o = resolveStreamOptions(options);
     const c = this.config;
     const total = splitSize(o.split, c);
-    const offset = o.split === 'train' ? 0 : c.trainSize;
+    const offset = o.split === 'train' ? 0 : c.trainSize + c.testOffset;
     for (const plan of planBatches(this.name, total, o, hash2(c.seed, 0x3a7c4))) {
       const size = plan.indices.length;
       const features = new Float32Array(size * c.featureDim);

@@ -168,7 +168,7 @@ ${MODEL_AND_DATA}`);
     assert.equal(c.model.mlp, null);
     assert.deepEqual(c.model.ctr, { embedding_dim: 16, hidden: [256, 128], pooling: 'sum', wide: true, hash_buckets: 131_072 });
     assert.deepEqual(c.data, {
-      source: 'spam', batch_size: 64, epochs: 1, test_fraction: 0.2, seed: 42, samples: null, test_samples: null,
+      source: 'spam', batch_size: 64, epochs: 1, test_fraction: 0.2, seed: 42, samples: null, test_samples: null, test_offset: null,
       vocab_size: 20_000, zipf_exponent: null, slots: null, dense_features: null, max_tokens: 256,
     });
     assert.equal(c.optimizer.type, 'adam');
@@ -430,6 +430,7 @@ describe('cross-field rules', () => {
     const text = BASE.replace('data: { source: spam }', 'data:\n  source: spam\n  zipf_exponent: 1.2\n  slots: 4');
     expectIssue(text, { path: 'data.zipf_exponent', words: ['only applies to data.source: ctr-synthetic', 'spam'], line: 9 });
     expectIssue(text, { path: 'data.slots', words: ['only applies to data.source: ctr-synthetic'], line: 10 });
+    expectIssue(BASE.replace('data: { source: spam }', 'data:\n  source: spam\n  test_offset: 100'), { path: 'data.test_offset', words: ['only applies to data.source: ctr-synthetic or mlp-synthetic', 'spam'], line: 9 });
   });
 
   test('data source and model type must fit', () => {

@@ -128,6 +128,28 @@ test('synthetic CTR: train and test are disjoint index ranges of one stream', ()
   assert.equal(trainOfA.size, 300, 'distinct samples');
 });
 
+test('testOffset: the held-out samples start that many after the training ones, disjoint from the test split of offset 0 (a validation set); bad offsets name the field', () => {
+  const test = createSyntheticCtrSource({ ...small, trainSize: 300, testSize: 100 });
+  const validation = createSyntheticCtrSource({ ...small, trainSize: 300, testSize: 50, testOffset: 100 });
+  const wide = createSyntheticCtrSource({ ...small, trainSize: 300, testSize: 150 });
+  const validationKeys = [...validation.batchesSync(streamOptions('test', 50))].flatMap(sampleKeys);
+  // The samples right after the test split of the run with offset 0, and none of them.
+  assert.deepEqual(validationKeys, [...wide.batchesSync(streamOptions('test', 50, { skipBatches: 2 }))].flatMap(sampleKeys));
+  const testKeys = new Set([...test.batchesSync(streamOptions('test', 50))].flatMap(sampleKeys));
+  assert.equal(validationKeys.filter((k) => testKeys.has(k)).length, 0);
+  // Training data is the same with or without an offset.
+  assert.deepEqual([...validation.batchesSync(streamOptions('train', 50))].flatMap(sampleKeys), [...test.batchesSync(streamOptions('train', 50))].flatMap(sampleKeys));
+  assert.throws(() => createSyntheticCtrSource({ ...small, testOffset: -1 }), (e: unknown) => e instanceof ConfigError && /data\.testOffset/.test(e.message));
+
+  const mlp = (testSize: number, testOffset: number) => [...createSyntheticMlpSource({ trainSize: 500, testSize, testOffset }).batchesSync(streamOptions('test', 100))];
+  const mlpValidation = mlp(100, 200);
+  const mlpWide = mlp(300, 0);
+  assert.deepEqual([...mlpValidation[0]!.features], [...mlpWide[2]!.features]);
+  assert.deepEqual([...mlpValidation[0]!.labels], [...mlpWide[2]!.labels]);
+  assert.notDeepEqual([...mlpValidation[0]!.features.subarray(0, 20)], [...mlpWide[0]!.features.subarray(0, 20)]);
+  assert.throws(() => createSyntheticMlpSource({ testOffset: 0.5 }), /data\.testOffset/);
+});
+
 test('Zipf: the sampler follows 1/k^s and batch ids are heavily skewed', () => {
   const z = new ZipfSampler(1000, 1.2);
   const rng = new SampleRandom(3, 0);
