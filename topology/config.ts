@@ -24,6 +24,7 @@ import { ConfigError } from '../runtime/errors.ts';
 import type { NatsAuth, NatsTls } from '../runtime/nats-bus.ts';
 import { token } from '../runtime/subjects.ts';
 import { GROUP_LR_SCALINGS } from './group-lr.ts';
+import { DEFAULT_COMPRESSION_THRESHOLD } from './compression.ts';
 
 // ---------------------------------------------------------------- choices
 
@@ -522,8 +523,11 @@ const configSchema = section({
   communication: section({
     backend: oneOf(COMMUNICATION_BACKENDS).default('auto'),
     compression: oneOf(COMPRESSIONS).default('adaptive'),
-    /** Bandwidth utilisation in [0, 1] above which adaptive compression starts. */
-    compression_threshold: closedUnit().default(0.5),
+    /**
+     * Link utilisation in [0, 1] above which adaptive compression sends
+     * gradients as fp16 (float32 again below 0.8 × it; topology/compression.ts).
+     */
+    compression_threshold: closedUnit().default(DEFAULT_COMPRESSION_THRESHOLD),
   }).prefault({}),
   fault_tolerance: faultToleranceSchema.prefault({}),
   load_balancing: section({
@@ -643,9 +647,8 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   { path: 'training.tail_dispatch', when: (c) => c.training.mode === 'bsp' && c.training.tail_dispatch, instead: 'in bsp every worker takes part in every round, so there is no tail to dispatch' },
   { path: 'training.max_staleness', when: (c) => c.training.mode === 'asp', instead: 'in asp stale gradients are applied as they come; staleness is only measured (training.mode hps enforces it)' },
   { path: 'communication.backend', when: (c) => c.communication.backend === 'nccl' || c.communication.backend === 'gloo', instead: 'every tensor goes over NATS' },
-  // fp16 is built (pushes and group slices as scaled halves); adaptive, which would switch by link utilisation, is not.
-  { path: 'communication.compression', when: (c) => c.communication.compression === 'adaptive', instead: 'gradients are sent uncompressed (compression: fp16 compresses every gradient)' },
-  { path: 'communication.compression_threshold', when: () => true, instead: 'adaptive compression is not built: gradients are sent uncompressed unless compression is fp16' },
+  // communication.compression is built (fp16; adaptive switches to fp16 by link utilisation: topology/compression.ts); only adaptive reads the threshold.
+  { path: 'communication.compression_threshold', when: (c) => c.communication.compression !== 'adaptive', instead: 'only compression: adaptive reads it; fp16 compresses every gradient, none no gradient' },
   { path: 'fault_tolerance.worker_recovery_timeout', when: (c) => c.training.mode !== 'hps', instead: 'only hps groups wait for a silent member; a dead worker\'s batch comes back after fault_tolerance.ack_wait_ms' },
   { path: 'load_balancing.enabled', when: (c) => c.load_balancing.enabled, instead: 'shards stay where the initial plan put them' },
   { path: 'load_balancing.imbalance_threshold', when: () => true, instead: 'shards stay where the initial plan put them' },
@@ -656,7 +659,7 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
 
 /**
  * Settings the file sets that no code acts on yet, one line each, e.g.
- * `communication.compression=adaptive (not active yet: gradients are sent uncompressed)`.
+ * `load_balancing.enabled=true (not active yet: shards stay where the initial plan put them)`.
  */
 export function inactiveSettings(config: HetpsConfig): string[] {
   const given = config.source.given;

@@ -10,3 +10,4 @@ export * from './group-lr.ts';
 export * from './nats-roles.ts';
 export * from './cut-moment.ts';
 export * from './tail-dispatch.ts';
+export * from './compression.ts';

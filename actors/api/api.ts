@@ -199,7 +199,7 @@ export class HeterogeneousParameterServer {
       clock: systemClock, log: this.log, emulateSpeed: overrides.emulate?.speed ?? null,
       // hps: local updates between a window's steps, as a launched worker's (training.local_updates).
       localOptimizers: this.info.mode === 'hps' ? localOptimizersFromConfig(config) : null,
-      compression: gradientCompressionFromConfig(config),
+      node, compression: gradientCompressionFromConfig(config).mode, compressionThreshold: gradientCompressionFromConfig(config).threshold,
     });
     const group = this.info.mode === 'hps' ? groupOfWorker(this.info, config, node) : null;
     publishTelemetry(this.transport, job, 'start', node, {

@@ -835,12 +835,11 @@ export class GroupMember {
     await Promise.all(owners.map(async (to) => {
       const msg = this.slice(w, owners, to, steps, idle, drained);
       if (to === this.o.member) { this.inbox.addSlice(msg); return; }
-      // Compressed for the wire (communication.compression); the receiver's schema decodes it to float32.
+      // Compressed for the wire (communication.compression; adaptive: while the link is busy); the receiver's schema decodes it to float32.
       const parts = msg.parts.map((p) => ({ weight: p.weight, ...this.o.stepper.wireTensors(p) }));
       let bytes = 0;
       for (const p of parts) bytes += wireTensorBytes(p);
-      await this.o.stepper.link.transfer(bytes);
-      await this.send(to, 'slice', { ...msg, parts });
+      await this.o.stepper.sendOverLink(bytes, () => this.send(to, 'slice', { ...msg, parts }));
     }));
   }
 

@@ -25,6 +25,7 @@ import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Logger, Transport } from '../../runtime/mod.ts';
+import { compressionOffBelow, type CompressionChoice, type GradientCompressionSetting } from '../../topology/mod.ts';
 import { requestControl, type JobStatus } from '../scheduler/scheduler.messages.ts';
 import { JobMetrics, STALENESS_BUCKETS, groupProgress, statusOverControl } from './metrics.ts';
 import { subscribeVerdicts, type MonitorActorDefinition } from './monitor.actor.ts';
@@ -62,6 +63,21 @@ export interface Snapshot {
   point: SeriesPoint;
 }
 
+const percent = (x: number) => `${Math.round(x * 1000) / 10} %`;
+
+/**
+ * The dashboard's wire line for communication.compression as the workers
+ * apply it; with adaptive, also where the workers' choices stand now (from
+ * their progress telemetry), when any has said.
+ */
+export function describeGradientCompression(setting: GradientCompressionSetting | null, choices: Iterable<CompressionChoice> = []): string {
+  if (setting === null || setting.mode === null) return 'none (gradients are sent uncompressed)';
+  if (setting.mode === 'fp16') return 'fp16 (gradients in pushes and group slices as scaled halves)';
+  const rule = `adaptive: fp16 above ${percent(setting.threshold)} link utilisation (float32 again below ${percent(compressionOffBelow(setting.threshold))})`;
+  const now = [...choices];
+  return now.length === 0 ? rule : `${rule}; now fp16 on ${now.filter((c) => c === 'fp16').length} of ${now.length} workers`;
+}
+
 /** The dashboard's own files. */
 export const dashboardAsset = (name: string) => join(dirname(fileURLToPath(import.meta.url)), 'dashboard', name);
 const uplotDir = () => dirname(createRequire(import.meta.url).resolve('uplot/dist/uPlot.iife.min.js'));
@@ -89,6 +105,8 @@ export class JobWatch {
   private readonly listeners = new Set<(s: Snapshot, ended: boolean) => void>();
   private timer: NodeJS.Timeout | null = null;
   private readonly wire = new Map<string, { out: number; in: number }>();
+  /** Each worker's compression choice, as its latest progress telemetry said. */
+  private readonly choices = new Map<string, CompressionChoice>();
   private readonly t0 = Date.now();
   private lastSamples = 0;
   private lastAt = Date.now();
@@ -100,14 +118,18 @@ export class JobWatch {
   constructor(private readonly o: {
     job: string; transport: Transport; monitor: MonitorActorDefinition; recordTo?: string | null; everyMs?: number;
     /** communication.compression as the workers apply it (gradientCompressionFromConfig); null or absent: float32. */
-    compression?: 'fp16' | null;
+    compression?: GradientCompressionSetting | null;
   }) {
     this.status = statusOverControl(o.transport, o.job);
     // A scrape reads the status of the latest snapshot (at most a second old): no request of its own.
     this.metrics = new JobMetrics({ status: async () => this.latest?.status ?? null });
     this.unsubs.push(subscribeTelemetry(o.transport, o.job, {
       batch: (t) => this.metrics.batch(t),
-      progress: (t) => { this.metrics.progress(t); this.wire.set(t.node, { out: t.bytes_out, in: t.bytes_in }); },
+      progress: (t) => {
+        this.metrics.progress(t);
+        this.wire.set(t.node, { out: t.bytes_out, in: t.bytes_in });
+        if (t.compression !== null) this.choices.set(t.node, t.compression);
+      },
     }));
     this.unsubs.push(subscribeEvents(o.transport, o.job, (e) => this.metrics.event(e)));
     this.unsubs.push(subscribeVerdicts(o.transport, o.job, (v) => this.metrics.verdict(v)));
@@ -167,7 +189,7 @@ export class JobWatch {
       job: this.o.job, at_ms: now, ended: this.ended, status,
       groups: status === null ? {} : groupProgress(status),
       staleness: [...STALENESS_BUCKETS, Number.POSITIVE_INFINITY].map((le) => ({ le: Number.isFinite(le) ? le : null, count: this.metrics.stalenessCounts.get(le) ?? 0 })),
-      wire: { bytes_out: out, bytes_in: inn, compression: this.o.compression === 'fp16' ? 'fp16 (gradients in pushes and group slices as scaled halves)' : 'none (gradients are sent uncompressed)' },
+      wire: { bytes_out: out, bytes_in: inn, compression: describeGradientCompression(this.o.compression ?? null, this.choices.values()) },
       point,
     };
     this.latest = snap;

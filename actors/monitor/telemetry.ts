@@ -69,6 +69,10 @@ export const progressTelemetrySchema = z.object({
   /** The worker process's payload bytes on the wire so far, sent and received (its transport's counters). */
   bytes_out: z.number().nonnegative().default(0),
   bytes_in: z.number().nonnegative().default(0),
+  /** How the worker's gradients leave it now (communication.compression; adaptive: its current choice); null: not reported. */
+  compression: z.enum(['fp16', 'none']).nullable().default(null),
+  /** The worker's link utilisation over the last 10 s (topology/compression.ts); null before a second of link activity, or not reported. */
+  link_utilisation: z.number().min(0).max(1).nullable().default(null),
 });
 export type ProgressTelemetry = z.infer<typeof progressTelemetrySchema>;
 

@@ -9,7 +9,7 @@
  * those profiles before it writes the job info.
  */
 import { ConfigError, TimeoutError, type ActorSystem, type Clock, type Logger } from '../../runtime/mod.ts';
-import { allWorkerNodes, nodeOverrides, replicasOn, standbyWorkerNodes, type GroupLrRule, type HetpsConfig, type ShardPlan, type StalenessPolicy, type WorkerNode } from '../../topology/mod.ts';
+import { allWorkerNodes, nodeOverrides, replicasOn, standbyWorkerNodes, type GradientCompressionSetting, type GroupLrRule, type HetpsConfig, type ShardPlan, type StalenessPolicy, type WorkerNode } from '../../topology/mod.ts';
 import { initDenseParams, type CtrModel, type DataSource, type DeviceProfile, type ExecutionProvider, type MlpModel } from '../../native-bridge/mod.ts';
 import type { BatchQueue } from '../store/batch-queue.ts';
 import {
@@ -74,12 +74,14 @@ export function groupLrRuleFromConfig(config: HetpsConfig): GroupLrRule | null {
 }
 
 /**
- * communication.compression: `fp16` sends gradients (pushes, group slices)
- * as scaled halves; `none`, and `adaptive` (not built yet: it would compress
- * by link utilisation), send float32.
+ * communication.compression as a worker applies it: `fp16` sends gradients
+ * (pushes, group slices) as scaled halves; `adaptive` does so while the
+ * worker's link utilisation is above compression_threshold
+ * (topology/compression.ts); `none` (mode null) sends float32.
  */
-export function gradientCompressionFromConfig(config: HetpsConfig): 'fp16' | null {
-  return config.communication.compression === 'fp16' ? 'fp16' : null;
+export function gradientCompressionFromConfig(config: HetpsConfig): GradientCompressionSetting {
+  const c = config.communication;
+  return { mode: c.compression === 'none' ? null : c.compression, threshold: c.compression_threshold };
 }
 
 /** hps with training.local_updates: the optimizers a member applies to its own copy between a window's steps (actors/worker/local-updates.ts); null otherwise. */
@@ -220,7 +222,8 @@ export async function startWorkerNode(o: {
     groupSync,
     groupLr: groupLrRuleFromConfig(config),
     localOptimizers: localOptimizersFromConfig(config),
-    compression: gradientCompressionFromConfig(config),
+    compression: gradientCompressionFromConfig(config).mode,
+    compressionThreshold: gradientCompressionFromConfig(config).threshold,
     tailDispatch: config.training.mode !== 'bsp' && config.training.tail_dispatch,
     planStore: o.planStore,
     health: o.health ?? null,

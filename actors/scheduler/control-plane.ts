@@ -14,7 +14,7 @@
  * its mailbox only comes with the spawn) and hands it over as `monitor`.
  */
 import type { Actor, ActorSystem, Logger, NatsAuth, NatsTls } from '../../runtime/mod.ts';
-import type { HealthPolicy } from '../../topology/mod.ts';
+import type { GradientCompressionSetting, HealthPolicy } from '../../topology/mod.ts';
 import { createHealthActor, type HealthActorDefinition } from '../health/health.actor.ts';
 import { HeartbeatPublisher, ThreadedHeartbeat } from '../health/heartbeat.ts';
 import { HEALTH_ACTOR_ID } from '../health/health.actor.ts';
@@ -49,8 +49,8 @@ export async function startControlPlane(system: ActorSystem, o: {
   telemetryLog?: string | null;
   /** nats.secure: the servers enforce who may send commands, so the scheduler logs each one's sender role. */
   secure?: boolean;
-  /** communication.compression as the workers apply it, for the dashboard's wire line; null or absent: float32. */
-  compression?: 'fp16' | null;
+  /** communication.compression as the workers apply it (gradientCompressionFromConfig), for the dashboard's wire line; null or absent: float32. */
+  compression?: GradientCompressionSetting | null;
 }): Promise<ControlPlane> {
   const health = createHealthActor({ policy: o.policy });
   const monitor = o.monitor ?? createMonitorActor({ transport: system.transport, job: system.job, clock: system.clock, log: o.log });

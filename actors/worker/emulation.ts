@@ -17,6 +17,7 @@
  */
 import type { Clock, Logger } from '../../runtime/mod.ts';
 import { wireTensorBytes, type PullReply, type PullRequest, type PushWire } from '../shard/shard.messages.ts';
+import { BusyIntervals } from './link-usage.ts';
 
 export interface StepTiming {
   /** Real compute time of the step (what the CPU did). */
@@ -73,6 +74,12 @@ export class ComputePacer {
 export class EmulatedLink {
   private busyUntil = Number.NEGATIVE_INFINITY;
   private delayedMs = 0;
+  /**
+   * When the link carried bytes: each transfer occupies [its start, + its
+   * transfer time], its start being when the transfers queued before it
+   * are through. Exact, so link utilisation (link-usage.ts) reads it.
+   */
+  readonly busy = new BusyIntervals();
 
   constructor(private readonly clock: Clock, readonly bandwidthMbps: number | null) {}
 
@@ -86,14 +93,19 @@ export class EmulatedLink {
     const ms = this.transferMs(bytes);
     if (ms <= 0) return;
     const now = this.clock.monotonic();
-    this.busyUntil = Math.max(now, this.busyUntil) + ms;
+    const start = Math.max(now, this.busyUntil);
+    this.busyUntil = start + ms;
+    this.busy.add(start, this.busyUntil, now);
     const wait = this.busyUntil - now;
     this.delayedMs += wait;
     await this.clock.sleep(wait);
   }
 
-  /** Total time transfers were held, for telemetry. */
+  /** Total time transfers were held (their queueing included), for telemetry. */
   get totalDelayMs(): number { return this.delayedMs; }
+
+  /** Total time the link was carrying bytes (each transfer's bytes·8 / bandwidth, queueing not counted). */
+  get totalBusyMs(): number { return this.busy.totalMs; }
 }
 
 /**

@@ -8,12 +8,18 @@
  *
  * Emulation (`emulate.speed`, `emulate.bandwidth_mbps`) is applied here: the
  * step graph is paced to the emulated step time, pulls and pushes are held on
- * the emulated link (see emulation.ts).
+ * the emulated link (see emulation.ts). So is gradient compression
+ * (communication.compression): fp16 always, or adaptive — the stepper
+ * measures its link utilisation (link-usage.ts) and asks the policy
+ * (topology/compression.ts) before each push and slice.
  */
 import {
   InvalidTensorError, ValidationError, type Clock, type Logger,
 } from '../../runtime/mod.ts';
-import { DEFAULT_EMULATION_REFERENCE_STEP_MS, type ShardPlan } from '../../topology/mod.ts';
+import {
+  DEFAULT_COMPRESSION_THRESHOLD, DEFAULT_EMULATION_REFERENCE_STEP_MS, INITIAL_ADAPTIVE_COMPRESSION_STATE, adaptiveCompression, checkCompressionThreshold,
+  compressionOffBelow, type AdaptiveCompressionState, type CompressionChoice, type GradientCompressionMode, type ShardPlan,
+} from '../../topology/mod.ts';
 import {
   CtrModel, buildCtrFeeds, buildMlpFeeds, bucketCtrIds, ctrBagIndex, hashedBagOfIds, headOfBatch, runTrainingStep, streamOptions,
   type Batch, type CtrBagIndex, type DataSource, type MlpModel, type StepSession,
@@ -23,6 +29,7 @@ import { EMB_TABLE, WIDE_TABLE, type SparseLayout } from '../node/config-bridge.
 import { compressPush, compressTensors, type GradientTensors, type PullReply, type PullRequest, type PushReply, type PushRequest, type WireGradientTensors } from '../shard/shard.messages.ts';
 import { StaleUpdateError } from '../shard/shard.errors.ts';
 import { ComputePacer, EmulatedLink, pullBytes, pushBytes } from './emulation.ts';
+import { LinkUsage } from './link-usage.ts';
 import { allocateDense, assemblePull, planExchange, pullRequest, pushRequest, type ShardExchange } from './param-exchange.ts';
 import type { ShardClient } from './shard-client.ts';
 import { LocalUpdates, type LocalOptimizers } from './local-updates.ts';
@@ -113,9 +120,12 @@ export interface WorkerStepperOptions {
   /**
    * communication.compression: `fp16` sends every gradient (pushes and group
    * slices) as scaled halves (native-bridge/fp16.ts, compressGradient);
-   * null or absent: float32.
+   * `adaptive` does so while the link's utilisation is above
+   * `compressionThreshold` (topology/compression.ts); null or absent: float32.
    */
-  compression?: 'fp16' | null;
+  compression?: GradientCompressionMode;
+  /** communication.compression_threshold, for `adaptive` (default 0.5). */
+  compressionThreshold?: number;
 }
 
 export class WorkerStepper {
@@ -129,6 +139,10 @@ export class WorkerStepper {
   firstStepAt: number | null = null;
   /** Local updates inside a window (local-updates.ts); null: none. */
   private readonly local: LocalUpdates | null;
+  /** How busy the link has been lately (adaptive compression decides on it). */
+  readonly linkUsage: LinkUsage;
+  readonly compressionThreshold: number;
+  private compression: AdaptiveCompressionState;
 
   constructor(private readonly o: WorkerStepperOptions) {
     this.dense = allocateDense(o.plan);
@@ -136,7 +150,40 @@ export class WorkerStepper {
       clock: o.clock, log: o.log, node: o.node ?? 'worker', speed: o.emulateSpeed, referenceStepMs: o.referenceStepMs ?? DEFAULT_EMULATION_REFERENCE_STEP_MS,
     });
     this.link = new EmulatedLink(o.clock, o.bandwidthMbps ?? null);
+    this.linkUsage = new LinkUsage(o.clock, this.link, { network: o.client.system.transport.kind === 'nats' });
     this.local = o.localOptimizers ? new LocalUpdates(o.localOptimizers) : null;
+    this.compressionThreshold = o.compressionThreshold ?? DEFAULT_COMPRESSION_THRESHOLD;
+    if (o.compression === 'adaptive') checkCompressionThreshold(this.compressionThreshold);
+    this.compression = o.compression === 'fp16' ? { choice: 'fp16', sinceMs: null } : INITIAL_ADAPTIVE_COMPRESSION_STATE;
+  }
+
+  /** How this worker's gradients leave it now: fp16 (always with `fp16`, while the link is busy with `adaptive`) or float32. */
+  get compressionChoice(): CompressionChoice { return this.compression.choice; }
+
+  /** The link's utilisation over the recent window (link-usage.ts); null until it has been in use for a second. */
+  get linkUtilisation(): number | null { return this.linkUsage.utilisation(); }
+
+  /**
+   * Whether the gradients about to be sent go as fp16. With `adaptive`, asks
+   * the policy on the link's current utilisation and says so when the
+   * choice changes.
+   */
+  private compressNow(): boolean {
+    if (this.o.compression !== 'adaptive') return this.o.compression === 'fp16';
+    const now = this.o.clock.monotonic();
+    const utilisation = this.linkUsage.utilisation(now);
+    const threshold = this.compressionThreshold;
+    const next = adaptiveCompression({ utilisation, threshold, nowMs: now }, this.compression);
+    if (next.choice !== this.compression.choice) {
+      const node = this.o.node ?? 'worker';
+      const u = utilisation!.toFixed(2);
+      const fields = { link_utilisation: utilisation, compression_threshold: threshold, measured_by: this.linkUsage.measure, compression: next.choice };
+      this.o.log.info(fields, next.choice === 'fp16'
+        ? `node ${node}: link utilisation ${u} > compression_threshold ${threshold}: gradients now sent as fp16`
+        : `node ${node}: link utilisation ${u} < ${compressionOffBelow(threshold).toFixed(2)} (0.8 × compression_threshold ${threshold}): gradients now sent as float32`);
+    }
+    this.compression = next;
+    return next.choice === 'fp16';
   }
 
   /** The worker's copy of the dense parameters: the last pull, plus local updates since (read-only). */
@@ -248,24 +295,37 @@ export class WorkerStepper {
     };
   }
 
-  /** Gradient tensors as this worker sends them (group slices): compressed with communication.compression fp16. */
+  /** Gradient tensors as this worker sends them (group slices): compressed while the compression choice is fp16. */
   wireTensors(t: GradientTensors): WireGradientTensors {
-    return this.o.compression === 'fp16' ? compressTensors(t) : t;
+    return this.compressNow() ? compressTensors(t) : t;
   }
 
-  /** A pull through the emulated link. */
+  /**
+   * Sends `bytes` of gradients to a group peer: held on the emulated link,
+   * then `send`, whose time in flight counts as link time (link-usage.ts).
+   */
+  async sendOverLink<T>(bytes: number, send: () => Promise<T>): Promise<T> {
+    await this.link.transfer(bytes);
+    return this.linkUsage.waitOn(send);
+  }
+
+  /**
+   * A pull through the emulated link. A pull that waits for a bsp round
+   * (`min_round`) is not counted as link time: its wait is the round's barrier.
+   */
   async pull(shard: string, req: PullRequest, expected: number | null = null): Promise<PullReply> {
-    const reply = await this.o.client.pull(shard, req, expected);
+    const request = () => this.o.client.pull(shard, req, expected);
+    const reply = req.min_round === null ? await this.linkUsage.waitOn(request) : await request();
     await this.link.transfer(pullBytes(req, reply));
     return reply;
   }
 
   /** A push through the emulated link; a push the shard refuses as too stale (hps) is reported, not thrown. */
   async push(shard: string, req: PushRequest): Promise<PushResult> {
-    const wire = this.o.compression === 'fp16' ? compressPush(req) : req;
+    const wire = this.compressNow() ? compressPush(req) : req;
     await this.link.transfer(pushBytes(wire));
     try {
-      return { refused: false, reply: await this.o.client.push(shard, wire) };
+      return { refused: false, reply: await this.linkUsage.waitOn(() => this.o.client.push(shard, wire)) };
     } catch (e) {
       if (e instanceof StaleUpdateError) {
         this.o.log.debug({ shard, staleness: e.data?.staleness ?? null }, 'push refused as too stale: its gradient is dropped');

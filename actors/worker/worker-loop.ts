@@ -6,6 +6,7 @@
  * hps-loop.ts) get all of it as one `WorkerLoopEnv`.
  */
 import type { ActorSystem, Clock, Logger, Timer, Transport } from '../../runtime/mod.ts';
+import type { CompressionChoice } from '../../topology/mod.ts';
 import type { QueuedBatch } from '../store/batch-queue.ts';
 import { publishTelemetry, type BatchTelemetry, type ProgressTelemetry } from '../monitor/telemetry.ts';
 import type { LoopControl } from './loop-control.ts';
@@ -58,6 +59,8 @@ export interface TrainingLedgerOptions {
   /** When (clock.monotonic) the worker's first step began; null before it (progress telemetry: first_step_ago_ms). */
   firstStepAt?: () => number | null;
   onBatchTrained: ((t: BatchTelemetry) => void) | null;
+  /** How the worker's gradients leave it now and its link utilisation (progress telemetry); absent: not reported. */
+  compression?: () => { choice: CompressionChoice; linkUtilisation: number | null };
 }
 
 const firstStepAgo = (at: number | null, now: number): number | null => (at === null ? null : Math.max(0, now - at));
@@ -80,6 +83,7 @@ export class TrainingLedger {
     this.progress = clock.setInterval(() => {
       const now = clock.monotonic();
       const w = this.since;
+      const wire = this.o.compression?.() ?? null;
       const body: ProgressTelemetry = {
         node: this.o.node, group: this.o.group, steps: stats.steps, samples: stats.samples,
         loss: w.samples > 0 ? w.loss / w.samples : null,
@@ -88,6 +92,7 @@ export class TrainingLedger {
         busy_ms: w.busy, emulated_step_ms: w.stepMs, window_ms: Math.max(0, now - w.start),
         first_step_ago_ms: firstStepAgo(this.o.firstStepAt?.() ?? null, now),
         bytes_out: this.o.transport.stats.bytesOut, bytes_in: this.o.transport.stats.bytesIn,
+        compression: wire?.choice ?? null, link_utilisation: wire?.linkUtilisation ?? null,
       };
       publishTelemetry(this.o.transport, this.o.job, 'progress', this.o.node, body);
       this.since = { loss: 0, samples: 0, start: now, busy: 0, stepMs: 0 };

@@ -20,7 +20,7 @@
  * every telemetry message (`emulated`, `emulated_speed`).
  */
 import { ConfigError, type ActorContext, type ActorDefinition } from '../../runtime/mod.ts';
-import type { GroupLrRule, ShardPlan, WorkerGroupConfig } from '../../topology/mod.ts';
+import type { GradientCompressionMode, GroupLrRule, ShardPlan, WorkerGroupConfig } from '../../topology/mod.ts';
 import { StepSession, type CtrModel, type DataSource, type ExecutionProvider, type MlpModel } from '../../native-bridge/mod.ts';
 import type { BatchQueue } from '../store/batch-queue.ts';
 import type { SparseLayout } from '../node/config-bridge.ts';
@@ -67,8 +67,14 @@ export interface WorkerActorOptions {
   groupLr?: GroupLrRule | null;
   /** hps: training.local_updates' optimizers (local-updates.ts); null or absent: none. */
   localOptimizers?: LocalOptimizers | null;
-  /** communication.compression fp16: gradients go out as scaled halves; null or absent: float32. */
-  compression?: 'fp16' | null;
+  /**
+   * communication.compression: fp16, gradients go out as scaled halves;
+   * adaptive, so while the link's utilisation is above compressionThreshold;
+   * null or absent: float32.
+   */
+  compression?: GradientCompressionMode;
+  /** communication.compression_threshold (adaptive); default 0.5. */
+  compressionThreshold?: number;
   /** Per request attempt to a shard. Default 10 s. */
   requestTimeoutMs?: number;
   /** How long a bsp worker looks for a batch before it contributes an empty one. Default 1.5 s. */
@@ -132,7 +138,7 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
       client, plan: o.plan, model: o.model, layout: o.layout, session: session!, clock, log, node: o.node,
       emulateSpeed: o.emulateSpeed, referenceStepMs: o.referenceStepMs, bandwidthMbps: o.bandwidthMbps ?? null,
       localOptimizers: groupSync !== null ? o.localOptimizers ?? null : null,
-      compression: o.compression ?? null,
+      compression: o.compression ?? null, compressionThreshold: o.compressionThreshold,
     });
     if (o.emulateSpeed !== null) {
       log.info({ emulated_speed: o.emulateSpeed, emulated_step_ms: stepper.pacer.targetStepMs },
@@ -140,6 +146,12 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
         + `(training.emulation_reference_step_ms / nodes.${o.node}.emulate.speed ${o.emulateSpeed}), the real compute inside it`);
     }
     if ((o.bandwidthMbps ?? null) !== null) log.info({ bandwidth_mbps: o.bandwidthMbps }, `EMULATED link: ${o.bandwidthMbps} Mbit/s for pulls, pushes and group slices (nodes.${o.node}.emulate.bandwidth_mbps)`);
+    if (o.compression === 'adaptive') {
+      const measure = stepper.linkUsage.measure;
+      log.info({ compression_threshold: stepper.compressionThreshold, measured_by: measure }, measure === 'none (embedded bus, no link)'
+        ? `adaptive compression: on the embedded bus without nodes.${o.node}.emulate.bandwidth_mbps there is no link to measure; gradients are sent as float32`
+        : `adaptive compression: gradients are sent as fp16 while link utilisation (${measure}, last 10 s) is above ${stepper.compressionThreshold}`);
+    }
     if (groupSync !== null) {
       log.info({ group: groupSync.name, sync_mode: groupSync.sync_mode, members: groupSync.nodes },
         `hps: ${groupSync.sync_mode} inside group ${groupSync.name} (${groupSync.nodes.join(', ')}), asynchronous between groups`);
@@ -149,6 +161,7 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
       node: o.node, group: o.group, batchGroup: () => hps?.groupName ?? null, stats, transport: system.transport, job, clock, log,
       emulateSpeed: o.emulateSpeed, emulated, ackWaitMs: o.job.ack_wait_ms, onBatchTrained: o.onBatchTrained ?? null,
       firstStepAt: () => stepper.firstStepAt,
+      compression: () => ({ choice: stepper.compressionChoice, linkUtilisation: stepper.linkUtilisation }),
     });
     const progressMs = o.progressIntervalMs ?? 2_000;
     // Rates over the last ten progress reports, counted once a worker has sent three.

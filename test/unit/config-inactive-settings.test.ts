@@ -18,8 +18,6 @@ const NOT_ACTIVE = [
   'training.group_lr_scaling',
   'training.max_staleness',
   'communication.backend',
-  'communication.compression',
-  'communication.compression_threshold',
   'fault_tolerance.worker_recovery_timeout',
   'load_balancing.enabled',
   'load_balancing.imbalance_threshold',
@@ -93,10 +91,13 @@ describe('inactiveSettings', () => {
     }
   });
 
-  test('compression fp16 is active (pushes and slices as halves): not listed; adaptive is', () => {
+  test('compression fp16 and adaptive (fp16 by link utilisation) are active: not listed; compression_threshold only where adaptive does not read it', () => {
     const at = (c: string) => inactiveSettings(parseConfig(`${CLUSTER}communication: { compression: ${c} }\n`, FILE)).map(pathOf);
     assert.deepEqual(at('fp16'), []);
-    assert.deepEqual(at('adaptive'), ['communication.compression']);
+    assert.deepEqual(at('adaptive'), []);
+    assert.deepEqual(at('adaptive, compression_threshold: 0.7'), []);
+    assert.deepEqual(at('none, compression_threshold: 0.7'), ['communication.compression_threshold']);
+    assert.deepEqual(at('fp16, compression_threshold: 0.7'), ['communication.compression_threshold']);
   });
 
   test('values that ask for nothing are not listed', () => {

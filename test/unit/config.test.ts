@@ -535,12 +535,9 @@ nodes:
 // ---------------------------------------------------------------- inactive settings
 
 describe('inactiveSettings', () => {
-  test('lists the article settings no code acts on yet', () => {
+  test('the article\'s example lists nothing: adaptive compression and compression_threshold are acted on', () => {
     const c = parse(ARTICLE + MODEL_AND_DATA);
-    assert.deepEqual(inactiveSettings(c), [
-      'communication.compression=adaptive (not active yet: gradients are sent uncompressed (compression: fp16 compresses every gradient))',
-      'communication.compression_threshold=0.5 (not active yet: adaptive compression is not built: gradients are sent uncompressed unless compression is fp16)',
-    ]);
+    assert.deepEqual(inactiveSettings(c), []);
   });
 
   test('lists only what the file sets, and only values that ask for something', () => {

@@ -9,6 +9,7 @@ import { shardPlanFromConfig, sparseLayoutFromConfig } from '../../actors/node/c
 import { modelAndData, startServerNode } from '../../actors/node/nodes.ts';
 import { memoryPlanStore } from '../../actors/store/plan-store.ts';
 import { ComputePacer, EmulatedLink } from '../../actors/worker/emulation.ts';
+import { LinkUsage } from '../../actors/worker/link-usage.ts';
 import { ShardClient } from '../../actors/worker/shard-client.ts';
 import { WorkerStepper } from '../../actors/worker/step.ts';
 
@@ -74,6 +75,78 @@ test('emulated link: a transfer takes bytes·8/bandwidth, and transfers queue be
   const open = new EmulatedLink(clock, null);
   await open.transfer(1 << 20);
   assert.equal(open.totalDelayMs, 0, 'no bandwidth set: not limited');
+});
+
+test('emulated link busy time: each transfer\'s bytes·8/bandwidth, queueing not counted, overlap never counted twice', async () => {
+  const clock = new SimulatedClock(0);
+  const link = new EmulatedLink(clock, 8); // 1000 bytes per ms
+  const a = link.transfer(5_000);
+  const b = link.transfer(2_000); // queued behind a: busy [5, 7]
+  for (let t = 0; t < 8; t++) await advance(clock, 1);
+  await Promise.all([a, b]);
+  assert.equal(link.totalBusyMs, 7, 'the link carried bytes for 5 + 2 ms');
+  assert.equal(link.totalDelayMs, 12, 'b waited 7 ms, 2 of them its own transfer');
+  assert.equal(link.busy.between(0, 7), 7);
+  assert.equal(link.busy.between(6, 100), 1);
+  assert.equal(link.busy.between(7, 100), 0);
+  const open = new EmulatedLink(clock, null);
+  await open.transfer(1 << 20);
+  assert.equal(open.totalBusyMs, 0, 'not limited: never busy');
+});
+
+test('link utilisation on an emulated link: the busy fraction of the last window, null until the link has been in use for the minimum span (simulated clock)', async () => {
+  const clock = new SimulatedClock(0);
+  const link = new EmulatedLink(clock, 8); // 1000 bytes per ms
+  const usage = new LinkUsage(clock, link, { network: false, windowMs: 100, minSpanMs: 20 }); // judged after 20 ms
+  assert.equal(usage.measure, 'emulated link');
+  assert.equal(usage.utilisation(), null, 'no transfer yet');
+  const first = link.transfer(30_000); // busy [0, 30]
+  await advance(clock, 10);
+  assert.equal(usage.utilisation(), null, '10 ms of activity: not judged yet');
+  await advance(clock, 10);
+  assert.equal(usage.utilisation(), 1, 'busy for all of the 20 ms seen so far');
+  for (let t = 20; t < 100; t += 10) await advance(clock, 10);
+  await first;
+  assert.equal(clock.monotonic(), 100);
+  assert.equal(usage.utilisation(), 0.3, '30 of 100 ms');
+  const second = link.transfer(50_000); // busy [100, 150]
+  for (let t = 100; t < 150; t += 10) await advance(clock, 10);
+  await second;
+  assert.equal(usage.utilisation(), 0.5, 'the window [50, 150]: the first transfer has left it');
+  await advance(clock, 100);
+  assert.equal(usage.utilisation(), 0, 'idle for the whole window');
+});
+
+test('link utilisation over NATS without an emulated link: the time requests are in flight, overlapping ones counted once (simulated clock)', async () => {
+  const clock = new SimulatedClock(0);
+  const usage = new LinkUsage(clock, new EmulatedLink(clock, null), { network: true, windowMs: 100, minSpanMs: 20 });
+  assert.equal(usage.measure, 'waits on pulls, pushes and slices');
+  let endA!: () => void;
+  let endB!: () => void;
+  const a = usage.waitOn(() => new Promise<string>((r) => { endA = () => r('a'); }));
+  clock.increment(10);
+  const b = usage.waitOn(() => new Promise<string>((r) => { endB = () => r('b'); }));
+  clock.increment(20);
+  endA();
+  assert.equal(await a, 'a', 'waitOn hands back the request\'s answer');
+  clock.increment(10);
+  assert.equal(usage.utilisation(), 1, 'at 40 ms: a request has been in flight all along');
+  clock.increment(10);
+  endB();
+  await b;
+  clock.increment(50);
+  assert.equal(usage.utilisation(), 0.5, 'in flight [0, 50] of [0, 100]: a and b overlap on [10, 30] and count once');
+  // A failed request counts too (its time was spent waiting on the link), and its error is passed on.
+  const failing = usage.waitOn(async () => { clock.increment(25); throw new Error('no responders'); });
+  await assert.rejects(failing, /no responders/);
+  assert.equal(usage.utilisation(), 0.5, 'the window [25, 125]: [25, 50] and [100, 125]');
+
+  // The embedded bus without an emulated link has no link: its waits are never taken for link time.
+  const embedded = new LinkUsage(clock, new EmulatedLink(clock, null), { network: false, windowMs: 100, minSpanMs: 20 });
+  assert.equal(embedded.measure, 'none (embedded bus, no link)');
+  await embedded.waitOn(async () => { clock.increment(60); });
+  clock.increment(40);
+  assert.equal(embedded.utilisation(), null);
 });
 
 test('a worker step under emulation: compute paced to reference / speed and pulls held on the link (simulated clock)', async () => {

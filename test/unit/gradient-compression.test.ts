@@ -143,7 +143,7 @@ communication: { compression: ${compression} }
     const stepper = new WorkerStepper({
       client: new ShardClient(await bus.system('w1'), { requestTimeoutMs: 5_000, log: silentLogger(), shouldStop: () => false, plans: plan }),
       plan, model: md.model, layout: sparseLayoutFromConfig(config, md.model), session, clock: systemClock, log: silentLogger(),
-      emulateSpeed: null, bandwidthMbps: 1000, compression: gradientCompressionFromConfig(config),
+      emulateSpeed: null, bandwidthMbps: 1000, compression: gradientCompressionFromConfig(config).mode,
     });
     const losses: number[] = [];
     try {

@@ -36,7 +36,7 @@ test('JobMetrics: batch, progress, event, verdict and status figures come out in
   m.batch(batch('f1', 0));
   m.batch(batch('f2', 3));
   m.batch({ ...batch('s1', 9), ack_confirmed: false });
-  m.progress({ node: 'f1', group: 'fast', steps: 1, samples: 32, loss: 0.5, samples_per_s: 12, round: null, emulated_speed: 1, emulated: true, busy_ms: 3, emulated_step_ms: 40, window_ms: 2000, first_step_ago_ms: 10, bytes_out: 1000, bytes_in: 5000 });
+  m.progress({ node: 'f1', group: 'fast', steps: 1, samples: 32, loss: 0.5, samples_per_s: 12, round: null, emulated_speed: 1, emulated: true, busy_ms: 3, emulated_step_ms: 40, window_ms: 2000, first_step_ago_ms: 10, bytes_out: 1000, bytes_in: 5000, compression: null, link_utilisation: null });
   m.event({ at_ms: 1, kind: 'checkpoint', node: null, text: 'ckpt' });
   m.event({ at_ms: 2, kind: 'failover', node: 'server-1', text: 'promoted' });
   m.verdict({ node: 's1', role: 'worker', state: 'dead', since_ms: 1, reason: 'silent', reported: '', silent_ms: 900 });
