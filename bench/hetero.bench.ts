@@ -94,7 +94,7 @@
  *   npm run bench:hetero     → bench/results/hetero.json, hetero.svg, hetero-mlp.svg
  *   options: --workloads ctr,mlp  --peers a,b  --repeats N  --no-grid  --samples N  --quick  --out DIR
  *            --reference-ms N  --ctr-hidden a,b  --mlp-hidden a,b  --hps-training "key: value; …"  --training "key: value; …" (every peer)  --optimizer "key: value; …" (every peer's dense optimizer)
- *            --lr-mult X  --group-lr none|sqrt (with --no-grid)  --compression none (every peer float32 instead of the protocol's fp16) (to explore; results then go to a temp dir)
+ *            --lr-mult X  --group-lr none|sqrt (with --no-grid)  --compression none|adaptive (every peer float32, or adaptive, instead of the protocol's fp16) (to explore; results then go to a temp dir)
  *            --collect DIR: aggregate the runs an earlier invocation left in DIR (e.g. one stopped after a workload)
  *            --rescore FILE: recompute the statistics and goals of a results file from the runs it records
  */
@@ -148,10 +148,11 @@ const NO_GRID_RULE = (option('--group-lr') ?? 'none') as 'none' | 'sqrt';
  * communication.compression of every peer: the protocol's fp16 (gradients
  * as halves: it helped every peer in side-by-side runs at no measurable
  * accuracy cost, so each peer gets it as its best honest configuration);
- * `--compression none` explores float32 (results then go to a temp dir).
+ * `--compression none` explores float32, `--compression adaptive` the
+ * default switch by link utilisation (results then go to a temp dir).
  */
 const COMPRESSION = option('--compression') ?? 'fp16';
-if (!['none', 'fp16'].includes(COMPRESSION)) throw new Error(`--compression: none or fp16, got ${COMPRESSION}`);
+if (!['none', 'fp16', 'adaptive'].includes(COMPRESSION)) throw new Error(`--compression: none, fp16 or adaptive, got ${COMPRESSION}`);
 const EVAL_EVERY_S = 2;
 const EVAL_SAMPLES = 4096;
 
@@ -591,7 +592,8 @@ async function main(): Promise<void> {
       cluster: CLASSES.map((c) => ({ class: c.name, workers: c.size, speed: c.speed, step_ms: round(stepMs(c.speed), 1), link_mbps: c.mbps, hps_config: c.sync_mode === 'sync' ? `sync, sync_steps ${c.sync_steps}` : 'async' })),
       scale: 'time 5× slower (500 ms steps), bytes 10× fewer (0.4 MB tower), links 50× slower than a full-scale cluster of this shape (100 ms steps, 1000/300/125 Mbit/s, ~4 MB tower): each class keeps its ratio of transfer time to step time; see the file\'s header',
       link_emulation: 'emulate.bandwidth_mbps: each pull reply, push (every step of a window\'s push) and group slice of a node is held for bytes·8 / bandwidth on its one link (the network lab\'s tc limits act on processes spawned into a namespace; hetps up does not spawn its nodes there yet)',
-      compression: COMPRESSION === 'fp16' ? 'every peer: communication.compression fp16 (gradients in pushes and group slices as scaled halves; pull replies float32)' : 'none: every gradient float32',
+      compression: COMPRESSION === 'fp16' ? 'every peer: communication.compression fp16 (gradients in pushes and group slices as scaled halves; pull replies float32)'
+        : COMPRESSION === 'adaptive' ? 'every peer: communication.compression adaptive (fp16 while a worker\'s link utilisation is above 0.5)' : 'none: every gradient float32',
       servers: SERVERS.length,
       nats: 'a fresh local 3-node cluster per run (routes, JetStream), every node its own process',
       reference_step_ms: REFERENCE_STEP_MS,
