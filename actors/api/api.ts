@@ -39,7 +39,7 @@ import type { WorkerLoopState } from '../worker/worker.messages.ts';
 import { ThreadedHeartbeat } from '../health/heartbeat.ts';
 import { HealthWatcher } from '../health/health-watcher.ts';
 import { groupOfWorker, natsJobInfoStore, waitForJobInfo, type JobInfo } from '../store/job-info.ts';
-import { DEFAULT_NODE_WAIT_MS, UNGROUPED, gradientCompressionFromConfig, groupLrRuleFromConfig, localOptimizersFromConfig, modelAndData, startServerNode, waitForPlan, workerNodeByName, workerNodeOf, type ModelAndData } from '../node/nodes.ts';
+import { DEFAULT_NODE_WAIT_MS, UNGROUPED, groupLrRuleFromConfig, localOptimizersFromConfig, modelAndData, startServerNode, waitForPlan, workerCompressionOptions, workerNodeByName, workerNodeOf, type ModelAndData } from '../node/nodes.ts';
 import { natsConnectionOf, natsPlanStore } from '../store/plan-store.ts';
 import { ProfileReporter } from '../node/profile-reporter.ts';
 import { natsProfileStore } from '../store/profile-store.ts';
@@ -199,7 +199,7 @@ export class HeterogeneousParameterServer {
       clock: systemClock, log: this.log, emulateSpeed: overrides.emulate?.speed ?? null,
       // hps: local updates between a window's steps, as a launched worker's (training.local_updates).
       localOptimizers: this.info.mode === 'hps' ? localOptimizersFromConfig(config) : null,
-      node, compression: gradientCompressionFromConfig(config).mode, compressionThreshold: gradientCompressionFromConfig(config).threshold,
+      node, ...workerCompressionOptions(config),
     });
     const group = this.info.mode === 'hps' ? groupOfWorker(this.info, config, node) : null;
     publishTelemetry(this.transport, job, 'start', node, {

@@ -84,6 +84,12 @@ export function gradientCompressionFromConfig(config: HetpsConfig): GradientComp
   return { mode: c.compression === 'none' ? null : c.compression, threshold: c.compression_threshold };
 }
 
+/** gradientCompressionFromConfig as a worker's (and its stepper's) options. */
+export function workerCompressionOptions(config: HetpsConfig): { compression: GradientCompressionSetting['mode']; compressionThreshold: number } {
+  const { mode, threshold } = gradientCompressionFromConfig(config);
+  return { compression: mode, compressionThreshold: threshold };
+}
+
 /** hps with training.local_updates: the optimizers a member applies to its own copy between a window's steps (actors/worker/local-updates.ts); null otherwise. */
 export function localOptimizersFromConfig(config: HetpsConfig): LocalOptimizers | null {
   if (config.training.mode !== 'hps' || !config.training.local_updates) return null;
@@ -222,8 +228,7 @@ export async function startWorkerNode(o: {
     groupSync,
     groupLr: groupLrRuleFromConfig(config),
     localOptimizers: localOptimizersFromConfig(config),
-    compression: gradientCompressionFromConfig(config).mode,
-    compressionThreshold: gradientCompressionFromConfig(config).threshold,
+    ...workerCompressionOptions(config),
     tailDispatch: config.training.mode !== 'bsp' && config.training.tail_dispatch,
     planStore: o.planStore,
     health: o.health ?? null,
