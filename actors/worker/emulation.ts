@@ -103,9 +103,6 @@ export class EmulatedLink {
 
   /** Total time transfers were held (their queueing included), for telemetry. */
   get totalDelayMs(): number { return this.delayedMs; }
-
-  /** Total time the link was carrying bytes (each transfer's bytes·8 / bandwidth, queueing not counted). */
-  get totalBusyMs(): number { return this.busy.totalMs; }
 }
 
 /**

@@ -16,7 +16,6 @@ import type { EmulatedLink } from './emulation.ts';
  */
 export class BusyIntervals {
   private readonly spans: { start: number; end: number }[] = [];
-  private total = 0;
   /** Start of the first interval ever added; null before one. */
   firstStart: number | null = null;
 
@@ -28,13 +27,10 @@ export class BusyIntervals {
     this.firstStart = Math.min(this.firstStart ?? start, start);
     const last = this.spans.at(-1);
     if (last !== undefined && start <= last.end) {
-      const merged = { start: Math.min(start, last.start), end: Math.max(end, last.end) };
-      this.total += (merged.end - merged.start) - (last.end - last.start);
-      last.start = merged.start;
-      last.end = merged.end;
+      last.start = Math.min(start, last.start);
+      last.end = Math.max(end, last.end);
     } else {
       this.spans.push({ start, end });
-      this.total += end - start;
     }
     const forgetBefore = now - this.keepMs;
     let drop = 0;
@@ -52,9 +48,6 @@ export class BusyIntervals {
     }
     return busy;
   }
-
-  /** Busy milliseconds of every interval ever added. */
-  get totalMs(): number { return this.total; }
 }
 
 export interface LinkUsageOptions {
