@@ -150,7 +150,10 @@ communication: { compression: ${compression} }
       for (const batch of md.source.batchesSync(streamOptions('train', 64, { epoch: 0 }))) {
         losses.push((await stepper.run(batch, null)).loss!);
       }
-      return { losses, linkMs: stepper.link.totalDelayMs };
+      // Time the link carried bytes (bytes·8/bandwidth, exact): the run is far shorter than
+      // the intervals' keep window, so none are forgotten. Not totalDelayMs, which adds queueing
+      // behind a prefetch's pull and so depends on timing.
+      return { losses, linkMs: stepper.link.busy.between(Number.NEGATIVE_INFINITY, Number.POSITIVE_INFINITY) };
     } finally {
       await session.dispose();
       await bus.close();
