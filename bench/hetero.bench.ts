@@ -94,7 +94,7 @@
  *   npm run bench:hetero     → bench/results/hetero.json, hetero.svg, hetero-mlp.svg
  *   options: --workloads ctr,mlp  --peers a,b  --repeats N  --no-grid  --samples N  --quick  --out DIR
  *            --reference-ms N  --ctr-hidden a,b  --mlp-hidden a,b  --hps-training "key: value; …"  --training "key: value; …" (every peer)  --optimizer "key: value; …" (every peer's dense optimizer)
- *            --lr-mult X  --group-lr none|sqrt (with --no-grid)  --compression none|adaptive (every peer float32, or adaptive, instead of the protocol's fp16) (to explore; results then go to a temp dir)
+ *            --lr-mult X  --group-lr none|sqrt (with --no-grid)  --compression none|adaptive (every peer float32, or adaptive, instead of the protocol's fp16)  --compression-threshold X (with adaptive)  --servers N (instead of 2) (to explore; results then go to a temp dir)
  *            --collect DIR: aggregate the runs an earlier invocation left in DIR (e.g. one stopped after a workload)
  *            --rescore FILE: recompute the statistics and goals of a results file from the runs it records
  */
@@ -129,7 +129,8 @@ const CLASSES = [
   { name: 'medium', size: 4, speed: 0.6, mbps: 6, sync_mode: 'sync', sync_steps: 6 as number | null },
   { name: 'slow', size: 2, speed: 0.2, mbps: 2.5, sync_mode: 'async', sync_steps: null as number | null },
 ] as const;
-const SERVERS = ['server-1', 'server-2'];
+/** The protocol's two server nodes; `--servers N` explores another count (the reference article's cluster has 3). */
+const SERVERS = Array.from({ length: Number(option('--servers') ?? 2) }, (_, i) => `server-${i + 1}`);
 const WORKERS = CLASSES.flatMap((c) => Array.from({ length: c.size }, (_, i) => ({ name: `${c.name}-${i + 1}`, cls: c })));
 const stepMs = (speed: number) => REFERENCE_STEP_MS / speed;
 /** The nominal, communication-free ideal: Σ batch_size / step time over every node. */
@@ -153,6 +154,9 @@ const NO_GRID_RULE = (option('--group-lr') ?? 'none') as 'none' | 'sqrt';
  */
 const COMPRESSION = option('--compression') ?? 'fp16';
 if (!['none', 'fp16', 'adaptive'].includes(COMPRESSION)) throw new Error(`--compression: none, fp16 or adaptive, got ${COMPRESSION}`);
+/** With --compression adaptive: communication.compression_threshold (default hetps' 0.5). */
+const COMPRESSION_THRESHOLD = option('--compression-threshold');
+if (COMPRESSION_THRESHOLD !== null && COMPRESSION !== 'adaptive') throw new Error('--compression-threshold needs --compression adaptive');
 const EVAL_EVERY_S = 2;
 const EVAL_SAMPLES = 4096;
 
@@ -255,7 +259,7 @@ ${ALL_OPTIMIZER.map((l) => `  ${l}\n`).join('')}training:
   emulation_reference_step_ms: ${REFERENCE_STEP_MS}
 ${mode === 'hps' ? `  group_lr_scaling: ${rule}\n${HPS_TRAINING.map((l) => `  ${l}\n`).join('')}` : ''}${ALL_TRAINING.map((l) => `  ${l}\n`).join('')}communication:
   compression: ${COMPRESSION}
-fault_tolerance:
+${COMPRESSION_THRESHOLD !== null ? `  compression_threshold: ${COMPRESSION_THRESHOLD}\n` : ''}fault_tolerance:
   worker_recovery_timeout: 120
 logging:
   level: warn
@@ -538,7 +542,7 @@ function rescore(file: string): void {
 async function main(): Promise<void> {
   const RESCORE = option('--rescore');
   if (RESCORE !== null) return rescore(RESCORE);
-  const full = !QUICK && GRID && REPEATS >= 3 && SAMPLES_OVERRIDE === null && !['--reference-ms', '--ctr-hidden', '--mlp-hidden', '--hps-training', '--training', '--lr-mult', '--group-lr', '--compression', '--optimizer'].some((o) => option(o) !== null) && PEER_KEYS.length === PEERS.length && (WORKLOAD_KEYS.length === WORKLOADS.length || COLLECT !== null);
+  const full = !QUICK && GRID && REPEATS >= 3 && SAMPLES_OVERRIDE === null && !['--reference-ms', '--ctr-hidden', '--mlp-hidden', '--hps-training', '--training', '--lr-mult', '--group-lr', '--compression', '--compression-threshold', '--servers', '--optimizer'].some((o) => option(o) !== null) && PEER_KEYS.length === PEERS.length && (WORKLOAD_KEYS.length === WORKLOADS.length || COLLECT !== null);
   // Before anything is written: the results' own files would make the tree look dirty.
   const git = gitCommit(ROOT);
   const dir = mkdtempSync(join(tmpdir(), 'hetps-bench-hetero-'));
@@ -593,7 +597,7 @@ async function main(): Promise<void> {
       scale: 'time 5× slower (500 ms steps), bytes 10× fewer (0.4 MB tower), links 50× slower than a full-scale cluster of this shape (100 ms steps, 1000/300/125 Mbit/s, ~4 MB tower): each class keeps its ratio of transfer time to step time; see the file\'s header',
       link_emulation: 'emulate.bandwidth_mbps: each pull reply, push (every step of a window\'s push) and group slice of a node is held for bytes·8 / bandwidth on its one link (the network lab\'s tc limits act on processes spawned into a namespace; hetps up does not spawn its nodes there yet)',
       compression: COMPRESSION === 'fp16' ? 'every peer: communication.compression fp16 (gradients in pushes and group slices as scaled halves; pull replies float32)'
-        : COMPRESSION === 'adaptive' ? 'every peer: communication.compression adaptive (fp16 while a worker\'s link utilisation is above 0.5)' : 'none: every gradient float32',
+        : COMPRESSION === 'adaptive' ? `every peer: communication.compression adaptive (fp16 while a worker's link utilisation is above ${COMPRESSION_THRESHOLD ?? 0.5})` : 'none: every gradient float32',
       servers: SERVERS.length,
       nats: 'a fresh local 3-node cluster per run (routes, JetStream), every node its own process',
       reference_step_ms: REFERENCE_STEP_MS,
