@@ -10,7 +10,13 @@
  *   this node subscribes itself, bytes over time until the last one is back.
  *   Every byte goes up to the server and down again over the same link, so
  *   this is client↔server bandwidth (the node's own link, full duplex), not
- *   node-to-node bandwidth across a cluster route.
+ *   node-to-node bandwidth across a cluster route. Two messages are in
+ *   flight at a time and none is sent once the probe's time is up, so a slow
+ *   link is never flooded (seconds of probe data queued ahead of the
+ *   client's pings made its connection look stale). On a link so slow that
+ *   only the first, untimed message comes back in time, it is that
+ *   message's bytes, up and down, over its round trip; none at all is a
+ *   TimeoutError (the profile reporter measures again with more time).
  * On the in-process bus the same code runs; rtt is ~0 and bandwidth is memory
  * speed, and `link: 'embedded'` says so.
  *
@@ -21,7 +27,7 @@
  * emulated, whatever its factor).
  */
 import type { Clock, Transport } from '../../runtime/mod.ts';
-import { probeSubject, systemClock } from '../../runtime/mod.ts';
+import { TimeoutError, probeSubject, systemClock } from '../../runtime/mod.ts';
 import type { EmulateConfig, NodeProfile } from '../../topology/mod.ts';
 import { medianOf } from '../../topology/mod.ts';
 import type { DeviceProfile, ProfileOptions } from '../../native-bridge/mod.ts';
@@ -49,6 +55,9 @@ export interface NetworkProbe {
   bandwidth_mbps: number;
   link: 'nats' | 'embedded';
 }
+
+/** Bandwidth probe messages in flight at once (see measureNetwork). */
+export const BANDWIDTH_WINDOW = 2;
 
 /** Shortest time we divide by: the in-process bus can deliver 8 MiB in less than a timer tick. */
 const MIN_ELAPSED_MS = 0.001;
@@ -101,16 +110,31 @@ export async function measureNetwork(transport: Transport, options: Partial<Netw
   try {
     await transport.flush();
     // One message first, not timed, so the subscription's set-up is not counted.
+    const sentFirst = clock.monotonic();
     transport.publish(bwSubject, payload);
     await arrived(1);
+    if (received < 1) throw new TimeoutError(`no ${o.messageBytes}-byte bandwidth probe message came back within ${o.timeoutMs} ms`);
+    const firstMs = clock.monotonic() - sentFirst;
     const before = receivedBytes;
+    const start = received;
     const t0 = clock.monotonic();
-    const all = arrived(received + count);
-    for (let i = 0; i < count; i++) transport.publish(bwSubject, payload);
-    await transport.flush();
-    await all;
+    // At most BANDWIDTH_WINDOW messages in flight, the next one sent as one comes back, and none once
+    // the time is up: on a slow link a burst of the whole probe would queue seconds of data ahead of
+    // the client's pings (its connection then looks stale and is dropped) and of the job's first requests.
+    let sent = 0;
+    while (sent < count && clock.monotonic() - started < o.timeoutMs) {
+      while (sent < count && sent - (received - start) < BANDWIDTH_WINDOW) { transport.publish(bwSubject, payload); sent++; }
+      await arrived(start + Math.min(count, sent - BANDWIDTH_WINDOW + 1));
+    }
+    await arrived(start + sent);
     elapsed = Math.max(MIN_ELAPSED_MS, clock.monotonic() - t0);
     bytes = receivedBytes - before;
+    if (bytes === 0) {
+      // A link so slow that only the first message came back in time: its round trip carried its bytes
+      // up and down again one after the other, so twice its bytes over its time (an underestimate by the rtt).
+      bytes = 2 * o.messageBytes;
+      elapsed = Math.max(MIN_ELAPSED_MS, firstMs);
+    }
   } finally {
     sink.unsubscribe();
   }
