@@ -225,6 +225,8 @@ export async function startWorkerNode(o: {
     emulateSpeed: overrides.emulate?.speed ?? null,
     referenceStepMs: config.training.emulation_reference_step_ms,
     bandwidthMbps: overrides.emulate?.bandwidth_mbps ?? null,
+    // The link's bandwidth as the worker's profile measured it over NATS: adaptive compression's utilisation counts bytes at that rate.
+    measuredBandwidthMbps: reporter !== null && reporter.profile.link === 'nats' ? reporter.profile.bandwidth_mbps : null,
     groupSync,
     groupLr: groupLrRuleFromConfig(config),
     localOptimizers: localOptimizersFromConfig(config),

@@ -79,9 +79,12 @@ export class EmulatedLink {
    * transfer time], its start being when the transfers queued before it
    * are through. Exact, so link utilisation (link-usage.ts) reads it.
    */
-  readonly busy = new BusyIntervals();
+  readonly busy: BusyIntervals;
 
-  constructor(private readonly clock: Clock, readonly bandwidthMbps: number | null) {}
+  /** `keepMs`: how much of its busy time the link remembers (default the utilisation window). */
+  constructor(private readonly clock: Clock, readonly bandwidthMbps: number | null, keepMs?: number) {
+    this.busy = new BusyIntervals(keepMs);
+  }
 
   /** Milliseconds `bytes` take on the link. */
   transferMs(bytes: number): number {
@@ -90,15 +93,26 @@ export class EmulatedLink {
 
   /** Holds a transfer of `bytes` until the link has carried it (after the transfers queued before it). */
   async transfer(bytes: number): Promise<void> {
+    const wait = this.occupy(bytes);
+    if (wait <= 0) return;
+    this.delayedMs += wait;
+    await this.clock.sleep(wait);
+  }
+
+  /**
+   * Queues `bytes` on the link — busy from when the transfers queued before
+   * them are through, for their transfer time — without holding anyone; the
+   * milliseconds until they are through. `transfer` waits that long; a link
+   * modelled from a measured bandwidth (link-usage.ts) only records it.
+   */
+  occupy(bytes: number): number {
     const ms = this.transferMs(bytes);
-    if (ms <= 0) return;
+    if (ms <= 0) return 0;
     const now = this.clock.monotonic();
     const start = Math.max(now, this.busyUntil);
     this.busyUntil = start + ms;
     this.busy.add(start, this.busyUntil, now);
-    const wait = this.busyUntil - now;
-    this.delayedMs += wait;
-    await this.clock.sleep(wait);
+    return this.busyUntil - now;
   }
 
   /** Total time transfers were held (their queueing included), for telemetry. */

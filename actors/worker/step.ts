@@ -108,6 +108,12 @@ export interface WorkerStepperOptions {
   referenceStepMs?: number;
   /** nodes.<name>.emulate.bandwidth_mbps; null or absent = not limited. */
   bandwidthMbps?: number | null;
+  /**
+   * The bandwidth of the worker's link to its NATS server as its profile
+   * measured it (adaptive compression's link utilisation is then the bytes
+   * at that rate; link-usage.ts); null or absent: not measured.
+   */
+  measuredBandwidthMbps?: number | null;
   /** For log lines; default "worker". */
   node?: string;
   /**
@@ -150,7 +156,7 @@ export class WorkerStepper {
       clock: o.clock, log: o.log, node: o.node ?? 'worker', speed: o.emulateSpeed, referenceStepMs: o.referenceStepMs ?? DEFAULT_EMULATION_REFERENCE_STEP_MS,
     });
     this.link = new EmulatedLink(o.clock, o.bandwidthMbps ?? null);
-    this.linkUsage = new LinkUsage(o.clock, this.link, { network: o.client.system.transport.kind === 'nats' });
+    this.linkUsage = new LinkUsage(o.clock, this.link, { network: o.client.system.transport.kind === 'nats', measuredMbps: o.measuredBandwidthMbps ?? null });
     this.local = o.localOptimizers ? new LocalUpdates(o.localOptimizers) : null;
     this.compressionThreshold = o.compressionThreshold ?? DEFAULT_COMPRESSION_THRESHOLD;
     if (o.compression === 'adaptive') checkCompressionThreshold(this.compressionThreshold);
@@ -305,8 +311,14 @@ export class WorkerStepper {
    * then `send`, whose time in flight counts as link time (link-usage.ts).
    */
   async sendOverLink<T>(bytes: number, send: () => Promise<T>): Promise<T> {
-    await this.link.transfer(bytes);
+    await this.overLink(bytes);
     return this.linkUsage.waitOn(send);
+  }
+
+  /** `bytes` cross the worker's link: held on the emulated link, and counted in its utilisation (link-usage.ts). */
+  private async overLink(bytes: number): Promise<void> {
+    this.linkUsage.carried(bytes);
+    await this.link.transfer(bytes);
   }
 
   /**
@@ -316,14 +328,14 @@ export class WorkerStepper {
   async pull(shard: string, req: PullRequest, expected: number | null = null): Promise<PullReply> {
     const request = () => this.o.client.pull(shard, req, expected);
     const reply = req.min_round === null ? await this.linkUsage.waitOn(request) : await request();
-    await this.link.transfer(pullBytes(req, reply));
+    await this.overLink(pullBytes(req, reply));
     return reply;
   }
 
   /** A push through the emulated link; a push the shard refuses as too stale (hps) is reported, not thrown. */
   async push(shard: string, req: PushRequest): Promise<PushResult> {
     const wire = this.compressNow() ? compressPush(req) : req;
-    await this.link.transfer(pushBytes(wire));
+    await this.overLink(pushBytes(wire));
     try {
       return { refused: false, reply: await this.linkUsage.waitOn(() => this.o.client.push(shard, wire)) };
     } catch (e) {

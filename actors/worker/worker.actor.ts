@@ -61,6 +61,8 @@ export interface WorkerActorOptions {
   referenceStepMs?: number;
   /** nodes.<name>.emulate.bandwidth_mbps; null or absent: not limited. */
   bandwidthMbps?: number | null;
+  /** The bandwidth of the worker's link to NATS as its profile measured it (adaptive compression reads it); null or absent: not measured. */
+  measuredBandwidthMbps?: number | null;
   /** hps: this worker's group (members, sync strategy); required in hps, ignored otherwise. */
   groupSync?: WorkerGroupConfig | null;
   /** hps: the learning-rate rule for the group's updates (training.group_lr_scaling); null or absent: none. */
@@ -136,7 +138,7 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
     });
     const stepper = new WorkerStepper({
       client, plan: o.plan, model: o.model, layout: o.layout, session: session!, clock, log, node: o.node,
-      emulateSpeed: o.emulateSpeed, referenceStepMs: o.referenceStepMs, bandwidthMbps: o.bandwidthMbps ?? null,
+      emulateSpeed: o.emulateSpeed, referenceStepMs: o.referenceStepMs, bandwidthMbps: o.bandwidthMbps ?? null, measuredBandwidthMbps: o.measuredBandwidthMbps ?? null,
       localOptimizers: groupSync !== null ? o.localOptimizers ?? null : null,
       compression: o.compression ?? null, compressionThreshold: o.compressionThreshold,
     });

@@ -149,6 +149,38 @@ test('link utilisation over NATS without an emulated link: the time requests are
   assert.equal(embedded.utilisation(), null);
 });
 
+test('link utilisation over NATS with the link\'s bandwidth measured: the bytes carried at that rate, queued one after another; the time a request waits on its receiver is not counted (simulated clock)', async () => {
+  const clock = new SimulatedClock(0);
+  const usage = new LinkUsage(clock, new EmulatedLink(clock, null), { network: true, measuredMbps: 8, windowMs: 100, minSpanMs: 20 }); // 1000 bytes per ms
+  assert.equal(usage.measure, 'bytes over the measured bandwidth');
+  // A request answered after 60 ms (a busy shard) that moved 10 000 bytes: 10 ms of link time, not 60.
+  let answer!: () => void;
+  const slow = usage.waitOn(() => new Promise<void>((r) => { answer = r; }));
+  usage.carried(10_000); // sent at 0: busy [0, 10]
+  clock.increment(60);
+  answer();
+  await slow;
+  usage.carried(5_000); // a reply at 60: busy [60, 65]
+  usage.carried(5_000); // queued behind it: busy [65, 70]
+  clock.increment(40);
+  assert.equal(usage.utilisation(), 0.2, '20 of the 100 ms: [0, 10] and [60, 70]; the 60 ms wait on the answer is not link time');
+  clock.increment(100);
+  assert.equal(usage.utilisation(), 0, 'nothing carried for the whole window');
+  // Neither a nonsensical bandwidth nor carried bytes without one: the embedded bus and an emulated link ignore carried().
+  assert.throws(() => new LinkUsage(clock, new EmulatedLink(clock, null), { network: true, measuredMbps: 0 }), /measured link bandwidth must be a positive number of Mbit\/s, got 0/);
+  assert.throws(() => new LinkUsage(clock, new EmulatedLink(clock, null), { network: true, measuredMbps: Number.NaN }), /got NaN/);
+  const emulated = new LinkUsage(clock, new EmulatedLink(clock, 8), { network: true, measuredMbps: 1, windowMs: 100, minSpanMs: 20 });
+  assert.equal(emulated.measure, 'emulated link', 'an emulated link is exact: it wins over a measured bandwidth');
+  emulated.carried(1_000_000);
+  clock.increment(50);
+  assert.equal(emulated.utilisation(), null, 'carried() does not touch the emulated link: nothing was transferred on it');
+  const embedded = new LinkUsage(clock, new EmulatedLink(clock, null), { network: false, measuredMbps: 8, windowMs: 100, minSpanMs: 20 });
+  assert.equal(embedded.measure, 'none (embedded bus, no link)');
+  embedded.carried(50_000);
+  clock.increment(50);
+  assert.equal(embedded.utilisation(), null);
+});
+
 test('a worker step under emulation: compute paced to reference / speed and pulls held on the link (simulated clock)', async () => {
   const config = parseConfig(`cluster:
   worker_groups: [{ name: g, nodes: [w1] }]
