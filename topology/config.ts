@@ -147,6 +147,9 @@ function isStalenessToleranceSetting(v: unknown): v is StalenessToleranceSetting
   return keys.length > 0 && keys.every((k) => (k === 'dense' || k === 'sparse') && isStalenessToleranceValue((v as Record<string, unknown>)[k]));
 }
 
+/** cluster.shards_per_server at most. */
+export const MAX_SHARDS_PER_SERVER = 64;
+
 const posInt = () => z.number({ error: mustBe('a positive integer') }).int().positive();
 const nonNegInt = () => z.number({ error: mustBe('an integer ≥ 0') }).int().nonnegative();
 const posNum = () => z.number({ error: mustBe('a number > 0') }).positive();
@@ -441,6 +444,12 @@ const configSchema = section({
     grouping: groupingSchema.prefault({}),
     profiling: profilingSchema.prefault({}),
     server_nodes: list(subjectToken('node name'), 'a list of node names').min(1, { error: 'must list at least one server node' }),
+    /**
+     * Shards each server node holds (topology/shard-plan.ts shardNames): more
+     * shards than servers spread an hps group's reduce-scatter (shard i is
+     * reduced and pushed by member i mod M) over more of its members.
+     */
+    shards_per_server: posInt().max(MAX_SHARDS_PER_SERVER, { error: `must be at most ${MAX_SHARDS_PER_SERVER}` }).default(1),
   }),
   /** Per-node overrides, keyed by node name; nodes without an entry are absent. */
   nodes: z.record(z.string(), nodeOverrideSchema, { error: mustBe('a mapping from node name to its overrides') }).default(() => ({})),

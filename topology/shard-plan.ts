@@ -55,6 +55,19 @@ export interface BuildShardPlanOptions {
   servers?: string[];
 }
 
+/**
+ * The shards of `perServer` shards on each server node: the first on each
+ * is named after its server, the k-th (k ≥ 2) `<server>~k`; server by
+ * server for each k, so shard i's primary is server i mod servers (see
+ * placeReplicas) and consecutive shards sit on different servers.
+ */
+export function shardNames(servers: readonly string[], perServer: number): string[] {
+  if (!Number.isInteger(perServer) || perServer < 1) throw new ConfigError(`cluster.shards_per_server must be a positive integer, got ${perServer}`);
+  const names: string[] = [];
+  for (let k = 1; k <= perServer; k++) for (const s of servers) names.push(k === 1 ? s : `${s}~${k}`);
+  return names;
+}
+
 /** The plan of a fresh job: dense blocks balanced by bytes, partitions dealt round-robin. */
 export function buildShardPlan(o: BuildShardPlanOptions): ShardPlan {
   if (o.shards.length === 0) throw new ConfigError('a shard plan needs at least one shard (cluster.server_nodes is empty)');

@@ -7,7 +7,7 @@
  */
 import { ConfigError, MissingDependencyError } from '../../runtime/mod.ts';
 import {
-  buildShardPlan, type HetpsConfig, type OptimizerSettings, type ScheduleConfig as YamlSchedule, type ShardPlan, type SparseTableSpec,
+  buildShardPlan, shardNames, type HetpsConfig, type OptimizerSettings, type ScheduleConfig as YamlSchedule, type ShardPlan, type SparseTableSpec,
 } from '../../topology/mod.ts';
 import {
   createOptimizer, createSpamAssassinSource, createSyntheticCtrSource, createSyntheticMlpSource, ctrModel, mlpModel, SPAM_ASSASSIN_PACKAGE,
@@ -141,7 +141,7 @@ export function shardPlanFromConfig(config: HetpsConfig, model: CtrModel | MlpMo
   const layout = sparseLayoutFromConfig(config, model);
   return buildShardPlan({
     version,
-    shards: [...config.cluster.server_nodes],
+    shards: shardNames(config.cluster.server_nodes, config.cluster.shards_per_server),
     denseParams: model.denseParams.map((p) => ({ name: p.name, size: p.dims.reduce((a, b) => a * b, 1) })),
     sparseTables: layout.tables,
     partitions: null,

@@ -72,6 +72,29 @@ test('hps with communication.compression fp16: slices and pushes go as halves ov
   assert.doesNotMatch(r.stdout + r.stderr, /invalid message/, 'every compressed message passed validation');
 });
 
+test('hps with cluster.shards_per_server 2: 4 shards on the 2 server processes (each primary on its own server, backed up on the other), every shard updated, every batch applied once, AUC within 0.01 of train-local', { timeout: 110_000 }, async (t) => {
+  const cfg = await writeJobConfig(dir, { job: 'ps4shards', mode: 'hps', servers: nats.urls, runDir: join(dir, 'runs'), samples: SAMPLES, epochs: EPOCHS, workerRecoveryTimeoutS: 10, shardsPerServer: 2 });
+  const summaryFile = join(dir, 'shards4-summary.json');
+  const r = await hetps(['up', '--config', cfg, '--summary', summaryFile], { timeoutMs: 100_000 }).exited;
+  assert.equal(r.code, 0, explain(r));
+  const s = JSON.parse(await readFile(summaryFile, 'utf8')) as Record<string, unknown> & {
+    integrity: { lost: number; duplicated: number; replicas_equal: boolean | null; per_shard: Record<string, { primary: string; replicas: number; equal: boolean | null; version: number }> };
+  };
+  t.diagnostic(`hps, 4 shards: AUC ${s.test_auc} (train-local ${localAuc}), ${Math.round(s.samples_per_s as number)} samples/s; shard versions ${JSON.stringify(Object.fromEntries(Object.entries(s.integrity.per_shard).map(([k, v]) => [k, v.version])))}`);
+  assert.equal(s.mode, 'hps');
+  assert.deepEqual(Object.keys(s.integrity.per_shard).sort(), ['s1', 's1~2', 's2', 's2~2']);
+  assert.deepEqual(Object.fromEntries(Object.entries(s.integrity.per_shard).map(([k, v]) => [k, v.primary])), { s1: 's1', s2: 's2', 's1~2': 's1', 's2~2': 's2' });
+  for (const [shard, v] of Object.entries(s.integrity.per_shard)) {
+    assert.equal(v.replicas, 2, `${shard}: primary and one backup (backup_factor 1)`);
+    assert.equal(v.equal, true, `${shard}: its backup equals its primary`);
+    assert.ok(v.version > 0, `${shard} was updated`);
+  }
+  assert.deepEqual([s.integrity.lost, s.integrity.duplicated, s.integrity.replicas_equal], [0, 0, true]);
+  assert.equal(s.batches_acked, s.batches);
+  assert.equal(s.duplicate_acks, 0);
+  assert.ok(Math.abs((s.test_auc as number) - localAuc) <= 0.01, `AUC ${s.test_auc} vs train-local ${localAuc}`);
+});
+
 test('asp: nodes started before the driver, one worker SIGKILLed mid-epoch — every batch acknowledged exactly once, AUC within 0.01', { timeout: 110_000 }, async (t) => {
   const job = 'psasp';
   const cfg = await writeJobConfig(dir, { job, mode: 'asp', servers: nats.urls, runDir: join(dir, 'runs'), samples: SAMPLES, epochs: EPOCHS, workerRecoveryTimeoutS: 3 });

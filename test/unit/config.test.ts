@@ -9,7 +9,8 @@ import {
   type ConfigIssue, type HetpsConfig,
 } from '../../topology/mod.ts';
 import { SMALL_CLUSTER } from '../support/config.ts';
-import { stalenessPolicyFromConfig } from '../../actors/node/nodes.ts';
+import { modelAndData, stalenessPolicyFromConfig } from '../../actors/node/nodes.ts';
+import { shardPlanFromConfig } from '../../actors/node/config-bridge.ts';
 
 const FILE = 'job.yaml';
 
@@ -136,6 +137,20 @@ ${MODEL_AND_DATA}`);
       ['async', null, null, null],
       ['sync', 4, null, null],
     ]);
+  });
+
+  test('cluster.shards_per_server: 1 by default; a positive integer up to 64, an error naming it otherwise; the plan has that many shards per server', () => {
+    assert.equal(parse(BASE).cluster.shards_per_server, 1);
+    const c = parse(BASE.replace('  server_nodes: [s1, s2]\n', '  server_nodes: [s1, s2]\n  shards_per_server: 2\n'));
+    assert.equal(c.cluster.shards_per_server, 2);
+    const md = modelAndData(c);
+    const plan = shardPlanFromConfig(c, md.model, 1 << 20);
+    assert.deepEqual(plan.shards, ['s1', 's2', 's1~2', 's2~2']);
+    assert.deepEqual(plan.placement.servers, ['s1', 's2']);
+    for (const bad of ['0', '65', '1.5', 'two']) {
+      const text = BASE.replace('  server_nodes: [s1, s2]\n', `  server_nodes: [s1, s2]\n  shards_per_server: ${bad}\n`);
+      expectIssue(text, { path: 'cluster.shards_per_server', words: [], line: lineOf(text, 'shards_per_server') });
+    }
   });
 
   test('examples/cluster.yaml and examples/quickstart.yaml parse', async () => {

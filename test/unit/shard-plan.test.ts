@@ -2,7 +2,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { ConfigError, SeededRandom } from '../../runtime/mod.ts';
 import {
-  buildShardPlan, denseBlocksByShard, partitionOf, shardOfSparseId, splitIdsByShard, validateShardPlan,
+  buildShardPlan, denseBlocksByShard, shardNames, partitionOf, shardOfSparseId, splitIdsByShard, validateShardPlan,
   type BuildShardPlanOptions, type ShardPlan,
 } from '../../topology/mod.ts';
 
@@ -112,4 +112,21 @@ test('buildShardPlan refuses impossible inputs with ConfigError', () => {
   assert.throws(() => buildShardPlan(options({ shards: ['a', 'a'] })), /unique/);
   assert.throws(() => buildShardPlan(options({ partitions: 2 })), /partitions must be an integer ≥ the number of shards \(3\)/);
   assert.throws(() => buildShardPlan(options({ denseParams: [{ name: 'x', size: 0 }] })), /dense parameter x has size 0/);
+});
+
+test('shardNames: one shard per server named after it, further ones <server>~k, server by server; placement puts shard i on server i mod servers', () => {
+  assert.deepEqual(shardNames(['s1', 's2'], 1), ['s1', 's2']);
+  const names = shardNames(['s1', 's2'], 3);
+  assert.deepEqual(names, ['s1', 's2', 's1~2', 's2~2', 's1~3', 's2~3']);
+  const plan = buildShardPlan(options({ shards: names, servers: ['s1', 's2'], backupFactor: 1 }));
+  validateShardPlan(plan);
+  assert.deepEqual(names.map((n) => [plan.placement.replicas[n]!.primary, plan.placement.replicas[n]!.backups]), [
+    ['s1', ['s2']], ['s2', ['s1']], ['s1', ['s2']], ['s2', ['s1']], ['s1', ['s2']], ['s2', ['s1']],
+  ]);
+  // The parameters are spread over all six.
+  assert.deepEqual([...denseBlocksByShard(plan).values()].map((b) => b.length > 0), names.map(() => true));
+  assert.deepEqual(new Set(plan.partitionOwner), new Set(names));
+  for (const bad of [0, -1, 1.5, Number.NaN]) assert.throws(() => shardNames(['s1'], bad), (e) => e instanceof ConfigError && /cluster\.shards_per_server must be a positive integer/.test(e.message));
+  // A generated name that is also a server's name is refused with the plan's duplicate check.
+  assert.throws(() => buildShardPlan(options({ shards: shardNames(['a', 'a~2'], 2), servers: ['a', 'a~2'] })), (e) => e instanceof ConfigError && /shard names must be unique/.test(e.message));
 });
