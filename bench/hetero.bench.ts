@@ -94,7 +94,7 @@
  *   npm run bench:hetero     → bench/results/hetero.json, hetero.svg, hetero-mlp.svg
  *   options: --workloads ctr,mlp  --peers a,b  --repeats N  --no-grid  --samples N  --quick  --out DIR
  *            --reference-ms N  --ctr-hidden a,b  --mlp-hidden a,b  --hps-training "key: value; …"  --training "key: value; …" (every peer)  --optimizer "key: value; …" (every peer's dense optimizer)
- *            --lr-mult X  --group-lr none|sqrt (with --no-grid)  --compression none|adaptive (every peer float32, or adaptive, instead of the protocol's fp16)  --compression-threshold X (with adaptive)  --servers N (instead of 2) (to explore; results then go to a temp dir)
+ *            --lr-mult X  --group-lr none|sqrt (with --no-grid)  --compression none|adaptive (every peer float32, or adaptive, instead of the protocol's fp16)  --compression-threshold X (with adaptive)  --servers N (instead of 2)  --shards-per-server K (instead of 1) (to explore; results then go to a temp dir)
  *            --collect DIR: aggregate the runs an earlier invocation left in DIR (e.g. one stopped after a workload)
  *            --rescore FILE: recompute the statistics and goals of a results file from the runs it records
  */
@@ -131,6 +131,8 @@ const CLASSES = [
 ] as const;
 /** The protocol's two server nodes; `--servers N` explores another count (the reference article's cluster has 3). */
 const SERVERS = Array.from({ length: Number(option('--servers') ?? 2) }, (_, i) => `server-${i + 1}`);
+/** cluster.shards_per_server of every peer (`--shards-per-server K` explores more shards than servers). */
+const SHARDS_PER_SERVER = Number(option('--shards-per-server') ?? 1);
 const WORKERS = CLASSES.flatMap((c) => Array.from({ length: c.size }, (_, i) => ({ name: `${c.name}-${i + 1}`, cls: c })));
 const stepMs = (speed: number) => REFERENCE_STEP_MS / speed;
 /** The nominal, communication-free ideal: Σ batch_size / step time over every node. */
@@ -245,7 +247,7 @@ job: { name: hetero-${peer.replace(/_/g, '-')}, run_dir: ${JSON.stringify(runDir
 cluster:
 ${cluster}
   server_nodes: [${SERVERS.join(', ')}]
-nodes:
+${SHARDS_PER_SERVER !== 1 ? `  shards_per_server: ${SHARDS_PER_SERVER}\n` : ''}nodes:
 ${workers.map((x) => `  ${x.name}: { emulate: { speed: ${x.cls.speed}, bandwidth_mbps: ${x.cls.mbps} } }`).join('\n')}
 model:
 ${w.model}
@@ -542,7 +544,7 @@ function rescore(file: string): void {
 async function main(): Promise<void> {
   const RESCORE = option('--rescore');
   if (RESCORE !== null) return rescore(RESCORE);
-  const full = !QUICK && GRID && REPEATS >= 3 && SAMPLES_OVERRIDE === null && !['--reference-ms', '--ctr-hidden', '--mlp-hidden', '--hps-training', '--training', '--lr-mult', '--group-lr', '--compression', '--compression-threshold', '--servers', '--optimizer'].some((o) => option(o) !== null) && PEER_KEYS.length === PEERS.length && (WORKLOAD_KEYS.length === WORKLOADS.length || COLLECT !== null);
+  const full = !QUICK && GRID && REPEATS >= 3 && SAMPLES_OVERRIDE === null && !['--reference-ms', '--ctr-hidden', '--mlp-hidden', '--hps-training', '--training', '--lr-mult', '--group-lr', '--compression', '--compression-threshold', '--servers', '--shards-per-server', '--optimizer'].some((o) => option(o) !== null) && PEER_KEYS.length === PEERS.length && (WORKLOAD_KEYS.length === WORKLOADS.length || COLLECT !== null);
   // Before anything is written: the results' own files would make the tree look dirty.
   const git = gitCommit(ROOT);
   const dir = mkdtempSync(join(tmpdir(), 'hetps-bench-hetero-'));
@@ -599,6 +601,7 @@ async function main(): Promise<void> {
       compression: COMPRESSION === 'fp16' ? 'every peer: communication.compression fp16 (gradients in pushes and group slices as scaled halves; pull replies float32)'
         : COMPRESSION === 'adaptive' ? `every peer: communication.compression adaptive (fp16 while a worker's link utilisation is above ${COMPRESSION_THRESHOLD ?? 0.5})` : 'none: every gradient float32',
       servers: SERVERS.length,
+      shards_per_server: SHARDS_PER_SERVER,
       nats: 'a fresh local 3-node cluster per run (routes, JetStream), every node its own process',
       reference_step_ms: REFERENCE_STEP_MS,
       batch_size: BATCH,
