@@ -23,52 +23,30 @@
  * Needs root and iproute2 (CI runs as root); where the lab cannot run the
  * test fails with the reason rather than skip.
  */
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { appendFile, mkdtemp, readFile, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { appendFile, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { ChildProcess } from 'node:child_process';
-import { startLocalCluster, type LocalCluster } from '../../deploy/local-cluster.ts';
-import { NetLab } from '../../deploy/netlab.ts';
 import { connectTransport } from '../../runtime/mod.ts';
 import { subscribeTelemetry, type ProgressTelemetry } from '../../actors/monitor/telemetry.ts';
 import { BIN, ROOT, explainExit, hetps, watchAcks, writeJobConfig, type Child } from '../support/ps.ts';
 import { until } from '../support/until.ts';
+import { collectOutput, labAndClusterForFile } from '../support/lab.ts';
 
 const LINK_MBPS = 2;
 
-let cluster: LocalCluster | null = null;
-let lab: NetLab | null = null;
-let dir = '';
-
-before(async () => {
-  const available = await NetLab.available();
-  assert.ok(available.ok, available.ok ? '' : `the network lab cannot run here: ${available.reason}`);
-  dir = await mkdtemp(join(tmpdir(), 'hetps-adaptive-link-'));
-  cluster = await startLocalCluster({ nodes: 1, dir: join(dir, 'nats'), listenHost: '0.0.0.0', readyTimeoutMs: 60_000 });
-  lab = await NetLab.create({ name: 'adlink' });
-});
-
-after(async () => {
-  await lab?.[Symbol.asyncDispose]();
-  await cluster?.[Symbol.asyncDispose]();
-  if (dir) await rm(dir, { recursive: true, force: true });
-});
-
-function collect(child: ChildProcess): () => string {
-  let text = '';
-  child.stdout?.on('data', (d: Buffer) => { text += d.toString(); });
-  child.stderr?.on('data', (d: Buffer) => { text += d.toString(); });
-  return () => text;
-}
+const fx = labAndClusterForFile({ prefix: 'hetps-adaptive-link-', lab: 'adlink', natsNodes: 1 });
 
 const SWITCH = /node (w\d): link utilisation (0\.\d\d|1\.00) > compression_threshold 0\.5: gradients now sent as fp16/;
 
 test('adaptive compression on a real 2 Mbit/s link (tc tbf, no emulated bandwidth): the worker behind it measures its link from its profiled bandwidth, switches to fp16 and says so; workers on loopback keep float32; every batch acknowledged once', { timeout: 300_000 }, async (t) => {
+  const cluster = fx.cluster();
+  const lab = fx.lab();
+  const dir = fx.dir();
   const job = 'adlink';
-  const urls = cluster!.urls;
+  const urls = cluster.urls;
   const cfg = await writeJobConfig(dir, { job, mode: 'asp', servers: urls, runDir: join(dir, 'runs'), samples: 1600, epochs: 1, workerRecoveryTimeoutS: 60, compression: 'adaptive' });
   // The host workers' compute emulated at 100 ms a step, so their loopback requests are a small part of their time.
   await appendFile(cfg, 'nodes:\n  w2: { emulate: { speed: 1 } }\n  w3: { emulate: { speed: 1 } }\n  w4: { emulate: { speed: 1 } }\n');
@@ -81,11 +59,11 @@ test('adaptive compression on a real 2 Mbit/s link (tc tbf, no emulated bandwidt
   let w1: ChildProcess | null = null;
   try {
     for (const s of ['s1', 's2']) children.push(hetps(['launch', '--role', 'server', '--config', cfg, '--server-id', s], { timeoutMs: 290_000 }));
-    const link = await lab!.addNode('w1');
-    await lab!.rateLimit('w1', LINK_MBPS);
-    w1 = lab!.spawn('w1', process.execPath, [BIN, 'launch', '--role', 'worker', '--config', cfg, '--group', 'g1', '--node-rank', '0', '--nats', cluster!.urlsFor(link.hostIp).join(','), '--job', job],
+    const link = await lab.addNode('w1');
+    await lab.rateLimit('w1', LINK_MBPS);
+    w1 = lab.spawn('w1', process.execPath, [BIN, 'launch', '--role', 'worker', '--config', cfg, '--group', 'g1', '--node-rank', '0', '--nats', cluster.urlsFor(link.hostIp).join(','), '--job', job],
       { cwd: ROOT, env: { ...process.env }, stdio: ['ignore', 'pipe', 'pipe'] });
-    const w1Out = collect(w1);
+    const w1Out = collectOutput(w1);
     const others = [['g1', '1'], ['g2', '0'], ['g2', '1']].map(([g, r]) =>
       hetps(['launch', '--role', 'worker', '--config', cfg, '--group', g!, '--node-rank', r!], { timeoutMs: 290_000 }));
     children.push(...others);

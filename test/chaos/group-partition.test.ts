@@ -17,53 +17,29 @@
  * Needs root and iproute2 (CI runs as root); where the lab cannot run the
  * test fails with the reason rather than skip.
  */
-import { after, before, test } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { ChildProcess } from 'node:child_process';
 import { connect } from '@nats-io/transport-node';
 import { decode } from '@msgpack/msgpack';
-import { startLocalCluster, type LocalCluster } from '../../deploy/local-cluster.ts';
-import { NetLab } from '../../deploy/netlab.ts';
 import { BIN, ROOT, explainExit, hetps, watchAcks, writeJobConfig, type Child } from '../support/ps.ts';
 import { until } from '../support/until.ts';
+import { collectOutput, labAndClusterForFile } from '../support/lab.ts';
 
 const CUT_MS = 5_000;
 
-let cluster: LocalCluster | null = null;
-let lab: NetLab | null = null;
-let dir = '';
-
-before(async () => {
-  const available = await NetLab.available();
-  assert.ok(available.ok, available.ok ? '' : `the network lab cannot run here: ${available.reason}`);
-  dir = await mkdtemp(join(tmpdir(), 'hetps-group-partition-'));
-  // Listening on every interface, so the lab's node reaches it through its link's host address.
-  cluster = await startLocalCluster({ nodes: 3, dir: join(dir, 'nats'), listenHost: '0.0.0.0', readyTimeoutMs: 60_000 });
-  lab = await NetLab.create({ name: 'gpart' });
-});
-
-after(async () => {
-  await lab?.[Symbol.asyncDispose]();
-  await cluster?.[Symbol.asyncDispose]();
-  if (dir) await rm(dir, { recursive: true, force: true });
-});
-
-/** Collects a lab child's output. */
-function collect(child: ChildProcess): () => string {
-  let text = '';
-  child.stdout?.on('data', (d: Buffer) => { text += d.toString(); });
-  child.stderr?.on('data', (d: Buffer) => { text += d.toString(); });
-  return () => text;
-}
+const fx = labAndClusterForFile({ prefix: 'hetps-group-partition-', lab: 'gpart', natsNodes: 3 });
 
 test('hps: a group member cut off for 5 s degrades its group to async on its dead verdict, its group mate trains on alone, and once healed it is taken back into its group; nothing lost or applied twice', { timeout: 300_000 }, async (t) => {
+  const cluster = fx.cluster();
+  const lab = fx.lab();
+  const dir = fx.dir();
   const t0 = Date.now();
   const job = 'gpart';
-  const urls = cluster!.urls;
+  const urls = cluster.urls;
   const cfg = await writeJobConfig(dir, { job, mode: 'hps', servers: urls, runDir: join(dir, 'runs'), samples: 6000, epochs: 3, workerRecoveryTimeoutS: 30 });
   const watch = await watchAcks(urls, job);
   const plain = await connect({ servers: urls, name: 'verdict-watcher' });
@@ -75,10 +51,10 @@ test('hps: a group member cut off for 5 s degrades its group to async on its dea
   let w1: ChildProcess | null = null;
   try {
     for (const s of ['s1', 's2']) children.push(hetps(['launch', '--role', 'server', '--config', cfg, '--server-id', s], { timeoutMs: 290_000 }));
-    const link = await lab!.addNode('w1');
-    w1 = lab!.spawn('w1', process.execPath, [BIN, 'launch', '--role', 'worker', '--config', cfg, '--group', 'g1', '--node-rank', '0', '--nats', cluster!.urlsFor(link.hostIp).join(','), '--job', job],
+    const link = await lab.addNode('w1');
+    w1 = lab.spawn('w1', process.execPath, [BIN, 'launch', '--role', 'worker', '--config', cfg, '--group', 'g1', '--node-rank', '0', '--nats', cluster.urlsFor(link.hostIp).join(','), '--job', job],
       { cwd: ROOT, env: { ...process.env }, stdio: ['ignore', 'pipe', 'pipe'] });
-    const w1Out = collect(w1);
+    const w1Out = collectOutput(w1);
     const others = [['g1', '1'], ['g2', '0'], ['g2', '1']].map(([g, r]) =>
       hetps(['launch', '--role', 'worker', '--config', cfg, '--group', g!, '--node-rank', r!], { timeoutMs: 290_000 }));
     children.push(...others);
@@ -95,13 +71,13 @@ test('hps: a group member cut off for 5 s degrades its group to async on its dea
     await until(() => (byNode.get('w1') ?? 0) >= 4, 'w1 acknowledged 4 batches', 120_000,
       () => `${JSON.stringify(Object.fromEntries(byNode))}\n${driver.stderr().slice(-3000)}`);
     const cutAt = Date.now();
-    await lab!.cut('w1');
+    await lab.cut('w1');
     const w2AtCut = byNode.get('w2') ?? 0;
     await until(() => verdicts.some((v) => v.node === 'w1' && v.state === 'dead' && v.at >= cutAt), 'a dead verdict for w1', 10_000, () => JSON.stringify(verdicts));
     const deadAfter = verdicts.find((v) => v.node === 'w1' && v.state === 'dead' && v.at >= cutAt)!.at - cutAt;
     await sleep(Math.max(0, CUT_MS - (Date.now() - cutAt)));
     const w2DuringCut = (byNode.get('w2') ?? 0) - w2AtCut;
-    await lab!.heal('w1');
+    await lab.heal('w1');
     const healedAt = Date.now();
     t.diagnostic(`w1 dead ${deadAfter} ms after the cut; w2 acknowledged ${w2DuringCut} batches during the ${CUT_MS / 1000} s cut`);
     assert.ok(w2DuringCut > 0, 'w1\'s group mate went on training while w1 was cut off');
