@@ -13,11 +13,16 @@
  * in [0, 1]. The worker measures it (actors/worker/link-usage.ts):
  * - with an emulated link (`emulate.bandwidth_mbps`), exactly: the time the
  *   emulated link spends carrying bytes;
- * - without one, as the time the worker waits on its pull and push requests
- *   and its group-slice sends over NATS. That is an upper bound of the
- *   link's busy time: it includes the receiver's handling (a shard applying
- *   a push) and retries. A bsp pull waiting for its round is not counted
- *   (that wait is the round's barrier, not the link);
+ * - over NATS without one, as the time its bytes (pulls both ways, pushes,
+ *   the group slices it sends) take at the bandwidth its profile measured
+ *   when it joined, queued one after another: the link's own share of each
+ *   request, without the receiver's handling;
+ * - over NATS without a measured bandwidth (no profile), as the time the
+ *   worker waits on its pull and push requests and its group-slice sends.
+ *   That is an upper bound of the link's busy time: it includes the
+ *   receiver's handling (a shard applying a push) and retries. A bsp pull
+ *   waiting for its round is not counted (that wait is the round's
+ *   barrier, not the link);
  * - on the embedded in-process bus without an emulated link there is no
  *   link: utilisation is never measured (null) and gradients stay float32.
  *

@@ -73,9 +73,9 @@ export type LinkMeasure = 'emulated link' | 'bytes over the measured bandwidth' 
  * - an emulated link (a bandwidth set): the emulated link's busy time, exact;
  * - over NATS with the link's bandwidth measured (the worker's profile): the
  *   time its bytes take at that bandwidth (pulls both ways, pushes and the
- *   group slices it sends; the bytes the emulated link would charge), queued one after another like on the emulated link
- *   (`carried`) — the link's own share of each request, without the
- *   receiver's handling;
+ *   group slices it sends: what an emulated link would charge), queued one
+ *   after another as on the emulated link (`carried`) — the link's own
+ *   share of each request, without the receiver's handling;
  * - over NATS without a measured bandwidth: the time the worker has requests
  *   in flight that `waitOn` wraps (pulls, pushes, group-slice sends),
  *   overlapping requests counted once — an upper bound, which counts a

@@ -307,8 +307,9 @@ export class WorkerStepper {
   }
 
   /**
-   * Sends `bytes` of gradients to a group peer: held on the emulated link,
-   * then `send`, whose time in flight counts as link time (link-usage.ts).
+   * Sends `bytes` of gradients to a group peer: held on the emulated link
+   * and counted in the link's utilisation, then `send` (whose time in
+   * flight is the utilisation where waits are the measure; link-usage.ts).
    */
   async sendOverLink<T>(bytes: number, send: () => Promise<T>): Promise<T> {
     await this.overLink(bytes);
