@@ -237,6 +237,75 @@ test('sync group of 3 over 2 shards (one member reduces nothing), sync_steps 1: 
 });
 
 /**
+ * A sync group of a, b, c (sync_steps 1) over the two shards, c on a
+ * 0.2 Mbit/s emulated link with `compression` (a and b unlimited, float32),
+ * 5 + 5 + 6 batches: c's bytes out and compression choice per window, its
+ * info lines, how far the parameters moved.
+ */
+async function slowSliceSender(job: string, compression: 'adaptive' | null) {
+  const all = [...md.source.batchesSync(streamOptions('train', BATCH, { epoch: 0 }))] as CtrBatch[];
+  assert.equal(all.length, 16);
+  const c = await cluster(job);
+  try {
+    const g = group('sync', ['a', 'b', 'c'], 1);
+    const [a, b] = [await member(c, g, 'a', sessions[0]!), await member(c, g, 'b', sessions[1]!)];
+    const sysC = await c.system('c');
+    const lines: string[] = [];
+    const log = silentLogger();
+    log.info = ((obj: unknown, msg?: string) => { lines.push(typeof obj === 'string' ? obj : msg ?? ''); }) as typeof log.info;
+    const stepperC = new WorkerStepper({
+      client: c.client(sysC), plan, model: md.model, layout, session: sessions[2]!, clock: systemClock, log, node: 'c',
+      emulateSpeed: null, bandwidthMbps: 0.2, compression, compressionThreshold: 0.5,
+    });
+    const mc = new GroupMember({ system: sysC, group: g, member: 'c', runId: 'run-1', plan, stepper: stepperC, log: silentLogger(), shouldStop: () => false });
+    await mc.start();
+    const perWindow: { bytes: number; choice: string }[] = [];
+    const runC = async () => {
+      const src = source(all.slice(10, 16));
+      for (;;) {
+        const before = sysC.transport.stats.bytesOut;
+        const o = await mc.runWindow(src);
+        if (o.steps.length > 0) perWindow.push({ bytes: sysC.transport.stats.bytesOut - before, choice: stepperC.compressionChoice });
+        if (o.done) return;
+        assert.ok(perWindow.length < 50, 'the group never agreed it was done');
+      }
+    };
+    const ids = uniqueIdsOf(union(all));
+    const initial = await readParams(c.client(await c.system('reader')), ids);
+    await Promise.all([runUntilDone(a, source(all.slice(0, 5))), runUntilDone(b, source(all.slice(5, 10))), runC()]);
+    const moved = compare(await readParams(c.client(await c.system('reader2')), ids), initial, initial).diff;
+    return { perWindow, lines, moved };
+  } finally {
+    await c.close();
+  }
+}
+
+test('communication.compression adaptive in a sync group: a member on a slow emulated link that reduces nothing (3 members, 2 shards) switches its slices to fp16 once its link is busy, and they shrink; the group trains every batch', { timeout: 60_000 }, async () => {
+  assert.deepEqual([...reduceOwners(plan.shards, ['a', 'b', 'c']).values()], ['a', 'b'], 'c reduces (and pushes) nothing: its only gradients out are slices');
+  const plain = await slowSliceSender('slices-f32', null);
+  const r = await slowSliceSender('slices-adaptive', 'adaptive');
+  assert.equal(r.perWindow.length, 6, 'c trained its 6 batches, one per window');
+  assert.equal(plain.perWindow.length, 6);
+  assert.ok(plain.perWindow.every((w) => w.choice === 'none'));
+  const switched = r.perWindow.findIndex((w) => w.choice === 'fp16');
+  // Nothing is decided before a second of link activity; each window keeps this link busy for a few hundred ms.
+  assert.ok(switched >= 0 && switched <= 4, `c switched at window ${switched + 1}: ${JSON.stringify(r.perWindow)}`);
+  assert.ok(r.perWindow.slice(switched).every((w) => w.choice === 'fp16'), 'and stayed on fp16');
+  assert.equal(r.lines.filter((l) => /gradients now sent as fp16/.test(l)).length, 1, r.lines.join(' | '));
+  // Every window after the switch against the same window in float32 (the same batches, the same sync updates): its
+  // bytes out are the two slices plus small pull requests and reports, and halved gradients (ids stay int32) make them ~3/4.
+  for (let k = switched + 1; k < 6; k++) {
+    const ratio = r.perWindow[k]!.bytes / plain.perWindow[k]!.bytes;
+    assert.ok(ratio < 0.85, `window ${k + 1}: ${r.perWindow[k]!.bytes} bytes with fp16 slices against ${plain.perWindow[k]!.bytes} in float32`);
+  }
+  for (let k = 0; k < switched; k++) {
+    const ratio = r.perWindow[k]!.bytes / plain.perWindow[k]!.bytes;
+    assert.ok(Math.abs(ratio - 1) < 0.03, `window ${k + 1}, before the switch: ${r.perWindow[k]!.bytes} bytes against ${plain.perWindow[k]!.bytes} in float32 (only headers may differ)`);
+  }
+  assert.ok(r.moved > 1e-3 && plain.moved > 1e-3, `the group's updates moved the parameters (${r.moved}, ${plain.moved})`);
+});
+
+/**
  * The fixed-step reference, computed without any group code: every batch's
  * gradient at the window's starting parameters, then one SGD update per
  * batch, in order (gradients delayed by up to N − 1 steps).
