@@ -31,9 +31,8 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { ChildProcess } from 'node:child_process';
 import { connectTransport } from '../../runtime/mod.ts';
 import { subscribeTelemetry, type ProgressTelemetry } from '../../actors/monitor/telemetry.ts';
-import { BIN, ROOT, explainExit, hetps, watchAcks, writeJobConfig, type Child } from '../support/ps.ts';
-import { until } from '../support/until.ts';
-import { collectOutput, labAndClusterForFile } from '../support/lab.ts';
+import { explainExit, hetps, watchAcks, writeJobConfig, type Child } from '../support/ps.ts';
+import { labAndClusterForFile, launchWithW1InLab } from '../support/lab.ts';
 
 const LINK_MBPS = 2;
 
@@ -58,17 +57,9 @@ test('adaptive compression on a real 2 Mbit/s link (tc tbf, no emulated bandwidt
   const children: Child[] = [];
   let w1: ChildProcess | null = null;
   try {
-    for (const s of ['s1', 's2']) children.push(hetps(['launch', '--role', 'server', '--config', cfg, '--server-id', s], { timeoutMs: 290_000 }));
-    const link = await lab.addNode('w1');
-    await lab.rateLimit('w1', LINK_MBPS);
-    w1 = lab.spawn('w1', process.execPath, [BIN, 'launch', '--role', 'worker', '--config', cfg, '--group', 'g1', '--node-rank', '0', '--nats', cluster.urlsFor(link.hostIp).join(','), '--job', job],
-      { cwd: ROOT, env: { ...process.env }, stdio: ['ignore', 'pipe', 'pipe'] });
-    const w1Out = collectOutput(w1);
-    const others = [['g1', '1'], ['g2', '0'], ['g2', '1']].map(([g, r]) =>
-      hetps(['launch', '--role', 'worker', '--config', cfg, '--group', g!, '--node-rank', r!], { timeoutMs: 290_000 }));
-    children.push(...others);
-    await until(() => /ready; waiting for the job/.test(w1Out()) && others.every((w) => /ready; waiting for the job/.test(w.stderr())),
-      'every worker ready', 120_000, () => `w1:\n${w1Out().slice(-2000)}`);
+    const launched = await launchWithW1InLab(fx, { cfg, job, children, w1Mbps: LINK_MBPS, readyMs: 120_000 });
+    w1 = launched.w1;
+    const { w1Out, others } = launched;
     const summaryFile = join(dir, 'summary.json');
     const driver = hetps(['up', '--config', cfg, '--no-launch', '--summary', summaryFile], { timeoutMs: 290_000 });
     children.push(driver);

@@ -25,9 +25,9 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { ChildProcess } from 'node:child_process';
 import { connect } from '@nats-io/transport-node';
 import { decode } from '@msgpack/msgpack';
-import { BIN, ROOT, explainExit, hetps, watchAcks, writeJobConfig, type Child } from '../support/ps.ts';
+import { explainExit, hetps, watchAcks, writeJobConfig, type Child } from '../support/ps.ts';
 import { until } from '../support/until.ts';
-import { collectOutput, labAndClusterForFile } from '../support/lab.ts';
+import { labAndClusterForFile, launchWithW1InLab } from '../support/lab.ts';
 
 const CUT_MS = 5_000;
 
@@ -50,18 +50,10 @@ test('hps: a group member cut off for 5 s degrades its group to async on its dea
   const children: Child[] = [];
   let w1: ChildProcess | null = null;
   try {
-    for (const s of ['s1', 's2']) children.push(hetps(['launch', '--role', 'server', '--config', cfg, '--server-id', s], { timeoutMs: 290_000 }));
-    const link = await lab.addNode('w1');
-    w1 = lab.spawn('w1', process.execPath, [BIN, 'launch', '--role', 'worker', '--config', cfg, '--group', 'g1', '--node-rank', '0', '--nats', cluster.urlsFor(link.hostIp).join(','), '--job', job],
-      { cwd: ROOT, env: { ...process.env }, stdio: ['ignore', 'pipe', 'pipe'] });
-    const w1Out = collectOutput(w1);
-    const others = [['g1', '1'], ['g2', '0'], ['g2', '1']].map(([g, r]) =>
-      hetps(['launch', '--role', 'worker', '--config', cfg, '--group', g!, '--node-rank', r!], { timeoutMs: 290_000 }));
-    children.push(...others);
+    const launched = await launchWithW1InLab(fx, { cfg, job, children, readyMs: 90_000 });
+    w1 = launched.w1;
+    const { w1Out, others } = launched;
     const w2 = others[0]!;
-    // Every node profiles itself when it joins: let them finish before the driver starts.
-    await until(() => /ready; waiting for the job/.test(w1Out()) && others.every((w) => /ready; waiting for the job/.test(w.stderr())),
-      'every worker ready', 90_000, () => `w1:\n${w1Out().slice(-2000)}`);
     const summaryFile = join(dir, 'summary.json');
     const driverAt = Date.now();
     t.diagnostic(`every worker ready ${((driverAt - t0) / 1000).toFixed(1)} s after the start`);

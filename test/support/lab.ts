@@ -13,6 +13,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startLocalCluster, type LocalCluster } from '../../deploy/local-cluster.ts';
 import { NetLab } from '../../deploy/netlab.ts';
+import { BIN, ROOT, hetps, type Child } from './ps.ts';
+import { until } from './until.ts';
 
 export interface LabFixture {
   cluster: () => LocalCluster;
@@ -46,4 +48,33 @@ export function collectOutput(child: ChildProcess): () => string {
   child.stdout?.on('data', (d: Buffer) => { text += d.toString(); });
   child.stderr?.on('data', (d: Buffer) => { text += d.toString(); });
   return () => text;
+}
+
+/**
+ * The job of writeJobConfig's cluster with w1 in the lab: servers s1 and s2
+ * and workers w2–w4 on the host (pushed to `children` as they start, for the
+ * caller to stop), w1 in its own namespace reaching the cluster over its
+ * link (rate-limited to `w1Mbps` when given). Resolves once every worker has
+ * profiled itself and waits for the job; w1 is killed if that fails.
+ */
+export async function launchWithW1InLab(fx: LabFixture, o: { cfg: string; job: string; children: Child[]; w1Mbps?: number; readyMs: number }): Promise<{ w1: ChildProcess; w1Out: () => string; others: Child[] }> {
+  const { cfg, job, children } = o;
+  for (const s of ['s1', 's2']) children.push(hetps(['launch', '--role', 'server', '--config', cfg, '--server-id', s], { timeoutMs: 290_000 }));
+  const link = await fx.lab().addNode('w1');
+  if (o.w1Mbps !== undefined) await fx.lab().rateLimit('w1', o.w1Mbps);
+  const w1 = fx.lab().spawn('w1', process.execPath, [BIN, 'launch', '--role', 'worker', '--config', cfg, '--group', 'g1', '--node-rank', '0', '--nats', fx.cluster().urlsFor(link.hostIp).join(','), '--job', job],
+    { cwd: ROOT, env: { ...process.env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const w1Out = collectOutput(w1);
+  const others = [['g1', '1'], ['g2', '0'], ['g2', '1']].map(([g, r]) =>
+    hetps(['launch', '--role', 'worker', '--config', cfg, '--group', g!, '--node-rank', r!], { timeoutMs: 290_000 }));
+  children.push(...others);
+  try {
+    // Every node profiles itself when it joins: let them finish before the driver starts.
+    await until(() => /ready; waiting for the job/.test(w1Out()) && others.every((w) => /ready; waiting for the job/.test(w.stderr())),
+      'every worker ready', o.readyMs, () => `w1:\n${w1Out().slice(-2000)}`);
+  } catch (e) {
+    w1.kill('SIGKILL');
+    throw e;
+  }
+  return { w1, w1Out, others };
 }
