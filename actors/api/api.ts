@@ -39,7 +39,7 @@ import type { WorkerLoopState } from '../worker/worker.messages.ts';
 import { ThreadedHeartbeat } from '../health/heartbeat.ts';
 import { HealthWatcher } from '../health/health-watcher.ts';
 import { groupOfWorker, natsJobInfoStore, waitForJobInfo, type JobInfo } from '../store/job-info.ts';
-import { DEFAULT_NODE_WAIT_MS, UNGROUPED, groupLrRuleFromConfig, localOptimizersFromConfig, modelAndData, startServerNode, waitForPlan, workerCompressionOptions, workerNodeByName, workerNodeOf, type ModelAndData } from '../node/nodes.ts';
+import { DEFAULT_NODE_WAIT_MS, UNGROUPED, groupLrRuleFromConfig, localOptimizersFromConfig, measuredLinkMbps, modelAndData, startServerNode, waitForPlan, workerCompressionOptions, workerNodeByName, workerNodeOf, type ModelAndData } from '../node/nodes.ts';
 import { natsConnectionOf, natsPlanStore } from '../store/plan-store.ts';
 import { ProfileReporter } from '../node/profile-reporter.ts';
 import { natsProfileStore } from '../store/profile-store.ts';
@@ -197,6 +197,8 @@ export class HeterogeneousParameterServer {
     this.stepper = new WorkerStepper({
       client: this.client, plan: this.plan, model: this.md.model, layout: sparseLayoutFromConfig(config, this.md.model), session: this.session,
       clock: systemClock, log: this.log, emulateSpeed: overrides.emulate?.speed ?? null,
+      // Its link as a launched worker's: emulated when the config says so, else measured by its profile.
+      bandwidthMbps: overrides.emulate?.bandwidth_mbps ?? null, measuredBandwidthMbps: measuredLinkMbps(this.profile),
       // hps: local updates between a window's steps, as a launched worker's (training.local_updates).
       localOptimizers: this.info.mode === 'hps' ? localOptimizersFromConfig(config) : null,
       node, ...workerCompressionOptions(config),

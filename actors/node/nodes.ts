@@ -90,6 +90,13 @@ export function workerCompressionOptions(config: HetpsConfig): { compression: Gr
   return { compression: mode, compressionThreshold: threshold };
 }
 
+/** The bandwidth of a worker's link to NATS as its profile measured it (adaptive compression counts bytes at it); null without a profile or a NATS link. */
+export function measuredLinkMbps(reporter: ProfileReporter | null): number | null {
+  if (reporter === null) return null;
+  const { link, bandwidth_mbps } = reporter.profile;
+  return link === 'nats' ? bandwidth_mbps : null;
+}
+
 /** hps with training.local_updates: the optimizers a member applies to its own copy between a window's steps (actors/worker/local-updates.ts); null otherwise. */
 export function localOptimizersFromConfig(config: HetpsConfig): LocalOptimizers | null {
   if (config.training.mode !== 'hps' || !config.training.local_updates) return null;
@@ -225,8 +232,7 @@ export async function startWorkerNode(o: {
     emulateSpeed: overrides.emulate?.speed ?? null,
     referenceStepMs: config.training.emulation_reference_step_ms,
     bandwidthMbps: overrides.emulate?.bandwidth_mbps ?? null,
-    // The link's bandwidth as the worker's profile measured it over NATS: adaptive compression's utilisation counts bytes at that rate.
-    measuredBandwidthMbps: reporter !== null && reporter.profile.link === 'nats' ? reporter.profile.bandwidth_mbps : null,
+    measuredBandwidthMbps: measuredLinkMbps(reporter),
     groupSync,
     groupLr: groupLrRuleFromConfig(config),
     localOptimizers: localOptimizersFromConfig(config),
