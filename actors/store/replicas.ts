@@ -52,6 +52,21 @@ export function isPlacementError(e: unknown): boolean {
   return name === 'TimeoutError' || /insufficient resources|no suitable peers|peer offline|replicas > 1 not supported|timeout/i.test(msg);
 }
 
+/**
+ * nats-server 2.9 can answer a stream create with "stream not found" (err_code
+ * 10059) while its meta layer is still applying an earlier delete or create of
+ * the same name (fixed upstream in 2.10.2, nats-server#4600). The same create
+ * a moment later succeeds: it is not an error of the request.
+ */
+export function isTransientNotFound(e: unknown): boolean {
+  const msg = e instanceof Error ? e.message : String(e);
+  const code = (e as { api_error?: { err_code?: number } } | null)?.api_error?.err_code;
+  return code === 10059 || /stream not found/i.test(msg);
+}
+
+/** Waits between tries of a create answered "stream not found": 100 ms doubling, about 6 s in all. */
+export const NOT_FOUND_RETRY_MS: readonly number[] = [100, 200, 400, 800, 1600, 3000];
+
 function isTimeout(e: unknown): boolean {
   return (e instanceof Error && e.name === 'TimeoutError') || /timeout/i.test(e instanceof Error ? e.message : String(e));
 }
@@ -59,15 +74,19 @@ function isTimeout(e: unknown): boolean {
 /**
  * Runs `create(replicas)` with the wanted replicas, then one fewer each time
  * placement fails, down to 1. `discard` removes what a timed-out attempt may
- * have left half made before the next try (a refused placement made nothing). Returns what `create` returned and
- * the replicas used; the last error when even 1 does not place.
+ * have left half made before the next try (a refused placement made nothing). A create answered
+ * "stream not found" (`isTransientNotFound`) is tried again with the same replicas after each wait
+ * in `retryMs`. Returns what `create` returned and the replicas used; the last error when even 1
+ * does not place.
  */
 export async function createWithReplicaFallback<T>(
   nc: NatsConnection, name: string, opts: ReplicaOptions,
   create: (replicas: number) => Promise<T>, discard: () => Promise<void>,
+  retryMs: readonly number[] = NOT_FOUND_RETRY_MS,
 ): Promise<{ value: T; replicas: number }> {
   const wanted = Math.max(1, opts.replicas ?? defaultReplicas(nc, opts.servers ?? null));
   let lastError: unknown = null;
+  let notFoundTries = 0;
   for (let replicas = wanted; replicas >= 1; replicas--) {
     try {
       const value = await create(replicas);
@@ -75,6 +94,11 @@ export async function createWithReplicaFallback<T>(
       return { value, replicas };
     } catch (e) {
       lastError = e;
+      if (isTransientNotFound(e) && notFoundTries < retryMs.length) {
+        await new Promise((r) => setTimeout(r, retryMs[notFoundTries++]));
+        replicas++; // the same replicas again
+        continue;
+      }
       if (!isPlacementError(e)) throw e;
       if (replicas > 1 && isTimeout(e)) await discard().catch(() => undefined);
     }
