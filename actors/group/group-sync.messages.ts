@@ -22,6 +22,9 @@
  *    tells every member how that went; a member starts window `w + 1` (and
  *    pulls) only when every member has, so it never reads parameters without
  *    its group's last update.
+ * With training.stream_slices a member sends each step's part of its slices
+ * (`part`) as the step completes; the window's `slice` then carries only what
+ * was not streamed (`streamed` says how many parts came before).
  * `progress` and `close` (adaptive groups only) are best-effort tells.
  *
  * While a member is dead by the health verdicts the group is async: a member
@@ -71,10 +74,29 @@ export const groupSyncMessages = {
     groups_version: z.number().int().nonnegative().default(0),
     /** Per shard the receiver owns: the oldest version the sender's pulls from it answered with in this window. */
     base_versions: z.array(z.object({ shard: z.string().min(1), version: z.number().int().nonnegative() })),
-    /** The sender's gradients, one part per step index (or one for the window); `weight`: the samples of that part. */
+    /**
+     * The sender's gradients, one part per step index (or one for the window); `weight`: the samples of that part.
+     * With `streamed` k > 0 these are the parts from index k on: parts 0..k-1 came before as `part` messages.
+     */
     parts: z.array(z.object({ weight: z.number().nonnegative(), ...tensors })),
+    /** Leading parts the sender already sent as `part` messages under the same `owners` (training.stream_slices); 0: every part is in `parts`. */
+    streamed: z.number().int().nonnegative().default(0),
     /** The ids of the batches the sender trained in this window (pushed with the window's update, for the shards' applied log). */
     batches: z.array(z.string().min(1)).default([]),
+  }),
+  /**
+   * training.stream_slices: part `index` of the sender's slice of `window`
+   * (its gradient of that step, for the receiver's shards under `owners`),
+   * sent as soon as the step is done so the slice is mostly out when the
+   * window closes. Inert until the window's `slice` arrives saying it was
+   * streamed under the same owners: a window dropped for a pause, or dealt
+   * anew, never uses it.
+   */
+  part: z.object({
+    ...header,
+    index: z.number().int().nonnegative(),
+    owners: z.array(z.string().min(1)).min(1),
+    part: z.object({ weight: z.number().nonnegative(), ...tensors }),
   }),
   pushed: z.object({
     ...header,
@@ -106,4 +128,7 @@ export type SliceMessage = z.output<typeof groupSyncMessages.slice>;
 /** A slice as sent: its gradients may be compressed. */
 export type SliceWire = z.input<typeof groupSyncMessages.slice>;
 export type PushedMessage = z.output<typeof groupSyncMessages.pushed>;
+export type PartMessage = z.output<typeof groupSyncMessages.part>;
+/** A streamed part as sent: its gradients may be compressed. */
+export type PartWire = z.input<typeof groupSyncMessages.part>;
 export type SlicePart = SliceMessage['parts'][number];

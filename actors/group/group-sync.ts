@@ -54,14 +54,14 @@
  * every shard took (or refused) the group's update of them.
  */
 import {
-  ActorStoppedError, HetpsError, Wakeup, groupMemberId, isRetryable, type Actor, type ActorContext, type ActorDefinition, type ActorRef, type ActorSystem, type Clock, type Logger,
+  ActorStoppedError, HetpsError, ValidationError, Wakeup, groupMemberId, isRetryable, type Actor, type ActorContext, type ActorDefinition, type ActorRef, type ActorSystem, type Clock, type Logger,
 } from '../../runtime/mod.ts';
 import { groupLrMultiplier, splitIdsByShard, type GroupLrRule, type ShardPlan, type WorkerGroupConfig } from '../../topology/mod.ts';
 import type { Batch } from '../../native-bridge/mod.ts';
 import { wireTensorBytes, type GradientTensors, type PushRequest } from '../shard/shard.messages.ts';
 import { StopRequestedError } from '../worker/shard-client.ts';
 import { maxPushStaleness, type ComputedStep, type PreparedStep, type PushResult, type WorkerStepper } from '../worker/step.ts';
-import { groupSyncMessages, type GroupSyncMessages, type PushedMessage, type SliceMessage, type SliceWire } from './group-sync.messages.ts';
+import { groupSyncMessages, type GroupSyncMessages, type PartMessage, type PartWire, type PushedMessage, type SliceMessage, type SliceWire } from './group-sync.messages.ts';
 import { groupEvents } from './group.events.ts';
 import { createGroupActor, groupStateOf, type GroupActor, type GroupState } from './group.machine.ts';
 import { syncPolicyFromConfig, type SyncPolicy } from './sync-policy.ts';
@@ -91,6 +91,13 @@ export function reducesInGroup(mode: WorkerGroupConfig['sync_mode']): boolean {
 /** The modes that push a window as one update per step index (`accumulation`: one update for the window). */
 export function pushesPerStep(mode: WorkerGroupConfig['sync_mode']): boolean {
   return mode === 'sync' || mode === 'adaptive';
+}
+
+/** The shards `member` reduces under `owners` (see reduceOwners). */
+function ownedBy(shards: readonly string[], owners: readonly string[], member: string): Set<string> {
+  const out = new Set<string>();
+  for (const [s, m] of reduceOwners(shards, owners)) if (m === member) out.add(s);
+  return out;
 }
 
 /** Reduce-scatter ownership: shard i of the plan is reduced (and pushed) by member i mod M. */
@@ -293,6 +300,8 @@ interface WindowInbox {
   pushed: Map<string, PushedMessage>;
   /** Members that push this window alone (`own`: the group is degraded by a dead member). */
   own: Set<string>;
+  /** Streamed parts (training.stream_slices) by sender, under the owners they were dealt for; used when the sender's slice says so. */
+  parts: Map<string, { owners: string[]; parts: SliceMessage['parts'] }>;
 }
 
 /** What a member's mailbox has received, by window; waiters are woken on every arrival (and on `poke`). */
@@ -304,11 +313,41 @@ export class GroupInbox {
 
   window(w: number): WindowInbox {
     let x = this.windows.get(w);
-    if (x === undefined) { x = { slices: new Map(), pushed: new Map(), own: new Set() }; this.windows.set(w, x); }
+    if (x === undefined) { x = { slices: new Map(), pushed: new Map(), own: new Set(), parts: new Map() }; this.windows.set(w, x); }
     return x;
   }
 
-  addSlice(m: SliceMessage): void { if (m.window >= this.floor) { this.window(m.window).slices.set(m.member, m); this.poke(); } }
+  /**
+   * A slice; one that says parts were streamed gets them from the parts
+   * received before (a ValidationError when they are not all there under
+   * the same owners: the sender then sends the whole slice).
+   */
+  addSlice(m: SliceMessage): void {
+    if (m.window < this.floor) return;
+    const win = this.window(m.window);
+    if (m.streamed > 0) {
+      const got = win.parts.get(m.member);
+      const have = got !== undefined && sameMembers(got.owners, m.owners) ? got.parts.slice(0, m.streamed) : [];
+      let missing = 0;
+      for (let k = 0; k < m.streamed; k++) if (have[k] === undefined) missing++;
+      if (missing > 0) {
+        throw new ValidationError(`slice of window ${m.window} from ${m.member} was streamed in ${m.streamed} part(s), ${missing} of them never arrived under owners ${m.owners.join(', ')}: send the whole slice`);
+      }
+      m = { ...m, parts: [...have, ...m.parts], streamed: 0 };
+    }
+    win.slices.set(m.member, m);
+    this.poke();
+  }
+
+  /** A streamed part; one dealt for other owners than the sender's earlier parts of the window replaces them. */
+  addPart(m: PartMessage): void {
+    if (m.window < this.floor) return;
+    const win = this.window(m.window);
+    let got = win.parts.get(m.member);
+    if (got === undefined || !sameMembers(got.owners, m.owners)) { got = { owners: [...m.owners], parts: [] }; win.parts.set(m.member, got); }
+    got.parts[m.index] = m.part;
+  }
+
   addPushed(m: PushedMessage): void { if (m.window >= this.floor) { this.window(m.window).pushed.set(m.member, m); this.poke(); } }
   addOwn(member: string, window: number): void { if (window >= this.floor) { this.window(window).own.add(member); this.poke(); } }
 
@@ -328,6 +367,7 @@ export class GroupInbox {
 /** What the member's mailbox hands to the member (after the run check). */
 export interface GroupMailboxSink {
   slice(m: SliceMessage): void;
+  part(m: PartMessage): void;
   pushed(m: PushedMessage): void;
   progress(member: string, steps: number): void;
   close(member: string, window: number): void;
@@ -350,9 +390,10 @@ export function createGroupMemberActor(o: { group: string; member: string; runId
     id: groupMemberId(o.group, o.member),
     messages: groupSyncMessages,
     idempotent: true,
-    idempotentTypes: ['slice', 'pushed', 'own'],
+    idempotentTypes: ['slice', 'part', 'pushed', 'own'],
     handlers: {
       slice: (m, ctx) => { if (ours(m, ctx)) o.sink.slice(m); return {}; },
+      part: (m, ctx) => { if (ours(m, ctx)) o.sink.part(m); return {}; },
       pushed: (m, ctx) => { if (ours(m, ctx)) o.sink.pushed(m); return {}; },
       progress: (m, ctx) => { if (ours(m, ctx)) o.sink.progress(m.member, m.steps); return {}; },
       close: (m, ctx) => { if (ours(m, ctx)) o.sink.close(m.member, m.window); return {}; },
@@ -411,6 +452,8 @@ export interface WindowOutcome {
    * and the caller gives every batch the window took back to the queue.
    */
   discarded: number;
+  /** Leading parts of this member's slices that went out as its steps completed (training.stream_slices); 0 when none did or they were not used (dealt anew, dropped). */
+  streamed: number;
 }
 
 /**
@@ -481,7 +524,17 @@ export interface GroupMemberOptions {
    * `rejoining`): the peers no longer wait for it, so its window cannot end.
    */
   abandon?: () => string | null;
+  /**
+   * training.stream_slices (groups in `sync` and `adaptive`): each step's
+   * part of this member's slices goes to its owners as soon as the step is
+   * done, while the next step runs, so little is left to send when the
+   * window closes. What the owners reduce is the same. Default false.
+   */
+  streamSlices?: boolean;
 }
+
+/** A window's parts streamed so far (training.stream_slices): under which owners, how many, and their sends. */
+interface Stream { owners: string[]; sent: number; sends: Promise<void>[] }
 
 /** The window was given up (`GroupMemberOptions.abandon`): nothing of it was acknowledged; its batches go back to the queue. */
 export class WindowAbandonedError extends HetpsError {}
@@ -520,6 +573,12 @@ export class GroupMember {
   /** The last window was pushed alone (to say so once when it starts). */
   private wasAlone = false;
   private unwatchHealth: (() => void) | null = null;
+  /** training.stream_slices applies: a reducing group that pushes per step. */
+  private readonly streams: boolean;
+  /** The current window's streamed parts; null when it streams none. */
+  private stream: Stream | null = null;
+  /** The parts the current window's slices said were streamed. */
+  private streamedNow = 0;
 
   constructor(private readonly o: GroupMemberOptions) {
     const g = o.group;
@@ -529,6 +588,7 @@ export class GroupMember {
     this.acc = new GradientAccumulator(o.plan, pushesPerStep(g.sync_mode));
     this.stepLimit = windowStepLimit(g);
     this.localSteps = o.stepper.localUpdates && pushesPerStep(g.sync_mode) && this.stepLimit > 1;
+    this.streams = (o.streamSlices ?? false) && this.reduces && pushesPerStep(g.sync_mode);
     this.clock = o.system.clock;
     const policy: SyncPolicy = { ...syncPolicyFromConfig(g), adaptiveMaxSteps: this.adaptive ? this.stepLimit : null };
     // An async member pushes on its own: its replica's group is itself.
@@ -587,6 +647,7 @@ export class GroupMember {
           this.machine.send(groupEvents.stepCompleted(m.member, m.total_steps));
           this.machine.send(groupEvents.memberReady(m.member, m.window + 1));
         },
+        part: (m) => { this.heard(m.member); this.inbox.addPart(m); },
         pushed: (m) => { this.heard(m.member); this.inbox.addPushed(m); },
         progress: (member, steps) => { this.heard(member); this.machine.send(groupEvents.stepCompleted(member, steps)); },
         close: (member, window) => { this.heard(member); this.machine.send(groupEvents.syncRequested(member, window + 1)); },
@@ -658,6 +719,36 @@ export class GroupMember {
     return c.members.filter((m) => !c.lost.includes(m));
   }
 
+  /** Who reduces what, as this member sees the group now: the active members and itself. */
+  private deal(): string[] {
+    const owners = this.active();
+    return owners.includes(this.o.member) ? owners : [...owners, this.o.member].sort();
+  }
+
+  /**
+   * training.stream_slices: sends part `k` of this window (its k-th step) to
+   * every other owner under the stream's deal that reduces a shard, each
+   * over the member's link like a slice. Not waited for here: `exchange`
+   * waits for them before the window's slices say they came.
+   */
+  private streamPart(st: Stream, w: number, k: number): void {
+    const part = this.acc.parts()[k];
+    if (part === undefined || st.sent !== k) return;
+    for (const to of st.owners) {
+      if (to === this.o.member) continue;
+      const shards = ownedBy(this.o.plan.shards, st.owners, to);
+      if (shards.size === 0) continue;
+      const tensors = this.o.stepper.wireTensors(mergeShardTensors(part.sums.byShard(shards).values()));
+      const send = this.o.stepper.sendOverLink(wireTensorBytes(tensors), () => this.send(to, 'part', {
+        run_id: this.o.runId, window: w, member: this.o.member, index: k, owners: [...st.owners], part: { weight: part.weight, ...tensors },
+      }));
+      // Failures surface where exchange() waits for the sends (a window given up never does).
+      send.catch(() => undefined);
+      st.sends.push(send);
+    }
+    st.sent = k + 1;
+  }
+
   /** One window: steps from `source`, then the group's update of them (see the module comment). */
   async runWindow(source: WindowSource): Promise<WindowOutcome> {
     const w = this.windowValue;
@@ -672,6 +763,9 @@ export class GroupMember {
     this.wasAlone = alone;
     const acc = this.acc;
     acc.reset();
+    const st: Stream | null = this.streams && !alone ? { owners: this.deal(), sent: 0, sends: [] } : null;
+    this.stream = st;
+    this.streamedNow = 0;
     const steps: WindowStep[] = [];
     const phases: WindowPhases = { steps: 0, slices: 0, round: 0, gather: 0, push: 0, reports: 0 };
     const t0 = this.clock.monotonic();
@@ -696,9 +790,10 @@ export class GroupMember {
       // Local SGD: the window's next step computes from this member's parameters after this step, at the rate the shards will apply the group's update.
       if (this.localSteps) stepper.stepLocally(p, c, alone ? 1 : groupLrMultiplier(this.o.groupLr ?? null, this.active().length, w));
       this.windowBatches.push(p.batch.batchId);
-      const st: WindowStep = { loss: c.loss, samples: c.samples, computeMs: c.computeMs, stepMs: c.stepMs };
-      steps.push(st);
-      source.stepped?.(st);
+      if (st !== null) this.streamPart(st, w, acc.steps - 1);
+      const step: WindowStep = { loss: c.loss, samples: c.samples, computeMs: c.computeMs, stepMs: c.stepMs };
+      steps.push(step);
+      source.stepped?.(step);
       this.stepCounter++;
       this.machine.send(groupEvents.stepCompleted(this.o.member, this.stepCounter));
       if (this.adaptive && !alone) this.announce('progress', { window: w, steps: this.stepCounter });
@@ -762,15 +857,15 @@ export class GroupMember {
       : alone ? await this.aloneWindow(w, idle, drained, phases)
         : await this.exchange(w, steps.length, idle, drained, phases);
     this.windowValue++;
-    return { window: w, steps, phases, discarded, ...out };
+    return { window: w, steps, phases, discarded, streamed: this.streamedNow, ...out };
   }
 
   /** A window pushed by this member alone (async groups; a degraded group's member). */
-  private async ownWindow(idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded'>> {
+  private async ownWindow(idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded' | 'streamed'>> {
     return this.aloneOutcome(await this.pushOwn(idle, drained, phases));
   }
 
-  private aloneOutcome(pushed: Awaited<ReturnType<GroupMember['pushOwn']>>): Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded'> {
+  private aloneOutcome(pushed: Awaited<ReturnType<GroupMember['pushOwn']>>): Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded' | 'streamed'> {
     const { version: _version, ...r } = pushed;
     return { ...r, groupsVersion: this.seenVersion(), members: [this.o.member], lostShards: [] };
   }
@@ -781,7 +876,7 @@ export class GroupMember {
    * and close the window here (the machine's round of it, should a peer's
    * request have started one, ends).
    */
-  private async aloneWindow(w: number, idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded'>> {
+  private async aloneWindow(w: number, idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded' | 'streamed'>> {
     // Not waited for: only a peer still in a window it began in sync needs it (its mailbox is up then); one that
     // went on alone, paused or re-formed meanwhile never takes it, and this member must not wait for that.
     for (const to of this.active().filter((m) => m !== this.o.member)) {
@@ -792,7 +887,7 @@ export class GroupMember {
     return this.closeAlone(w, await this.pushOwn(idle, drained, phases));
   }
 
-  private closeAlone(w: number, pushed: Awaited<ReturnType<GroupMember['pushOwn']>>): Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded'> {
+  private closeAlone(w: number, pushed: Awaited<ReturnType<GroupMember['pushOwn']>>): Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded' | 'streamed'> {
     this.inbox.finish(w);
     this.machine.send(groupEvents.syncCompleted(w + 1, pushed.version));
     return this.aloneOutcome(pushed);
@@ -815,11 +910,11 @@ export class GroupMember {
     };
   }
 
-  /** This window's slices for `to` under `owners`. */
-  private slice(w: number, owners: readonly string[], to: string, steps: number, idle: boolean, drained: boolean): SliceMessage {
+  /** This window's slices for `to` under `owners`, from part `from` on (the ones before were streamed). */
+  private slice(w: number, owners: readonly string[], to: string, steps: number, idle: boolean, drained: boolean, from = 0): SliceMessage {
     const acc = this.acc;
-    const shards = new Set([...reduceOwners(this.o.plan.shards, owners)].filter(([, m]) => m === to).map(([s]) => s));
-    const parts = acc.parts().map((p) => ({ weight: p.weight, ...mergeShardTensors(p.sums.byShard(shards).values()) }));
+    const shards = ownedBy(this.o.plan.shards, owners, to);
+    const parts = acc.parts().slice(from).map((p) => ({ weight: p.weight, ...mergeShardTensors(p.sums.byShard(shards).values()) }));
     const base_versions: SliceMessage['base_versions'] = [];
     for (const shard of shards) {
       const v = acc.baseVersion(shard);
@@ -827,20 +922,33 @@ export class GroupMember {
     }
     return {
       run_id: this.o.runId, window: w, member: this.o.member, weight: acc.weight, steps, total_steps: this.stepCounter,
-      owners: [...owners], idle, drained, groups_version: this.seenVersion(), base_versions, parts, batches: [...this.windowBatches],
+      owners: [...owners], idle, drained, groups_version: this.seenVersion(), base_versions, parts, batches: [...this.windowBatches], streamed: from,
     };
   }
 
-  private async sendSlices(w: number, owners: readonly string[], steps: number, idle: boolean, drained: boolean): Promise<void> {
+  /** The window's slices to every owner; `streamed` leading parts went out as `part` messages under these owners (to those that reduce a shard). */
+  private async sendSlices(w: number, owners: readonly string[], steps: number, idle: boolean, drained: boolean, streamed = 0): Promise<void> {
     await Promise.all(owners.map(async (to) => {
-      const msg = this.slice(w, owners, to, steps, idle, drained);
+      const from = to !== this.o.member && ownedBy(this.o.plan.shards, owners, to).size > 0 ? streamed : 0;
+      const msg = this.slice(w, owners, to, steps, idle, drained, from);
       if (to === this.o.member) { this.inbox.addSlice(msg); return; }
-      // Compressed for the wire (communication.compression; adaptive: while the link is busy); the receiver's schema decodes it to float32.
-      const parts = msg.parts.map((p) => ({ weight: p.weight, ...this.o.stepper.wireTensors(p) }));
-      let bytes = 0;
-      for (const p of parts) bytes += wireTensorBytes(p);
-      await this.o.stepper.sendOverLink(bytes, () => this.send(to, 'slice', { ...msg, parts }));
+      try {
+        await this.sendSlice(to, msg);
+      } catch (e) {
+        // The owner lacks a streamed part (its mailbox lost it): the whole slice instead.
+        if (from === 0 || !(e instanceof ValidationError)) throw e;
+        this.o.log.warn({ group: this.o.group.name, window: w, to, err: e.message }, `group ${this.o.group.name} window ${w}: ${to} lacks streamed parts; sending the whole slice`);
+        await this.sendSlice(to, this.slice(w, owners, to, steps, idle, drained, 0));
+      }
     }));
+  }
+
+  private async sendSlice(to: string, msg: SliceMessage): Promise<void> {
+    // Compressed for the wire (communication.compression; adaptive: while the link is busy); the receiver's schema decodes it to float32.
+    const parts = msg.parts.map((p) => ({ weight: p.weight, ...this.o.stepper.wireTensors(p) }));
+    let bytes = 0;
+    for (const p of parts) bytes += wireTensorBytes(p);
+    await this.o.stepper.sendOverLink(bytes, () => this.send(to, 'slice', { ...msg, parts }));
   }
 
   /**
@@ -848,14 +956,19 @@ export class GroupMember {
    * machine to start the round, reduce this member's shards over the
    * round's members, push, and wait until every member of the round has.
    */
-  private async exchange(w: number, steps: number, idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded'>> {
+  private async exchange(w: number, steps: number, idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded' | 'streamed'>> {
     const { member } = this.o;
     const round = w + 1;
-    let owners = this.active();
-    if (!owners.includes(member)) owners = [...owners, member].sort();
+    let owners = this.deal();
     let mark = this.clock.monotonic();
     const lap = (phase: keyof WindowPhases) => { const now = this.clock.monotonic(); phases[phase] += now - mark; mark = now; };
-    await this.sendSlices(w, owners, steps, idle, drained);
+    // Streamed parts count only when all of them went out under the owners the window is dealt to now (not for an idle window: its steps were dropped).
+    const st = this.stream;
+    this.stream = null;
+    if (st !== null) await Promise.all(st.sends);
+    const streamed = st !== null && !idle && sameMembers(st.owners, owners) ? st.sent : 0;
+    this.streamedNow = streamed;
+    await this.sendSlices(w, owners, steps, idle, drained, streamed);
     this.machine.send(groupEvents.memberReady(member, round));
     lap('slices');
 
@@ -863,6 +976,7 @@ export class GroupMember {
     const anyAlone = () => owners.some((m) => m !== member && this.inbox.window(w).own.has(m));
     const fallBack = async (phase: 'round' | 'gather') => {
       lap(phase);
+      this.streamedNow = 0;
       this.o.log.info({ group: this.o.group.name, window: w, alone: owners.filter((m) => this.inbox.window(w).own.has(m)) },
         `group ${this.o.group.name} window ${w}: a member pushes this window alone (the group is degraded by a dead member); ${member} pushes its own gradient too`);
       return this.closeAlone(w, await this.pushOwn(idle, drained, phases));
@@ -874,6 +988,7 @@ export class GroupMember {
     if (!sameMembers(roundMembers, owners)) {
       // The round has other members than this member assumed (one was dropped, or joined late): the shards are dealt anew.
       owners = roundMembers;
+      this.streamedNow = 0;
       await this.sendSlices(w, owners, steps, idle, drained);
       lap('slices');
     }
@@ -896,7 +1011,7 @@ export class GroupMember {
 
     lap('gather');
     // Reduce this member's shards: per part, Σ over members of Σ samples·grad, divided by the part's samples.
-    const mine = new Set([...reduceOwners(this.o.plan.shards, owners)].filter(([, m]) => m === member).map(([s]) => s));
+    const mine = ownedBy(this.o.plan.shards, owners, member);
     let results: { shard: string; r: PushResult }[] = [];
     if (mine.size > 0) {
       const nParts = Math.max(0, ...slices.map((s) => s.parts.length));
@@ -994,7 +1109,7 @@ export class GroupMember {
   }
 
   /** A slice, pushed or own message, re-sent (same seq: applied once) until the member's mailbox takes it, or the member is dropped or dead. */
-  private async send(to: string, type: 'slice' | 'pushed' | 'own', fields: SliceWire | PushedMessage | { run_id: string; window: number; member: string }, giveUpAfterMs: number | null = null): Promise<void> {
+  private async send(to: string, type: 'slice' | 'part' | 'pushed' | 'own', fields: SliceWire | PartWire | PushedMessage | { run_id: string; window: number; member: string }, giveUpAfterMs: number | null = null): Promise<void> {
     const seq = this.o.system.nextSeq();
     const started = this.clock.monotonic();
     let lastNote = started;

@@ -17,7 +17,7 @@ test('a message of another membership is refused (retryable), one of its own is 
   const a = mk('w1');
   const b = mk('w2');
   const joined: string[] = [];
-  const sink = { slice: () => undefined, pushed: () => undefined, progress: () => undefined, close: () => undefined, own: () => undefined, join: (m: string) => { joined.push(m); } };
+  const sink = { slice: () => undefined, part: () => undefined, pushed: () => undefined, progress: () => undefined, close: () => undefined, own: () => undefined, join: (m: string) => { joined.push(m); } };
   await a.spawn(createGroupMemberActor({ group: 'g1', member: 'w1', runId: 'run/g1', sink }));
   try {
     const ref = b.ref('group', 'g1@w1');

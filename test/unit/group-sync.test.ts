@@ -5,17 +5,18 @@
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { type ActorSystem, silentLogger, systemClock } from '../../runtime/mod.ts';
+import { type ActorSystem, ValidationError, silentLogger, systemClock } from '../../runtime/mod.ts';
 import { parseConfig, type HetpsConfig, type ShardPlan, type WorkerGroupConfig } from '../../topology/mod.ts';
 import { StepSession, bucketCtrIds, ctrBagIndex, streamOptions, type CtrBatch } from '../../native-bridge/mod.ts';
 import { shardPlanFromConfig, sparseLayoutFromConfig, type SparseLayout } from '../../actors/node/config-bridge.ts';
 import { localOptimizersFromConfig, modelAndData, startServerNode, type ModelAndData } from '../../actors/node/nodes.ts';
 import { memoryPlanStore } from '../../actors/store/plan-store.ts';
-import { GroupMember, reduceOwners, windowStepLimit, type GroupMemberOptions, type WindowOutcome, type WindowSource } from '../../actors/group/group-sync.ts';
+import { GroupInbox, GroupMember, reduceOwners, windowStepLimit, type GroupMemberOptions, type WindowOutcome, type WindowSource } from '../../actors/group/group-sync.ts';
 import type { GroupState } from '../../actors/group/group.machine.ts';
 import type { HealthState, HealthView } from '../../actors/health/health.types.ts';
 import { allocateDense, assemblePull, planExchange, pullRequest, pushRequest } from '../../actors/worker/param-exchange.ts';
 import { inProcessBus } from '../support/in-process.ts';
+import { until } from '../support/until.ts';
 import { ShardClient } from '../../actors/worker/shard-client.ts';
 import { WorkerStepper } from '../../actors/worker/step.ts';
 import type { LocalOptimizers } from '../../actors/worker/local-updates.ts';
@@ -176,6 +177,33 @@ async function sameAsReference(work: (c: Cluster) => Promise<void>, reference: C
   }
 }
 
+test('training.stream_slices at the receiver: a slice that says k parts were streamed takes them from the parts received under the same owners; one lacking a part is refused naming it', () => {
+  const part = (x: number) => ({ weight: x, dense: [{ block: 0, grad: new Float32Array([x]) }], sparse: [] });
+  const header = { run_id: 'r', window: 3, member: 'a' };
+  const slice = (streamed: number, parts: ReturnType<typeof part>[], owners = ['a', 'b']) => ({
+    ...header, weight: 6, steps: 3, total_steps: 9, owners, idle: false, drained: false, groups_version: 0, base_versions: [], parts, batches: ['x', 'y', 'z'], streamed,
+  });
+  const inbox = new GroupInbox();
+  // Parts dealt under a, b, c first, then under a, b: the later deal replaces the earlier parts.
+  inbox.addPart({ ...header, index: 0, owners: ['a', 'b', 'c'], part: part(9) });
+  inbox.addPart({ ...header, index: 1, owners: ['a', 'b'], part: part(2) });
+  assert.throws(() => inbox.addSlice(slice(2, [part(3)])), (e: unknown) => e instanceof ValidationError
+    && /slice of window 3 from a was streamed in 2 part\(s\), 1 of them never arrived under owners a, b: send the whole slice/.test((e as Error).message));
+  assert.equal(inbox.window(3).slices.has('a'), false, 'nothing taken from the refused slice');
+  inbox.addPart({ ...header, index: 0, owners: ['a', 'b'], part: part(1) });
+  inbox.addSlice(slice(2, [part(3)]));
+  const got = inbox.window(3).slices.get('a')!;
+  assert.deepEqual(got.parts.map((p) => p.weight), [1, 2, 3], 'the streamed parts first, in step order, then the rest');
+  assert.equal(got.streamed, 0);
+  // A whole slice (streamed 0) ignores what was streamed: a window dropped for a pause sends an idle one.
+  inbox.addSlice(slice(0, []));
+  assert.deepEqual(inbox.window(3).slices.get('a')!.parts, []);
+  // Finished windows take nothing more.
+  inbox.finish(3);
+  inbox.addPart({ ...header, index: 0, owners: ['a', 'b'], part: part(1) });
+  assert.equal(inbox.window(3).parts.size, 0);
+});
+
 test('reduce-scatter ownership and window limits', () => {
   assert.deepEqual([...reduceOwners(['s1', 's2', 's3'], ['a', 'b'])], [['s1', 'a'], ['s2', 'b'], ['s3', 'a']]);
   assert.deepEqual([...reduceOwners(['s1'], ['a', 'b'])], [['s1', 'a']], 'a member may own no shard');
@@ -325,18 +353,31 @@ function delayedSteps(bs: readonly CtrBatch[]) {
   };
 }
 
-test('sync group of 2, sync_steps 2 (fixed-step): a window is 2 updates — step k averages both members\' k-th batches, computed at the window\'s parameters', async () => {
-  const [b1, b2, b3, b4, b5] = batches;
-  await sameAsReference(async (c) => {
-    const g = group('sync', ['a', 'b'], 2);
-    const [ma, mb] = [await member(c, g, 'a', sessions[0]!), await member(c, g, 'b', sessions[1]!)];
-    const [oa] = await Promise.all([runUntilDone(ma, source([b1!, b2!])), runUntilDone(mb, source([b3!, b4!]))]);
-    assert.deepEqual(oa.map((o) => o.steps.length), [2, 0]);
-    assert.deepEqual(oa[0]!.members, ['a', 'b']);
-    const st = await c.client(await c.system('reader')).stats('s1');
-    assert.equal(st.version, 2, 'one window of 2 steps = 2 updates on the shard');
-  }, delayedSteps([union([b1!, b3!]), union([b2!, b4!])]), uniqueIdsOf(union([b1!, b2!, b3!, b4!, b5!])));
-});
+for (const streamSlices of [false, true]) {
+  test(`sync group of 2, sync_steps 2 (fixed-step): a window is 2 updates — step k averages both members' k-th batches, computed at the window's parameters${streamSlices ? ' (training.stream_slices: each step\'s part reaches its owner before the member takes its next batch)' : ''}`, async () => {
+    const [b1, b2, b3, b4, b5] = batches;
+    await sameAsReference(async (c) => {
+      const g = group('sync', ['a', 'b'], 2);
+      const [ma, mb] = [await member(c, g, 'a', sessions[0]!, { streamSlices }), await member(c, g, 'b', sessions[1]!, { streamSlices })];
+      // Streaming: a's second batch is handed out only once b holds a's first part, so the part went out while a's window was still stepping.
+      const sa = source([b1!, b2!]);
+      let handed = 0;
+      const ahead: WindowSource = streamSlices ? {
+        ...sa,
+        next: async () => {
+          if (handed++ === 1) await until(() => mb.inbox.window(0).parts.get('a')?.parts[0] !== undefined, 'a\'s first part at b', 5_000);
+          return sa.next();
+        },
+      } : sa;
+      const [oa, ob] = await Promise.all([runUntilDone(ma, ahead), runUntilDone(mb, source([b3!, b4!]))]);
+      assert.deepEqual(oa.map((o) => o.steps.length), [2, 0]);
+      assert.deepEqual(oa[0]!.members, ['a', 'b']);
+      assert.deepEqual([oa[0]!.streamed, ob[0]!.streamed], streamSlices ? [2, 2] : [0, 0], 'parts the slices said were streamed');
+      const st = await c.client(await c.system('reader')).stats('s1');
+      assert.equal(st.version, 2, 'one window of 2 steps = 2 updates on the shard');
+    }, delayedSteps([union([b1!, b3!]), union([b2!, b4!])]), uniqueIdsOf(union([b1!, b2!, b3!, b4!, b5!])));
+  });
+}
 
 test('local updates (training.local_updates), a lone sync member, sync_steps 3: each step computes from the member\'s own updated copy, so with SGD the window equals 3 sequential single-process steps', async () => {
   const [b1, b2, b3] = batches;
@@ -427,11 +468,11 @@ test('a lone accumulation member (accumulation_steps 2) pushes once: equals the 
   }, [b3!, b4!, b1!], uniqueIdsOf(union([b1!, b3!, b4!])));
 });
 
-test('adaptive group: members step freely, a window closes on the progress gap or the step cap, every batch is trained once and the group ends together', async () => {
+for (const streamSlices of [false, true]) test(`adaptive group: members step freely, a window closes on the progress gap or the step cap, every batch is trained once and the group ends together${streamSlices ? ' (training.stream_slices)' : ''}`, async () => {
   const c = await cluster('adaptive');
   try {
     const g = group('adaptive', ['a', 'b'], 1);
-    const [ma, mb] = [await member(c, g, 'a', sessions[0]!), await member(c, g, 'b', sessions[1]!)];
+    const [ma, mb] = [await member(c, g, 'a', sessions[0]!, { streamSlices }), await member(c, g, 'b', sessions[1]!, { streamSlices })];
     const [oa, ob] = await Promise.all([runUntilDone(ma, source(batches.slice(0, 5))), runUntilDone(mb, source(batches.slice(5, 6)))]);
     const steps = (os: WindowOutcome[]) => os.reduce((n, o) => n + o.steps.length, 0);
     assert.equal(steps(oa), 5);
@@ -480,9 +521,9 @@ test('a group update staler than max_staleness is refused and dropped; the membe
   }
 });
 
-test('the group machine drives membership: a member that dies is reported lost, dropped after the recovery timeout, and the round goes on among the others', async () => {
+for (const streamSlices of [false, true]) test(`the group machine drives membership: a member that dies is reported lost, dropped after the recovery timeout, and the round goes on among the others${streamSlices ? ' (training.stream_slices: the parts streamed under the old membership are not used; the slices are dealt anew)' : ''}`, async () => {
   const [b1, b2, b3, b4, b5] = batches;
-  const timeouts = { lostAfterMs: 300, recoveryTimeoutMs: 600, stallNoteMs: 60_000 };
+  const timeouts = { lostAfterMs: 300, recoveryTimeoutMs: 600, stallNoteMs: 60_000, streamSlices };
   const statesOfA: GroupState[] = [];
   await sameAsReference(async (c) => {
     const g = group('sync', ['a', 'b', 'c'], 1);
@@ -496,6 +537,10 @@ test('the group machine drives membership: a member that dies is reported lost, 
     const [oa, ob] = await Promise.all([runUntilDone(ma, source([b4!])), runUntilDone(mb, source([b5!]))]);
     assert.deepEqual(oa[0]!.members, ['a', 'b'], 'the round after the drop is a and b only');
     assert.deepEqual(ob[0]!.members, ['a', 'b']);
+    if (streamSlices) {
+      assert.equal(w0[0]!.streamed, 1, 'a streamed its step to its co-owner in the full group');
+      assert.deepEqual([oa[0]!.streamed, ob[0]!.streamed], [0, 0], 'the window after the drop was dealt anew: its streamed parts were not used');
+    }
     assert.ok(Date.now() - t0 >= 600, 'the group waited for the recovery timeout before going on');
     assert.deepEqual(ma.members, ['a', 'b']);
     for (const st of ['forming', 'running.sync.stepping', 'running.sync.reducing', 'degraded', 'resyncing'] as const) {
@@ -569,14 +614,14 @@ test('forming: a member that never starts is dropped after the forming timeout; 
   }, [b1!, b2!], uniqueIdsOf(union([b1!, b2!])));
 });
 
-test('discardOnPause: a pause that arrives while the members step drops the window\'s steps (nothing reaches a shard, the batches are reported discarded); after the pause every batch is trained', async () => {
+for (const streamSlices of [false, true]) test(`discardOnPause: a pause that arrives while the members step drops the window's steps (nothing reaches a shard, the batches are reported discarded); after the pause every batch is trained${streamSlices ? ' (training.stream_slices: a part already streamed is not used either)' : ''}`, async () => {
   const c = await cluster('discard');
   try {
     const g = group('sync', ['a', 'b'], 4);
     let pausing = false;
     const [b1, b2, b3, b4] = batches;
-    const ma = await member(c, g, 'a', sessions[0]!, { closeEarly: () => pausing, discardOnPause: true });
-    const mb = await member(c, g, 'b', sessions[1]!, { closeEarly: () => pausing, discardOnPause: true });
+    const ma = await member(c, g, 'a', sessions[0]!, { closeEarly: () => pausing, discardOnPause: true, streamSlices });
+    const mb = await member(c, g, 'b', sessions[1]!, { closeEarly: () => pausing, discardOnPause: true, streamSlices });
     const sa = source([b1!, b2!, b3!]);
     // The pause arrives once a has stepped its first batch.
     const pa: WindowSource = { ...sa, stepped: () => { pausing = true; } };
@@ -592,6 +637,7 @@ test('discardOnPause: a pause that arrives while the members step drops the wind
     };
     const [wa, wb] = await Promise.all([ma.runWindow(pa), mb.runWindow(sb)]);
     assert.deepEqual([wa.steps.length, wb.steps.length], [0, 0], 'no step kept');
+    assert.deepEqual([wa.streamed, wb.streamed], [0, 0], 'no streamed part used');
     assert.ok(wa.discarded >= 1, `a dropped the step it took (${wa.discarded})`);
     assert.equal(wa.done || wb.done, false, 'the job is not done: the dropped batches go back');
     const reader = c.client(await c.system('reader'));
