@@ -514,6 +514,14 @@ const configSchema = section({
      */
     local_updates: z.boolean().default(true),
     /**
+     * hps, groups in `sync` and `adaptive`: each step's part of a member's
+     * gradient slices goes to the member that reduces it as soon as the step
+     * is done, while the next step runs, instead of all of them when the
+     * window closes (actors/group/group-sync.ts). The group's update is the
+     * same; only when it is on the wire changes.
+     */
+    stream_slices: z.boolean().default(false),
+    /**
      * asp and hps: near the end of the job a worker leaves the last batches
      * to workers that would take all of them before it finished one of its own
      * (topology/tail-dispatch.ts), so the job does not wait for a slow node's
@@ -653,6 +661,7 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   { path: 'training.staleness_tolerance', when: (c) => c.training.mode === 'asp', instead: 'in asp stale gradients are applied at the full learning rate' },
   { path: 'training.group_lr_scaling', when: (c) => c.training.mode !== 'hps' && c.training.group_lr_scaling !== 'none', instead: 'only hps groups average their members\' batches into one update; every update is at the configured learning rate' },
   { path: 'training.local_updates', when: (c) => c.training.mode !== 'hps' && c.training.local_updates, instead: 'only hps windows take several steps between pulls; asp and bsp pull before every step' },
+  { path: 'training.stream_slices', when: (c) => c.training.mode !== 'hps' && c.training.stream_slices, instead: 'only hps groups exchange gradient slices; asp and bsp workers push their own gradients' },
   { path: 'training.tail_dispatch', when: (c) => c.training.mode === 'bsp' && c.training.tail_dispatch, instead: 'in bsp every worker takes part in every round, so there is no tail to dispatch' },
   { path: 'training.max_staleness', when: (c) => c.training.mode === 'asp', instead: 'in asp stale gradients are applied as they come; staleness is only measured (training.mode hps enforces it)' },
   { path: 'communication.backend', when: (c) => c.communication.backend === 'nccl' || c.communication.backend === 'gloo', instead: 'every tensor goes over NATS' },

@@ -192,7 +192,7 @@ ${MODEL_AND_DATA}`);
     assert.equal(c.optimizer.momentum, null);
     assert.deepEqual(c.optimizer.schedule, { type: 'constant' });
     assert.equal(c.optimizer.sparse.type, 'adam');
-    assert.deepEqual(c.training, { mode: 'hps', random_seed: 42, sync_initial_params: true, max_staleness: 32, staleness_tolerance: 'auto', group_lr_scaling: 'none', group_lr_warmup_windows: 20, local_updates: true, tail_dispatch: true, eval_every: 100, emulation_reference_step_ms: 100 });
+    assert.deepEqual(c.training, { mode: 'hps', random_seed: 42, sync_initial_params: true, max_staleness: 32, staleness_tolerance: 'auto', group_lr_scaling: 'none', group_lr_warmup_windows: 20, local_updates: true, stream_slices: false, tail_dispatch: true, eval_every: 100, emulation_reference_step_ms: 100 });
     assert.deepEqual(c.communication, { backend: 'auto', compression: 'adaptive', compression_threshold: 0.5 });
     assert.equal(c.fault_tolerance.backup_factor, 1);
     assert.deepEqual(c.server, { use_gpu: false, gpu_id: 0 });
@@ -571,6 +571,14 @@ describe('inactiveSettings', () => {
     assert.deepEqual(inactiveSettings(parse(BASE + 'training: { mode: bsp, local_updates: true }\n')).length, 1);
     assert.deepEqual(inactiveSettings(parse(BASE + 'training: { mode: asp, local_updates: false }\n')), [], 'turning it off asks for nothing');
     assert.deepEqual(inactiveSettings(parse(BASE + 'training: { mode: hps, local_updates: true }\n')), []);
+  });
+
+  test('training.stream_slices is reported outside hps, where no group exchanges slices', () => {
+    assert.deepEqual(inactiveSettings(parse(BASE + 'training: { mode: asp, stream_slices: true }\n')), [
+      'training.stream_slices=true (not active yet: only hps groups exchange gradient slices; asp and bsp workers push their own gradients)',
+    ]);
+    assert.deepEqual(inactiveSettings(parse(BASE + 'training: { mode: hps, stream_slices: true }\n')), []);
+    assert.throws(() => parse(BASE + 'training: { mode: hps, stream_slices: sometimes }\n'), /training\.stream_slices/);
   });
 });
 
