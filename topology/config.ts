@@ -518,9 +518,10 @@ const configSchema = section({
      * gradient slices goes to the member that reduces it as soon as the step
      * is done, while the next step runs, instead of all of them when the
      * window closes (actors/group/group-sync.ts). The group's update is the
-     * same; only when it is on the wire changes.
+     * same; only when it is on the wire changes. false: a member sends its
+     * slices when its window closes.
      */
-    stream_slices: z.boolean().default(false),
+    stream_slices: z.boolean().default(true),
     /**
      * asp and hps: near the end of the job a worker leaves the last batches
      * to workers that would take all of them before it finished one of its own

@@ -67,7 +67,7 @@ export interface WorkerActorOptions {
   groupSync?: WorkerGroupConfig | null;
   /** hps: the learning-rate rule for the group's updates (training.group_lr_scaling); null or absent: none. */
   groupLr?: GroupLrRule | null;
-  /** hps: training.stream_slices (each step's slices sent as it completes); absent: false. */
+  /** hps: training.stream_slices (each step's slices sent as it completes; the config's default is true); absent: false. */
   streamSlices?: boolean;
   /** hps: training.local_updates' optimizers (local-updates.ts); null or absent: none. */
   localOptimizers?: LocalOptimizers | null;
