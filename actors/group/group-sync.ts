@@ -19,6 +19,9 @@
  *   the members' k-th batches. So a window is N optimizer steps on batches
  *   of M·B samples whose gradients are up to N − 1 steps delayed — the
  *   article's "larger N, less communication, more gradient delay".
+ *   With training.stream_slices (default on) each step's part of a
+ *   member's slices goes out as the step completes (`part`), so the slices
+ *   are mostly out, and the exchange mostly done, when the window closes.
  * - `adaptive` (adaptive_threshold T): the same exchange, but members step
  *   freely, telling each other their step counters (`progress`); the round
  *   starts when the fastest member leads the slowest by T steps, or one
