@@ -423,6 +423,20 @@ test('group_lr_scaling linear, no warm-up: a sync window of 2 members is the uni
   }, uniqueIdsOf(u));
 });
 
+test('training.stream_slices: an owner that lost the streamed parts refuses the slice that counts on them, and the sender sends the whole slice; the update is unchanged', async () => {
+  const [b1, b2, b3, b4, b5] = batches;
+  await sameAsReference(async (c) => {
+    const g = group('sync', ['a', 'b'], 2);
+    const [ma, mb] = [await member(c, g, 'a', sessions[0]!, { streamSlices: true }), await member(c, g, 'b', sessions[1]!, { streamSlices: true })];
+    // b's mailbox takes a's parts but keeps none of them (as if it had lost them).
+    let lost = 0;
+    mb.inbox.addPart = () => { lost++; };
+    const [oa] = await Promise.all([runUntilDone(ma, source([b1!, b2!])), runUntilDone(mb, source([b3!, b4!]))]);
+    assert.equal(lost, 2, 'a streamed both of its steps to b');
+    assert.deepEqual(oa.map((o) => o.steps.length), [2, 0]);
+  }, delayedSteps([union([b1!, b3!]), union([b2!, b4!])]), uniqueIdsOf(union([b1!, b2!, b3!, b4!, b5!])));
+});
+
 test('sync group of 2, sync_steps 2, one member runs short: step 2 is the other member\'s batch alone', async () => {
   const [b1, b2, b3] = batches;
   await sameAsReference(async (c) => {
