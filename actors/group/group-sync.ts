@@ -578,10 +578,6 @@ export class GroupMember {
   private unwatchHealth: (() => void) | null = null;
   /** training.stream_slices applies: a reducing group that pushes per step. */
   private readonly streams: boolean;
-  /** The current window's streamed parts; null when it streams none. */
-  private stream: Stream | null = null;
-  /** The parts the current window's slices said were streamed. */
-  private streamedNow = 0;
 
   constructor(private readonly o: GroupMemberOptions) {
     const g = o.group;
@@ -767,8 +763,6 @@ export class GroupMember {
     const acc = this.acc;
     acc.reset();
     const st: Stream | null = this.streams && !alone ? { owners: this.deal(), sent: 0, sends: [] } : null;
-    this.stream = st;
-    this.streamedNow = 0;
     const steps: WindowStep[] = [];
     const phases: WindowPhases = { steps: 0, slices: 0, round: 0, gather: 0, push: 0, reports: 0 };
     const t0 = this.clock.monotonic();
@@ -858,19 +852,19 @@ export class GroupMember {
     phases.steps = this.clock.monotonic() - t0;
     const out = !this.reduces ? await this.ownWindow(idle, drained, phases)
       : alone ? await this.aloneWindow(w, idle, drained, phases)
-        : await this.exchange(w, steps.length, idle, drained, phases);
+        : await this.exchange(w, steps.length, idle, drained, phases, st);
     this.windowValue++;
-    return { window: w, steps, phases, discarded, streamed: this.streamedNow, ...out };
+    return { window: w, steps, phases, discarded, ...out };
   }
 
   /** A window pushed by this member alone (async groups; a degraded group's member). */
-  private async ownWindow(idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded' | 'streamed'>> {
+  private async ownWindow(idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded'>> {
     return this.aloneOutcome(await this.pushOwn(idle, drained, phases));
   }
 
-  private aloneOutcome(pushed: Awaited<ReturnType<GroupMember['pushOwn']>>): Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded' | 'streamed'> {
+  private aloneOutcome(pushed: Awaited<ReturnType<GroupMember['pushOwn']>>): Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded'> {
     const { version: _version, ...r } = pushed;
-    return { ...r, groupsVersion: this.seenVersion(), members: [this.o.member], lostShards: [] };
+    return { ...r, groupsVersion: this.seenVersion(), members: [this.o.member], lostShards: [], streamed: 0 };
   }
 
   /**
@@ -879,7 +873,7 @@ export class GroupMember {
    * and close the window here (the machine's round of it, should a peer's
    * request have started one, ends).
    */
-  private async aloneWindow(w: number, idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded' | 'streamed'>> {
+  private async aloneWindow(w: number, idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded'>> {
     // Not waited for: only a peer still in a window it began in sync needs it (its mailbox is up then); one that
     // went on alone, paused or re-formed meanwhile never takes it, and this member must not wait for that.
     for (const to of this.active().filter((m) => m !== this.o.member)) {
@@ -890,7 +884,7 @@ export class GroupMember {
     return this.closeAlone(w, await this.pushOwn(idle, drained, phases));
   }
 
-  private closeAlone(w: number, pushed: Awaited<ReturnType<GroupMember['pushOwn']>>): Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded' | 'streamed'> {
+  private closeAlone(w: number, pushed: Awaited<ReturnType<GroupMember['pushOwn']>>): Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded'> {
     this.inbox.finish(w);
     this.machine.send(groupEvents.syncCompleted(w + 1, pushed.version));
     return this.aloneOutcome(pushed);
@@ -959,18 +953,15 @@ export class GroupMember {
    * machine to start the round, reduce this member's shards over the
    * round's members, push, and wait until every member of the round has.
    */
-  private async exchange(w: number, steps: number, idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded' | 'streamed'>> {
+  private async exchange(w: number, steps: number, idle: boolean, drained: boolean, phases: WindowPhases, st: Stream | null): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded'>> {
     const { member } = this.o;
     const round = w + 1;
     let owners = this.deal();
     let mark = this.clock.monotonic();
     const lap = (phase: keyof WindowPhases) => { const now = this.clock.monotonic(); phases[phase] += now - mark; mark = now; };
     // Streamed parts count only when all of them went out under the owners the window is dealt to now (not for an idle window: its steps were dropped).
-    const st = this.stream;
-    this.stream = null;
     if (st !== null) await Promise.all(st.sends);
-    const streamed = st !== null && !idle && sameMembers(st.owners, owners) ? st.sent : 0;
-    this.streamedNow = streamed;
+    let streamed = st !== null && !idle && sameMembers(st.owners, owners) ? st.sent : 0;
     await this.sendSlices(w, owners, steps, idle, drained, streamed);
     this.machine.send(groupEvents.memberReady(member, round));
     lap('slices');
@@ -979,7 +970,6 @@ export class GroupMember {
     const anyAlone = () => owners.some((m) => m !== member && this.inbox.window(w).own.has(m));
     const fallBack = async (phase: 'round' | 'gather') => {
       lap(phase);
-      this.streamedNow = 0;
       this.o.log.info({ group: this.o.group.name, window: w, alone: owners.filter((m) => this.inbox.window(w).own.has(m)) },
         `group ${this.o.group.name} window ${w}: a member pushes this window alone (the group is degraded by a dead member); ${member} pushes its own gradient too`);
       return this.closeAlone(w, await this.pushOwn(idle, drained, phases));
@@ -991,7 +981,7 @@ export class GroupMember {
     if (!sameMembers(roundMembers, owners)) {
       // The round has other members than this member assumed (one was dropped, or joined late): the shards are dealt anew.
       owners = roundMembers;
-      this.streamedNow = 0;
+      streamed = 0;
       await this.sendSlices(w, owners, steps, idle, drained);
       lap('slices');
     }
@@ -1089,6 +1079,7 @@ export class GroupMember {
       groupsVersion: Math.max(0, ...slices.map((s) => s.groups_version), ...reports.map((p) => p.groups_version)),
       members: [...owners],
       lostShards,
+      streamed,
     };
   }
 

@@ -235,7 +235,7 @@ export async function startWorkerNode(o: {
     measuredBandwidthMbps: measuredLinkMbps(reporter),
     groupSync,
     groupLr: groupLrRuleFromConfig(config),
-    streamSlices: config.training.mode === 'hps' && config.training.stream_slices,
+    streamSlices: config.training.stream_slices,
     localOptimizers: localOptimizersFromConfig(config),
     ...workerCompressionOptions(config),
     tailDispatch: config.training.mode !== 'bsp' && config.training.tail_dispatch,

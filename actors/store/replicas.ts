@@ -67,6 +67,18 @@ export function isTransientNotFound(e: unknown): boolean {
 /** Waits between tries of a create answered "stream not found": 100 ms doubling, about 6 s in all. */
 export const NOT_FOUND_RETRY_MS: readonly number[] = [100, 200, 400, 800, 1600, 3000];
 
+/** `run`, tried again after each wait in `waits` while it is answered "stream not found" (`isTransientNotFound`). */
+async function againWhileNotFound<T>(run: () => Promise<T>, waits: readonly number[]): Promise<T> {
+  for (let k = 0; ; k++) {
+    try {
+      return await run();
+    } catch (e) {
+      if (!isTransientNotFound(e) || k >= waits.length) throw e;
+      await new Promise((r) => setTimeout(r, waits[k]));
+    }
+  }
+}
+
 function isTimeout(e: unknown): boolean {
   return (e instanceof Error && e.name === 'TimeoutError') || /timeout/i.test(e instanceof Error ? e.message : String(e));
 }
@@ -86,19 +98,13 @@ export async function createWithReplicaFallback<T>(
 ): Promise<{ value: T; replicas: number }> {
   const wanted = Math.max(1, opts.replicas ?? defaultReplicas(nc, opts.servers ?? null));
   let lastError: unknown = null;
-  let notFoundTries = 0;
   for (let replicas = wanted; replicas >= 1; replicas--) {
     try {
-      const value = await create(replicas);
+      const value = await againWhileNotFound(() => create(replicas), retryMs);
       if (replicas < wanted) opts.notice?.(fallbackNotice(nc, name, wanted, replicas, opts.servers ?? null));
       return { value, replicas };
     } catch (e) {
       lastError = e;
-      if (isTransientNotFound(e) && notFoundTries < retryMs.length) {
-        await new Promise((r) => setTimeout(r, retryMs[notFoundTries++]));
-        replicas++; // the same replicas again
-        continue;
-      }
       if (!isPlacementError(e)) throw e;
       if (replicas > 1 && isTimeout(e)) await discard().catch(() => undefined);
     }
