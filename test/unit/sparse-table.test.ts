@@ -24,6 +24,38 @@ test('rows are found again after the table grows many times', () => {
   assert.deepEqual([...t.ids()].sort((a, b) => a - b), [...ids].sort((a, b) => a - b));
 });
 
+test('a row never moves: its slot, trained values, optimizer state and step survive every growth; ids() lists rows in creation order', () => {
+  const opt = createOptimizer({ type: 'adam', learningRate: 0.1 });
+  const t = table();
+  const first = Uint32Array.from([4_000_000_001, 5, 77]);
+  t.applyGradients(first, Float32Array.from({ length: 9 }, (_, i) => i - 4), opt, 1);
+  const slots = [...first].map((id) => t.find(id));
+  assert.deepEqual(slots, [0, 1, 2], 'rows take the next place in creation order');
+  const kept = [...first].map((id) => { const s = t.find(id); return { v: t.values.slice(s * 3, s * 3 + 3), st: t.state.slice(s * 6, s * 6 + 6), step: t.steps[s] }; });
+  // Many growths of the index and the row arrays (initial capacity 4).
+  const more = Uint32Array.from({ length: 5000 }, (_, i) => 1000 + i * 7);
+  const out = new Int32Array(more.length);
+  t.slotsOf(more, out);
+  assert.deepEqual([...out].slice(0, 3), [3, 4, 5]);
+  assert.deepEqual([...first].map((id) => t.find(id)), slots, 'the trained rows kept their slots');
+  for (let k = 0; k < first.length; k++) {
+    const s = slots[k]!;
+    assert.deepEqual(t.values.slice(s * 3, s * 3 + 3), kept[k]!.v);
+    assert.deepEqual(t.state.slice(s * 6, s * 6 + 6), kept[k]!.st);
+    assert.equal(t.steps[s], 1);
+    assert.equal(kept[k]!.step, 1);
+  }
+  assert.deepEqual([...t.ids()], [...first, ...more]);
+  // Removing rows re-packs the others (a restore of what is kept), which are found again and grow on.
+  assert.equal(t.remove((id) => id >= 1000 && id % 2 === 0), 2500);
+  assert.equal(t.size, 2503);
+  for (const id of first) assert.deepEqual(t.lookup([id]), kept[[...first].indexOf(id)]!.v);
+  for (const id of more) assert.equal(t.find(id) >= 0, id % 2 !== 0, `id ${id}`);
+  t.slotsOf(Uint32Array.from({ length: 3000 }, (_, i) => 900_000 + i), new Int32Array(3000));
+  assert.equal(t.size, 5503);
+  for (const id of first) assert.deepEqual(t.lookup([id]), kept[[...first].indexOf(id)]!.v);
+});
+
 test('initial rows depend only on (seed, table, id): equal across instances and pull orders', () => {
   const ids = Uint32Array.from([3, 99, 0, 4_000_000_000, 17]);
   const a = table().pull(ids);
