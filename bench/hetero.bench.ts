@@ -94,6 +94,7 @@
  *   npm run bench:hetero     → bench/results/hetero.json, hetero.svg, hetero-mlp.svg
  *   options: --workloads ctr,mlp  --peers a,b  --repeats N  --no-grid  --samples N  --quick  --out DIR
  *            --reference-ms N  --ctr-hidden a,b  --mlp-hidden a,b  --hps-training "key: value; …"  --training "key: value; …" (every peer)  --optimizer "key: value; …" (every peer's dense optimizer)
+ *            --sync-steps F,M (hps_config's fast and medium sync_steps instead of 4,6)
  *            --lr-mult X  --group-lr none|sqrt (with --no-grid)  --compression none|adaptive (every peer float32, or adaptive, instead of the protocol's fp16)  --compression-threshold X (with adaptive)  --servers N (instead of 2)  --shards-per-server K (instead of 1) (to explore; results then go to a temp dir)
  *            --collect DIR: aggregate the runs an earlier invocation left in DIR (e.g. one stopped after a workload)
  *            --rescore FILE: recompute the statistics and goals of a results file from the runs it records
@@ -124,9 +125,12 @@ const say = (s: string) => process.stderr.write(`[hetero] ${s}\n`);
 
 const REFERENCE_STEP_MS = Number(option('--reference-ms') ?? 500);
 const BATCH = 256;
+/** To explore: the sync_steps of hps_config's fast and medium groups instead of the article's 4 and 6 (`--sync-steps 1,1`: the groups sync every step). */
+const SYNC_STEPS = (option('--sync-steps') ?? '4,6').split(',').map(Number);
+if (SYNC_STEPS.length !== 2 || !SYNC_STEPS.every((n) => Number.isInteger(n) && n >= 1)) throw new Error(`--sync-steps: two integers ≥ 1 (fast,medium), got ${option('--sync-steps')}`);
 const CLASSES = [
-  { name: 'fast', size: 4, speed: 1.0, mbps: 20, sync_mode: 'sync', sync_steps: 4 as number | null },
-  { name: 'medium', size: 4, speed: 0.6, mbps: 6, sync_mode: 'sync', sync_steps: 6 as number | null },
+  { name: 'fast', size: 4, speed: 1.0, mbps: 20, sync_mode: 'sync', sync_steps: SYNC_STEPS[0]! as number | null },
+  { name: 'medium', size: 4, speed: 0.6, mbps: 6, sync_mode: 'sync', sync_steps: SYNC_STEPS[1]! as number | null },
   { name: 'slow', size: 2, speed: 0.2, mbps: 2.5, sync_mode: 'async', sync_steps: null as number | null },
 ] as const;
 /** The protocol's two server nodes; `--servers N` explores another count (the reference article's cluster has 3). */
@@ -544,7 +548,7 @@ function rescore(file: string): void {
 async function main(): Promise<void> {
   const RESCORE = option('--rescore');
   if (RESCORE !== null) return rescore(RESCORE);
-  const full = !QUICK && GRID && REPEATS >= 3 && SAMPLES_OVERRIDE === null && !['--reference-ms', '--ctr-hidden', '--mlp-hidden', '--hps-training', '--training', '--lr-mult', '--group-lr', '--compression', '--compression-threshold', '--servers', '--shards-per-server', '--optimizer'].some((o) => option(o) !== null) && PEER_KEYS.length === PEERS.length && (WORKLOAD_KEYS.length === WORKLOADS.length || COLLECT !== null);
+  const full = !QUICK && GRID && REPEATS >= 3 && SAMPLES_OVERRIDE === null && !['--reference-ms', '--ctr-hidden', '--mlp-hidden', '--hps-training', '--training', '--lr-mult', '--group-lr', '--compression', '--compression-threshold', '--servers', '--shards-per-server', '--optimizer', '--sync-steps'].some((o) => option(o) !== null) && PEER_KEYS.length === PEERS.length && (WORKLOAD_KEYS.length === WORKLOADS.length || COLLECT !== null);
   // Before anything is written: the results' own files would make the tree look dirty.
   const git = gitCommit(ROOT);
   const dir = mkdtempSync(join(tmpdir(), 'hetps-bench-hetero-'));
