@@ -460,13 +460,16 @@ export interface WindowOutcome {
 }
 
 /**
- * A window's wall time by phase: `steps` (batches fetched and stepped),
+ * A window's wall time by phase: `steps` (batches fetched and stepped), of
+ * which `inputs` is waiting for the next step's inputs once the step before
+ * was done (a batch from the queue and its rows pulled, fetched while the
+ * step before ran; the window's first also pulls the dense parameters),
  * `slices` (this member's slices sent), `round` (waiting for the machine to
  * start the round: the slowest member), `gather` (the round's slices in),
  * `push` (reduce + push of this member's shards), `reports` (waiting for
  * every member's push report). Async members: `steps` and `push` only.
  */
-export interface WindowPhases { steps: number; slices: number; round: number; gather: number; push: number; reports: number }
+export interface WindowPhases { steps: number; inputs: number; slices: number; round: number; gather: number; push: number; reports: number }
 
 export interface GroupMemberOptions {
   system: ActorSystem;
@@ -764,7 +767,7 @@ export class GroupMember {
     acc.reset();
     const st: Stream | null = this.streams && !alone ? { owners: this.deal(), sent: 0, sends: [] } : null;
     const steps: WindowStep[] = [];
-    const phases: WindowPhases = { steps: 0, slices: 0, round: 0, gather: 0, push: 0, reports: 0 };
+    const phases: WindowPhases = { steps: 0, inputs: 0, slices: 0, round: 0, gather: 0, push: 0, reports: 0 };
     const t0 = this.clock.monotonic();
     const stepper = this.o.stepper;
     // The next batch is fetched and its rows pulled while the current step runs (the window's dense parameters are pulled once, by its first).
@@ -802,6 +805,14 @@ export class GroupMember {
     // Nor does a pause wait for a batch still to come (a drained queue holds a fetch for up to a second at the end of
     // training): the window ends without it, counted as dropped, and the source gives the batch back if one comes.
     const awaitStep = async (f: Promise<PreparedStep | null>): Promise<PreparedStep | null | 'dropped'> => {
+      const t = this.clock.monotonic();
+      try {
+        return await awaitInputs(f);
+      } finally {
+        phases.inputs += this.clock.monotonic() - t;
+      }
+    };
+    const awaitInputs = async (f: Promise<PreparedStep | null>): Promise<PreparedStep | null | 'dropped'> => {
       if (this.o.discardOnPause !== true) return f;
       const p = await this.unlessDropping(f, dropping);
       if (p !== null || !dropping()) return p;

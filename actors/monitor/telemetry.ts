@@ -111,7 +111,7 @@ export const doneTelemetrySchema = z.object({
   tail_declined: z.number().int().nonnegative().default(0),
   /** hps: the windows' wall time by phase, ms summed over windows (see WindowPhases in actors/group/group-sync.ts); null in asp / bsp. */
   window_phases_ms: z.object({
-    steps: z.number(), slices: z.number(), round: z.number(), gather: z.number(), push: z.number(), reports: z.number(),
+    steps: z.number(), inputs: z.number(), slices: z.number(), round: z.number(), gather: z.number(), push: z.number(), reports: z.number(),
   }).nullable().default(null),
 });
 export type DoneTelemetry = z.infer<typeof doneTelemetrySchema>;

@@ -393,6 +393,30 @@ test('local updates (training.local_updates), a lone sync member, sync_steps 3: 
   }, [b1!, b2!, b3!], uniqueIdsOf(union([b1!, b2!, b3!])));
 });
 
+test('window phases: `inputs` is the part of `steps` the window waited for its next batch after the step before was done', async () => {
+  const c = await cluster('phases');
+  try {
+    const m = await member(c, group('sync', ['a'], 3), 'a', sessions[0]!);
+    const queue = batches.slice(0, 3);
+    let calls = 0;
+    // The 2nd and 3rd batches come 300 ms after they are asked for: a step (no emulation) is far shorter, so the window waits ~600 ms.
+    const slow: WindowSource = {
+      next: async () => { if (calls++ > 0 && queue.length > 0) await new Promise((r) => setTimeout(r, 300)); return queue.shift() ?? null; },
+      drained: async () => queue.length === 0,
+    };
+    const out = await m.runWindow(slow);
+    assert.equal(out.steps.length, 3);
+    assert.ok(out.phases.inputs >= 550, `waited ${out.phases.inputs} ms for inputs`);
+    assert.ok(out.phases.inputs <= out.phases.steps, `inputs ${out.phases.inputs} ms within steps ${out.phases.steps} ms`);
+    const fast = await m.runWindow(source(batches.slice(3, 6)));
+    assert.equal(fast.steps.length, 3);
+    assert.ok(fast.phases.inputs < out.phases.inputs - 400, `no wait when batches are at hand: ${fast.phases.inputs} ms`);
+    await m.stop('stopped');
+  } finally {
+    await c.close();
+  }
+});
+
 test('local updates, a lone adaptive member (threshold 2): the same path, its window equals sequential single-process SGD steps', async () => {
   const [b1, b2, b3] = batches;
   const local = localOptimizersFromConfig(config);

@@ -83,7 +83,7 @@ test('TrainingMonitor: the curve starts when the first worker does, has a point 
   for (const w of ['w1', 'w2']) {
     publishTelemetry(workerT, JOB, 'done', w, {
       node: w, steps: w === 'w1' ? 4 : 2, samples: 0, batches_acked: 0, empty_rounds: 0, reason: 'done',
-      windows: 2, window_phases_ms: w === 'w1' ? { steps: 800, slices: 10, round: 20, gather: 0, push: 30, reports: 40 } : null,
+      windows: 2, window_phases_ms: w === 'w1' ? { steps: 800, inputs: 120, slices: 10, round: 20, gather: 0, push: 30, reports: 40 } : null,
       ...(w === 'w2' ? { tail_declined: 3 } : {}),
     });
   }
@@ -94,7 +94,7 @@ test('TrainingMonitor: the curve starts when the first worker does, has a point 
   assert.deepEqual(edges, ['start', 'end']);
   assert.equal(report.batches_acked, 6);
   assert.ok(report.first_step_s !== null && Math.abs(report.first_step_s - 0.15) < 1e-9, `first step at ${report.first_step_s} s`);
-  assert.deepEqual(report.utilisation.per_node.w1!.window_phases_s, { steps: 0.8, slices: 0.01, round: 0.02, gather: 0, push: 0.03, reports: 0.04 });
+  assert.deepEqual(report.utilisation.per_node.w1!.window_phases_s, { steps: 0.8, inputs: 0.12, slices: 0.01, round: 0.02, gather: 0, push: 0.03, reports: 0.04 });
   assert.equal(report.utilisation.per_node.w1!.windows, 2);
   assert.equal(report.utilisation.per_node.w2!.window_phases_s, null, 'asp / bsp workers have no windows');
   assert.equal(report.utilisation.per_node.w2!.tail_declined, 3, 'the batches w2 left to faster workers (training.tail_dispatch)');
