@@ -109,9 +109,9 @@ export const doneTelemetrySchema = z.object({
   windows: z.number().int().nonnegative().default(0),
   /** Times the worker left the queue's last batches to faster workers (training.tail_dispatch). */
   tail_declined: z.number().int().nonnegative().default(0),
-  /** hps: the windows' wall time by phase, ms summed over windows (see WindowPhases in actors/group/group-sync.ts); null in asp / bsp. */
+  /** hps: the windows' wall time by phase, ms summed over windows (see WindowPhases in actors/group/group-sync.ts; `inputs` 0 from a worker before it had that phase); null in asp / bsp. */
   window_phases_ms: z.object({
-    steps: z.number(), inputs: z.number(), slices: z.number(), round: z.number(), gather: z.number(), push: z.number(), reports: z.number(),
+    steps: z.number(), inputs: z.number().default(0), slices: z.number(), round: z.number(), gather: z.number(), push: z.number(), reports: z.number(),
   }).nullable().default(null),
 });
 export type DoneTelemetry = z.infer<typeof doneTelemetrySchema>;

@@ -15,7 +15,7 @@ import { memoryBatchQueue, type BatchDescriptor } from '../../actors/store/batch
 import type { PreparedJob } from '../../actors/scheduler/job.ts';
 import { TrainingMonitor } from '../../actors/monitor/training-monitor.ts';
 import type { JobInfo } from '../../actors/store/job-info.ts';
-import { publishTelemetry } from '../../actors/monitor/telemetry.ts';
+import { doneTelemetrySchema, publishTelemetry } from '../../actors/monitor/telemetry.ts';
 import { cpuBetween, cpuSnapshot, processCpuSeconds } from '../../deploy/process-cpu.ts';
 
 const JOB = 'mon';
@@ -148,4 +148,11 @@ test('CPU accounting: a busy process shows its CPU seconds, the fraction is CPU 
   assert.ok(Math.abs(r.process_cpu_s - (r.per_process.driver! + (r.per_process.self ?? 0))) < 1e-9);
   assert.ok(Math.abs(r.cpu_busy_fraction - r.process_cpu_s / (r.window_s * 4)) < 1e-9);
   assert.ok(r.machine_busy_fraction !== null && r.machine_busy_fraction > 0 && r.machine_busy_fraction <= 1);
+});
+
+test('done telemetry from a worker without the windows\' inputs phase is still read (inputs 0); a phase that is not a number is refused', () => {
+  const base = { node: 'w1', steps: 2, samples: 64, batches_acked: 2, empty_rounds: 0, reason: 'done' };
+  const old = doneTelemetrySchema.parse({ ...base, window_phases_ms: { steps: 800, slices: 10, round: 20, gather: 0, push: 30, reports: 40 } });
+  assert.deepEqual(old.window_phases_ms, { steps: 800, inputs: 0, slices: 10, round: 20, gather: 0, push: 30, reports: 40 });
+  assert.equal(doneTelemetrySchema.safeParse({ ...base, window_phases_ms: { steps: 800, inputs: 'x', slices: 10, round: 20, gather: 0, push: 30, reports: 40 } }).success, false);
 });
