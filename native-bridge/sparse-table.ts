@@ -12,8 +12,8 @@
  * the table rehashes only the index (two ints a row) and copies the row
  * arrays in one piece. (When rows lived in the hash
  * slots, every growth re-inserted every row at a new random place: creating
- * 280 k rows of dim 32 spent 84 % of its time there, and a shard's pulls of
- * new ids in one bench:hetero run ~3 s of CPU.) "Slot" in the methods below
+ * 280 k rows of dim 32 spent 84 % of its time there, and a CPU profile of a
+ * shard in one bench:hetero run, 3.2 s of self time.) "Slot" in the methods below
  * is a row's place in the row arrays.
  *
  * Rows are created on first pull with a deterministic initialiser of
