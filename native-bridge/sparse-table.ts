@@ -332,8 +332,7 @@ export class SparseTable {
       }
       rowGrads = merged.subarray(0, u * d);
     }
-    // Room for every missing row at once (one growth at most).
-    this.reserve(this.count + u);
+    // slotsOf makes room for every missing row at once (one growth at most).
     const rowSlots = sc.rowSlots;
     this.slotsOf(uniqueIds.subarray(0, u), rowSlots);
     // A frozen copy pending (freezeCopy): each row is saved before its first update.
@@ -389,14 +388,23 @@ export class SparseTable {
 
   /** A copy of the rows whose id passes `keep` (all rows when null), for checkpoints and migration. */
   snapshot(keep: ((id: number) => boolean) | null = null): SparseTableSnapshot {
-    const d = this.dim, sd = d * this.stateSlots;
-    const all = this.ids();
-    const ids = keep ? all.filter(keep) : all;
-    const values = new Float32Array(ids.length * d);
-    const state = new Float32Array(ids.length * sd);
-    const steps = new Uint32Array(ids.length);
-    for (let k = 0; k < ids.length; k++) {
-      const s = this.find(ids[k]!);
+    const d = this.dim, sd = d * this.stateSlots, n = this.count;
+    if (keep === null) {
+      // Rows 0 … count − 1 are the table: copied in one piece each.
+      return {
+        table: this.table, dim: d, stateSlots: this.stateSlots, ids: this.ids(), values: this.values.slice(0, n * d),
+        state: this.state.slice(0, n * sd), steps: this.steps.slice(0, n),
+      };
+    }
+    const rows: number[] = [];
+    for (let r = 0; r < n; r++) if (keep(this.rowIds[r]!)) rows.push(r);
+    const ids = new Uint32Array(rows.length);
+    const values = new Float32Array(rows.length * d);
+    const state = new Float32Array(rows.length * sd);
+    const steps = new Uint32Array(rows.length);
+    for (let k = 0; k < rows.length; k++) {
+      const s = rows[k]!;
+      ids[k] = this.rowIds[s]!;
       values.set(this.values.subarray(s * d, s * d + d), k * d);
       if (sd) state.set(this.state.subarray(s * sd, s * sd + sd), k * sd);
       steps[k] = this.steps[s]!;
@@ -499,7 +507,6 @@ export class SparseTable {
     if (removed === 0) return 0;
     this.slotKeys.fill(EMPTY);
     this.count = 0;
-    this.reserve(kept.ids.length);
     this.restore(kept);
     return removed;
   }
