@@ -9,12 +9,12 @@
  * `natsStandbyBackend` is the same job as a standby driver that took the
  * lease over sees it: the stores as they are, no node processes of its own.
  */
-import { writeFile } from 'node:fs/promises';
+import { readFile, writeFile } from 'node:fs/promises';
 import type { NatsConnection } from '@nats-io/nats-core';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { ActorRef, ActorSystem, ConfigError, SeededRandom, connectTransport, controlAddress, systemClock, type Logger, type Transport } from '../runtime/mod.ts';
-import { allWorkerNodes, natsConnectionAs, standbyWorkerNodes, type HetpsConfig } from '../topology/mod.ts';
+import { allWorkerNodes, natsConnectionAs, standbyWorkerNodes, tcLinkedNodes, type HetpsConfig } from '../topology/mod.ts';
 import type { ExecutionProvider } from '../native-bridge/mod.ts';
 import { batchStreamName, createBatchStream, natsBatchQueue, type BatchQueue } from '../actors/store/batch-queue.ts';
 import { createJobInfoBucket, jobInfoBucket, natsJobInfoStore, resetNatsJobInfo, type JobInfoStore } from '../actors/store/job-info.ts';
@@ -25,7 +25,8 @@ import { defaultReplicas } from '../actors/store/replicas.ts';
 import { acquireLease, leaseBucketName, openLeaseBucket, type LeaseHolder, type LeaseKv } from '../actors/scheduler/lease.ts';
 import type { LocalCluster } from './local-cluster.ts';
 
-import { NodeProcesses, type NodeProcess } from './node-processes.ts';
+import { NodeProcesses, type NodeProcess, type NodeProcessSpec } from './node-processes.ts';
+import { NetLab } from './netlab.ts';
 import type { CpuProcess } from './process-cpu.ts';
 import type { JobBackend, JobContext } from './job-backend.ts';
 import { connectCheck, jetStreamCheck, setupStep, type SetupStep } from './setup-step.ts';
@@ -192,6 +193,47 @@ export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promi
   };
   const common = ['--config', ctx.configPath, '--nats', servers.join(','), '--job', job, '--run-id', runId, ...(ctx.authDir !== null ? ['--auth-dir', ctx.authDir] : [])];
   const describeExit = (e: { code: number | null; signal: NodeJS.Signals | null }) => (e.signal ? `signal ${e.signal}` : `code ${e.code}`);
+  let lab: NetLab | null = null;
+  /**
+   * nodes.<name>.emulate.link tc: each such node (not skipped) gets a network
+   * namespace on a veth link held to its bandwidth by tc tbf both ways, and
+   * starts in it, reaching the cluster through the link's host address. Its
+   * host profile keeps the device and leaves the network out, so the node
+   * measures its own link. checkTcLinks (run-job.ts) has made sure the lab can run.
+   */
+  const tcLinks = async (hostFiles: ReadonlyMap<ExecutionProvider, string>) => {
+    const out = new Map<string, { common: string[]; hostProfile: string | undefined; spawn: NonNullable<NodeProcessSpec['spawn']> }>();
+    const tc = tcLinkedNodes(config).filter((t) => !skip.has(t.node));
+    if (tc.length === 0) return out;
+    if (cluster === null) throw new ConfigError(`nodes.${tc[0]!.node}.emulate.link: tc needs the local NATS cluster hetps up starts`);
+    lab = await NetLab.create({ name: `hetps-up-${job}` });
+    const deviceOnly = new Map<string, string>();
+    const namespaces = new Map<string, string>();
+    for (const [i, t] of tc.entries()) {
+      // Lab names allow fewer characters than node names ('v100-node-1:8080'): the index keeps them apart.
+      const n = await lab.addNode(`${i}-${t.node.replace(/[^A-Za-z0-9_-]/g, '_')}`.slice(0, 32));
+      await lab.rateLimit(n.name, t.mbps);
+      namespaces.set(t.node, n.netns);
+      const provider = config.nodes[t.node]?.provider ?? 'cpu';
+      let hostProfile = deviceOnly.get(provider);
+      const full = hostFiles.get(provider);
+      if (hostProfile === undefined && full !== undefined) {
+        hostProfile = full.replace(/\.json$/, '-device.json');
+        await writeFile(hostProfile, `${JSON.stringify({ ...JSON.parse(await readFile(full, 'utf8')) as object, network: null }, null, 2)}\n`);
+        deviceOnly.set(provider, hostProfile);
+      }
+      const nodeServers = cluster.urlsFor(n.hostIp);
+      const l = lab;
+      out.set(t.node, {
+        common: common.map((a, j) => (j > 0 && common[j - 1] === '--nats' ? nodeServers.join(',') : a)),
+        hostProfile,
+        spawn: (command, args, options) => l.spawn(n.name, command, args, options),
+      });
+    }
+    con.line(`tc links: ${tc.map((t) => `${t.node} ${t.mbps} Mbit/s (netns ${namespaces.get(t.node)})`).join(', ')}: each node in its own network namespace on a veth link `
+      + 'held to its rate by tc tbf both ways; the NATS cluster listens on every interface for them');
+    return out;
+  };
 
   return {
     transport, system, queue, planStore: stores.plan, jobStore: stores.info, profileStore: natsProfileStore(nc, job), lease,
@@ -216,16 +258,19 @@ export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promi
           + `${host.device.gather_rows_per_s} rows/s gather (${provider})`
           + (host.network ? `, rtt ${host.network.rtt_ms} ms, ${host.network.bandwidth_mbps} Mbit/s to NATS` : ''));
       }
+      const links = await tcLinks(hostFiles);
       for (const s of config.cluster.server_nodes) {
         if (skip.has(s)) continue;
-        const host = hostFiles.get('cpu');
-        started(procs.start({ name: s, role: 'server', args: ['--role', 'server', '--server-id', s, ...(host ? ['--host-profile', host] : []), ...common] }));
+        const link = links.get(s);
+        const host = link?.hostProfile ?? hostFiles.get('cpu');
+        started(procs.start({ name: s, role: 'server', args: ['--role', 'server', '--server-id', s, ...(host ? ['--host-profile', host] : []), ...(link?.common ?? common)], ...(link ? { spawn: link.spawn } : {}) }));
       }
       for (const w of launched) {
         // A worker_nodes entry has no group yet: it is named, and takes its group from the job info.
         const which = w.group === null ? ['--node', w.name] : ['--group', w.group, '--node-rank', String(w.rank)];
-        const host = hostFiles.get(config.nodes[w.name]?.provider ?? 'cpu');
-        started(procs.start({ name: w.name, role: 'worker', args: ['--role', 'worker', ...which, ...(host ? ['--host-profile', host] : []), ...common] }));
+        const link = links.get(w.name);
+        const host = link?.hostProfile ?? hostFiles.get(config.nodes[w.name]?.provider ?? 'cpu');
+        started(procs.start({ name: w.name, role: 'worker', args: ['--role', 'worker', ...which, ...(host ? ['--host-profile', host] : []), ...(link?.common ?? common)], ...(link ? { spawn: link.spawn } : {}) }));
       }
       if (skip.size) con.line(`--skip: not starting ${[...skip].join(', ')}; start them yourself (hetps launch … --nats ${servers.join(',')} --job ${job})`);
     },
@@ -270,9 +315,12 @@ export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promi
       procs.killAll('SIGTERM');
       await Promise.race([Promise.all(procs.nodes.map((n) => n.exited)), new Promise((r) => setTimeout(r, 3_000).unref())]);
       procs.killAll('SIGKILL');
+      await (lab as NetLab | null)?.dispose().catch((e: unknown) => con.line(`WARNING: removing the tc links' network lab: ${(e as Error).message}`));
     },
     async close() {
       procs.close();
+      // The nodes on tc links have stopped (stopNodes) or are left to a scheduler that took over; their links go with this driver.
+      await (lab as NetLab | null)?.dispose().catch((e: unknown) => con.line(`WARNING: removing the tc links' network lab: ${(e as Error).message}`));
       await queue.close();
       await system.stop();
       await transport.close();

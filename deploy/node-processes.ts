@@ -12,7 +12,7 @@
  * SIGTERM / SIGINT (the driver's Ctrl-C handler sends SIGTERM to each; a
  * terminal's Ctrl-C reaches them too, as they share its process group).
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess, type SpawnOptions } from 'node:child_process';
 import { closeSync, fstatSync, mkdirSync, openSync, readSync } from 'node:fs';
 import { join } from 'node:path';
 import { StringDecoder } from 'node:string_decoder';
@@ -72,6 +72,8 @@ export interface NodeProcessSpec {
   name: string;
   role: 'server' | 'worker';
   args: string[];
+  /** Starts the child instead of `child_process.spawn` (same arguments): e.g. `NetLab.spawn` into the node's namespace. */
+  spawn?: (command: string, args: readonly string[], options: SpawnOptions) => ChildProcess;
 }
 
 export interface NodeProcess {
@@ -148,7 +150,7 @@ export class NodeProcesses {
     let from: number;
     try {
       from = fstatSync(fd).size;
-      child = spawn(process.execPath, [...NODE_PROCESS_FLAGS, BIN, 'launch', ...spec.args], { stdio: ['ignore', fd, fd], env });
+      child = (spec.spawn ?? spawn)(process.execPath, [...NODE_PROCESS_FLAGS, BIN, 'launch', ...spec.args], { stdio: ['ignore', fd, fd], env });
     } finally {
       closeSync(fd);
     }

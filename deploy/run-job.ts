@@ -27,11 +27,12 @@ import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { randomUUID } from 'node:crypto';
 import { findNatsServer, startLocalCluster, type LocalCluster } from './local-cluster.ts';
+import { NetLab } from './netlab.ts';
 import { writeAuthFiles } from './auth.ts';
 import {
   ConfigError, HetpsError, JSON_CONTENT_TYPE, MissingDependencyError, controlSubject, systemClock, type Actor, type NatsAuth, type NatsTls,
 } from '../runtime/mod.ts';
-import { allWorkerNodes, groupsMeasuredAtStart, inactiveSettings, natsConnectionAs, type HetpsConfig, type NodeProfile, type ShardPlan } from '../topology/mod.ts';
+import { allWorkerNodes, groupsMeasuredAtStart, inactiveSettings, natsConnectionAs, tcLinkedNodes, type HetpsConfig, type NodeProfile, type ShardPlan } from '../topology/mod.ts';
 import type { Evaluation } from '../native-bridge/mod.ts';
 import { replicaId } from '../actors/shard/replica.ts';
 import { ackWaitFromConfig } from '../actors/store/batch-queue.ts';
@@ -260,12 +261,13 @@ async function describeRun(o: JobRunOptions, out: JobPrinter): Promise<RunContex
 }
 
 /** The NATS servers of the run: nats.servers, a local cluster started here, or none (embedded). */
-async function startCluster(ctx: JobContext, embeddedFlag: boolean): Promise<{ servers: string[] | null; cluster: LocalCluster | null; embedded: boolean }> {
+async function startCluster(ctx: JobContext, embeddedFlag: boolean, launch: boolean): Promise<{ servers: string[] | null; cluster: LocalCluster | null; embedded: boolean }> {
   const { config, out } = ctx;
   let servers = config.nats.servers;
   let cluster: LocalCluster | null = null;
   let embedded = embeddedFlag;
   if (embedded && servers) out.line('hetps up: --embedded given: ignoring nats.servers, running every node in this process');
+  const tc = await checkTcLinks(ctx, { embedded, servers, launch });
   if (!embedded && !servers) {
     try {
       findNatsServer();
@@ -278,6 +280,8 @@ async function startCluster(ctx: JobContext, embeddedFlag: boolean): Promise<{ s
         nodes: 3, dir: join(ctx.runDir, 'nats'), clientPort: null, clusterPort: null, httpPort: null,
         maxPayload: config.nats.max_payload, jetstream: true, readyTimeoutMs: 60_000, detached: true,
         authorization: auth?.authorization ?? null,
+        // Nodes on tc links reach the cluster from their namespaces, through their link's host address.
+        ...(tc.length > 0 ? { listenHost: '0.0.0.0' } : {}),
       });
       servers = cluster.urls;
       out.line(`NATS cluster up: ${servers.join(',')}`);
@@ -288,6 +292,7 @@ async function startCluster(ctx: JobContext, embeddedFlag: boolean): Promise<{ s
       }
     } catch (e) {
       if (!(e instanceof MissingDependencyError)) throw e;
+      if (tc.length > 0) throw new ConfigError(`${e.message}; nodes.${tc[0]!.node}.emulate.link: tc needs the NATS cluster hetps up starts (its node reaches it over its limited link)`, { cause: e, data: { field: `nodes.${tc[0]!.node}.emulate.link` } });
       out.line(`WARNING: ${e.message}`);
       out.line('WARNING: running the job embedded: every node in this one process on the in-process bus (no NATS)');
       embedded = true;
@@ -295,6 +300,31 @@ async function startCluster(ctx: JobContext, embeddedFlag: boolean): Promise<{ s
   }
   if (embedded && config.nats.secure) out.line('nats.secure: nothing to secure embedded (one process, no NATS, nothing listens on the network but the dashboard)');
   return { servers: embedded ? null : servers, cluster, embedded };
+}
+
+/**
+ * The nodes this run starts on tc-limited links (`nodes.<name>.emulate.link:
+ * tc`), checked before anything starts: they need the local cluster `hetps
+ * up` starts (a node in a network namespace reaches it through its link's
+ * host address; a cluster given in nats.servers may not be reachable from
+ * there, and embedded there is no link) and a machine that can make the
+ * network lab (root, iproute2). With --no-launch the nodes are the user's
+ * to start and to put behind their limits.
+ */
+async function checkTcLinks(ctx: JobContext, o: { embedded: boolean; servers: string[] | null; launch: boolean }): Promise<{ node: string; mbps: number }[]> {
+  const tc = tcLinkedNodes(ctx.config);
+  if (tc.length === 0) return tc;
+  const field = `nodes.${tc[0]!.node}.emulate.link`;
+  const which = tc.map((t) => t.node).join(', ');
+  if (o.embedded) throw new ConfigError(`${field}: tc (${which}) limits a node's own network link, and embedded every node runs in this one process with no link: run with a NATS cluster (drop --embedded), or use link: hold`, { data: { field } });
+  if (o.servers !== null) throw new ConfigError(`${field}: tc (${which}) needs the local NATS cluster hetps up starts (the node runs in a network namespace that reaches it over its limited link); with nats.servers, put the node behind a rate limit yourself, or use link: hold`, { data: { field } });
+  if (!o.launch) {
+    ctx.out.line(`--no-launch: ${which} have emulate.link tc; started by hand, they are on whatever link you give them (they hold no transfers themselves)`);
+    return [];
+  }
+  const lab = await NetLab.available();
+  if (!lab.ok) throw new ConfigError(`${field}: tc (${which}) needs a network lab on this machine (root, iproute2's ip and tc): ${lab.reason}; or use link: hold`, { data: { field } });
+  return tc;
 }
 
 /** Starts the nodes and, where the groups come from measured profiles, waits for every worker's profile and plans the groups. */
@@ -763,7 +793,7 @@ export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSumma
   const ctx = await describeRun(o, out);
   const { config, log } = ctx;
 
-  const { servers, cluster, embedded } = await startCluster(ctx, o.embedded);
+  const { servers, cluster, embedded } = await startCluster(ctx, o.embedded, o.launch);
   const standbys = ctx.config.fault_tolerance.standby_workers;
   if (standbys.length > 0) {
     ctx.out.line(servers === null

@@ -48,6 +48,8 @@ const DATA_SOURCES = ['spam', 'ctr-synthetic', 'mlp-synthetic'] as const;
 export type DataSource = (typeof DATA_SOURCES)[number];
 const OPTIMIZER_TYPES = ['sgd', 'momentum', 'adam', 'adagrad'] as const;
 export type OptimizerType = (typeof OPTIMIZER_TYPES)[number];
+/** `nodes.<name>.emulate.link`: how an emulated bandwidth is applied (see emulateSchema). */
+export const LINK_EMULATIONS = ['hold', 'tc'] as const;
 const SCHEDULE_TYPES = ['constant', 'step', 'exponential', 'warmup_cosine'] as const;
 export type ScheduleType = (typeof SCHEDULE_TYPES)[number];
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
@@ -266,6 +268,16 @@ const emulateSchema = section({
   speed: upToOne().default(1),
   /** Emulated link bandwidth: each pull, push and intra-group transfer takes bytes·8 / bandwidth longer; null: not limited. */
   bandwidth_mbps: posNum().nullable().default(null),
+  /**
+   * How `bandwidth_mbps` is applied. `hold`: the node holds each of its
+   * transfers for bytes·8 / bandwidth (works anywhere, embedded too).
+   * `tc`: a real limit — `hetps up` starts the node in a Linux network
+   * namespace whose veth link to the host is held to `bandwidth_mbps` by
+   * `tc tbf` both ways (deploy/netlab.ts; root and iproute2, a local cluster
+   * started by `hetps up`), and the node holds nothing itself: every byte it
+   * sends or receives, NATS protocol included, crosses the limited link.
+   */
+  link: oneOf(LINK_EMULATIONS).default('hold'),
 });
 
 const nodeOverrideSchema = section({
@@ -608,6 +620,26 @@ export type ClusterConfig = HetpsConfig['cluster'];
 export type GroupingConfig = z.output<typeof groupingSchema>;
 export type ProfilingConfig = z.output<typeof profilingSchema>;
 export type EmulateConfig = z.output<typeof emulateSchema>;
+
+/**
+ * The bandwidth a node emulates by holding its own transfers: `bandwidth_mbps`
+ * with `link: hold`; null without one, and with `link: tc` (the kernel limits
+ * that link, the node holds nothing).
+ */
+export function heldBandwidthMbps(emulate: EmulateConfig | null | undefined): number | null {
+  if (emulate == null || emulate.link === 'tc') return null;
+  return emulate.bandwidth_mbps;
+}
+
+/** The nodes whose links `hetps up` limits with tc (`nodes.<name>.emulate.link: tc`), with their rates. */
+export function tcLinkedNodes(config: { nodes: Record<string, { emulate: EmulateConfig | null } | undefined> }): { node: string; mbps: number }[] {
+  const out: { node: string; mbps: number }[] = [];
+  for (const [node, o] of Object.entries(config.nodes)) {
+    const e = o?.emulate ?? null;
+    if (e !== null && e.link === 'tc' && e.bandwidth_mbps !== null) out.push({ node, mbps: e.bandwidth_mbps });
+  }
+  return out;
+}
 export type NodeOverride = z.output<typeof nodeOverrideSchema>;
 export type ModelConfig = HetpsConfig['model'];
 export type MlpModelConfig = NonNullable<ModelConfig['mlp']>;
@@ -983,6 +1015,16 @@ function crossChecks(raw: Obj, where: (p: Path) => string): RawIssue[] {
     for (const name of Object.keys(raw.nodes)) {
       if (!nodeSeen.has(name)) {
         add(['nodes', name], `unknown node "${name}": not in cluster.worker_groups, cluster.worker_nodes, cluster.server_nodes or fault_tolerance.standby_workers${suggestion(name, known, 'nodes')}`, 'key');
+      }
+    }
+  }
+
+  // nodes.<name>.emulate.link tc is a limit at bandwidth_mbps: without one there is nothing to limit
+  if (isObject(raw.nodes)) {
+    for (const [name, o] of Object.entries(raw.nodes)) {
+      const e = isObject(o) && isObject(o.emulate) ? o.emulate : null;
+      if (e !== null && e.link === 'tc' && (e.bandwidth_mbps === undefined || e.bandwidth_mbps === null)) {
+        add(['nodes', name, 'emulate', 'link'], 'link: tc limits the node\'s link to emulate.bandwidth_mbps, which is not set: give bandwidth_mbps, or drop link');
       }
     }
   }

@@ -28,7 +28,7 @@ import {
   ActorSystem, ConfigError, HetpsError, JSON_CONTENT_TYPE, NoRespondersError, SeededRandom, connectTransport, controlSubject, createLogger, decode, hashString, systemClock,
   type Logger, type Transport,
 } from '../../runtime/mod.ts';
-import { loadConfig, natsConnectionAs, nodeOverrides, type HetpsConfig, type OptimizerType, type ShardPlan, type WorkerNode } from '../../topology/mod.ts';
+import { heldBandwidthMbps, loadConfig, natsConnectionAs, nodeOverrides, type HetpsConfig, type OptimizerType, type ShardPlan, type WorkerNode } from '../../topology/mod.ts';
 import { StepSession, type Batch, type DataSource } from '../../native-bridge/mod.ts';
 import { natsBatchQueue, type BatchDescriptor, type BatchQueue, type QueuedBatch } from '../store/batch-queue.ts';
 import { sparseLayoutFromConfig } from '../node/config-bridge.ts';
@@ -198,7 +198,7 @@ export class HeterogeneousParameterServer {
       client: this.client, plan: this.plan, model: this.md.model, layout: sparseLayoutFromConfig(config, this.md.model), session: this.session,
       clock: systemClock, log: this.log, emulateSpeed: overrides.emulate?.speed ?? null,
       // Its link as a launched worker's: emulated when the config says so, else measured by its profile.
-      bandwidthMbps: overrides.emulate?.bandwidth_mbps ?? null, measuredBandwidthMbps: measuredLinkMbps(this.profile),
+      bandwidthMbps: heldBandwidthMbps(overrides.emulate), measuredBandwidthMbps: measuredLinkMbps(this.profile),
       // hps: local updates between a window's steps, as a launched worker's (training.local_updates).
       localOptimizers: this.info.mode === 'hps' ? localOptimizersFromConfig(config) : null,
       node, ...workerCompressionOptions(config),

@@ -22,14 +22,16 @@
  *
  * Emulation (`nodes.<name>.emulate` in the YAML): `speed` scales matmul and
  * gather (a speed-0.5 node is half as fast as a speed-1 node on the same
- * box), `bandwidth_mbps` replaces the measured bandwidth (`link: 'emulated'`);
+ * box), `bandwidth_mbps` replaces the measured bandwidth (`link: 'emulated'`)
+ * where the node holds its transfers (`link: hold`); a `link: tc` node is
+ * behind a real limit, measured like any link;
  * any `emulate` sets `emulated: true` (speed 1 too: the node's step time is
  * emulated, whatever its factor).
  */
 import type { Clock, Transport } from '../../runtime/mod.ts';
 import { TimeoutError, probeSubject, systemClock } from '../../runtime/mod.ts';
 import type { EmulateConfig, NodeProfile } from '../../topology/mod.ts';
-import { medianOf } from '../../topology/mod.ts';
+import { heldBandwidthMbps, medianOf } from '../../topology/mod.ts';
 import type { DeviceProfile, ProfileOptions } from '../../native-bridge/mod.ts';
 
 export interface NetworkProbeOptions {
@@ -174,10 +176,11 @@ export async function measureNodeProfile(opts: Partial<NodeProfileOptions> & { t
     cpus: device.cpus,
     providers: [...device.providers],
     variance: device.variance,
-    bandwidth_mbps: emulate?.bandwidth_mbps ?? net.bandwidth_mbps,
+    bandwidth_mbps: heldBandwidthMbps(emulate) ?? net.bandwidth_mbps,
     rtt_ms: net.rtt_ms,
     step_ms_variance: null,
     emulated: emulate !== null,
-    link: emulate?.bandwidth_mbps != null ? 'emulated' : net.link,
+    // A tc-limited link (emulate.link tc) is a real one: measured like any other.
+    link: heldBandwidthMbps(emulate) !== null ? 'emulated' : net.link,
   };
 }

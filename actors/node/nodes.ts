@@ -9,7 +9,7 @@
  * those profiles before it writes the job info.
  */
 import { ConfigError, TimeoutError, type ActorSystem, type Clock, type Logger } from '../../runtime/mod.ts';
-import { allWorkerNodes, nodeOverrides, replicasOn, standbyWorkerNodes, type GradientCompressionSetting, type GroupLrRule, type HetpsConfig, type ShardPlan, type StalenessPolicy, type WorkerNode } from '../../topology/mod.ts';
+import { allWorkerNodes, heldBandwidthMbps, nodeOverrides, replicasOn, standbyWorkerNodes, type GradientCompressionSetting, type GroupLrRule, type HetpsConfig, type ShardPlan, type StalenessPolicy, type WorkerNode } from '../../topology/mod.ts';
 import { initDenseParams, type CtrModel, type DataSource, type DeviceProfile, type ExecutionProvider, type MlpModel } from '../../native-bridge/mod.ts';
 import type { BatchQueue } from '../store/batch-queue.ts';
 import {
@@ -231,7 +231,7 @@ export async function startWorkerNode(o: {
     threads: overrides.threads ?? 1,
     emulateSpeed: overrides.emulate?.speed ?? null,
     referenceStepMs: config.training.emulation_reference_step_ms,
-    bandwidthMbps: overrides.emulate?.bandwidth_mbps ?? null,
+    bandwidthMbps: heldBandwidthMbps(overrides.emulate),
     measuredBandwidthMbps: measuredLinkMbps(reporter),
     groupSync,
     groupLr: groupLrRuleFromConfig(config),

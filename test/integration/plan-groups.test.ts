@@ -96,7 +96,7 @@ test('a node profile measured over nats-server: rtt and bandwidth against the se
 
   // The same box emulated at a quarter speed lands in another group than itself at full speed.
   const slow = await measureNodeProfile({
-    transport, node: 'n1-slow', device: { ...p, providers: ['cpu'] }, emulate: { speed: 0.25, bandwidth_mbps: 100 },
+    transport, node: 'n1-slow', device: { ...p, providers: ['cpu'] }, emulate: { speed: 0.25, bandwidth_mbps: 100 , link: 'hold' },
   });
   assert.equal(slow.emulated, true);
   const g = groupNodes([p, { ...p, node: 'n2' }, slow, { ...slow, node: 'n2-slow' }]);

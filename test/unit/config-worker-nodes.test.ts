@@ -54,7 +54,7 @@ describe('accepted', () => {
     assert.deepEqual(c.cluster.profiling, { probe_seconds: 0.2, republish_seconds: 10 });
     assert.equal(groupsMeasuredAtStart(c), true);
     assert.deepEqual(groupingOptionsFromConfig(c), { k: 2, kRange: [3, 5], seed: 7 });
-    assert.deepEqual(nodeOverrides(c, 'c').emulate, { speed: 0.25, bandwidth_mbps: null }, 'overrides for a worker of worker_nodes');
+    assert.deepEqual(nodeOverrides(c, 'c').emulate, { speed: 0.25, bandwidth_mbps: null, link: 'hold' }, 'overrides for a worker of worker_nodes');
   });
 
   test('ungrouped workers are workers: allWorkerNodes lists them with null group fields', () => {

@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ConfigError } from '../../runtime/errors.ts';
 import {
-  allWorkerNodes, inactiveSettings, loadConfig, natsConnection, nodeOverrides, parseConfig, serverNodes, standbyWorkerNodes,
+  allWorkerNodes, heldBandwidthMbps, inactiveSettings, loadConfig, tcLinkedNodes, natsConnection, nodeOverrides, parseConfig, serverNodes, standbyWorkerNodes,
   type ConfigIssue, type HetpsConfig,
 } from '../../topology/mod.ts';
 import { SMALL_CLUSTER } from '../support/config.ts';
@@ -340,6 +340,19 @@ describe('schema rules', () => {
     expectIssue(text, { path: 'nodes.w1.emulate.bandwidth_mbps', words: ['> 0', 'got -5'], line: lineOf(text, 'speed') });
   });
 
+  test('emulate.link: hold or tc; tc needs the bandwidth it limits the link to', () => {
+    const text = BASE + 'nodes:\n  w1: { emulate: { speed: 0.5, link: tc } }\n  w2: { emulate: { bandwidth_mbps: 3, link: wire } }\n';
+    expectIssue(text, { path: 'nodes.w1.emulate.link', words: ['link: tc limits', 'bandwidth_mbps, which is not set'], line: lineOf(text, 'w1:') });
+    expectIssue(text, { path: 'nodes.w2.emulate.link', words: ['hold', 'tc', 'wire'], line: lineOf(text, 'w2:') });
+    const c = parse(BASE + 'nodes:\n  w1: { emulate: { bandwidth_mbps: 3, link: tc } }\n  w2: { emulate: { bandwidth_mbps: 5 } }\n  s1: { emulate: { speed: 0.5 } }\n');
+    assert.deepEqual(tcLinkedNodes(c), [{ node: 'w1', mbps: 3 }]);
+    // The worker holds its transfers only for link: hold; a tc link is the kernel's to limit.
+    assert.equal(heldBandwidthMbps(nodeOverrides(c, 'w1').emulate), null);
+    assert.equal(heldBandwidthMbps(nodeOverrides(c, 'w2').emulate), 5);
+    assert.equal(heldBandwidthMbps(nodeOverrides(c, 's1').emulate), null);
+    assert.equal(heldBandwidthMbps(nodeOverrides(c, 's2').emulate), null);
+  });
+
   test('nats.servers must be NATS URLs', () => {
     const text = BASE + 'nats:\n  servers: ["nats://a:4222", "http://b:80", "localhost:4222"]\n';
     expectIssue(text, { path: 'nats.servers[1]', words: ['http://b:80', 'scheme http'], line: lineOf(text, 'servers'), column: 30 });
@@ -600,7 +613,7 @@ describe('helpers', () => {
   });
 
   test('nodeOverrides: the node\'s entry, all-null for nodes without one, an error for strangers', () => {
-    assert.deepEqual(nodeOverrides(c, 'cpu-node-1:8080'), { emulate: { speed: 0.25, bandwidth_mbps: null }, provider: 'cpu', threads: 8 });
+    assert.deepEqual(nodeOverrides(c, 'cpu-node-1:8080'), { emulate: { speed: 0.25, bandwidth_mbps: null, link: 'hold' }, provider: 'cpu', threads: 8 });
     assert.deepEqual(nodeOverrides(c, 'server-1:9090'), { emulate: null, provider: null, threads: null });
     assert.throws(() => nodeOverrides(c, 'nobody'), (e: unknown) => e instanceof ConfigError && /node "nobody" is not in/.test(e.message));
   });

@@ -44,14 +44,14 @@ test('measureNodeProfile: device profile plus network, a valid NodeProfile, not 
 test('emulate.speed scales compute, emulate.bandwidth_mbps replaces bandwidth, and the profile says emulated', async () => {
   const t = transport();
   const p = await measureNodeProfile({
-    transport: t, node: 'n1', device, emulate: { speed: 0.25, bandwidth_mbps: 100 }, network: { rttSamples: 3, bandwidthBytes: 512 * 1024 },
+    transport: t, node: 'n1', device, emulate: { speed: 0.25, bandwidth_mbps: 100 , link: 'hold' }, network: { rttSamples: 3, bandwidthBytes: 512 * 1024 },
   });
   assert.equal(p.matmul_gflops, 25);
   assert.equal(p.gather_rows_per_s, 500_000);
   assert.equal(p.bandwidth_mbps, 100);
   assert.equal(p.emulated, true);
   assert.equal(p.link, 'emulated');
-  const speedOnly = await measureNodeProfile({ transport: t, node: 'n1', device, emulate: { speed: 0.5, bandwidth_mbps: null }, network: { rttSamples: 3, bandwidthBytes: 512 * 1024 } });
+  const speedOnly = await measureNodeProfile({ transport: t, node: 'n1', device, emulate: { speed: 0.5, bandwidth_mbps: null , link: 'hold' }, network: { rttSamples: 3, bandwidthBytes: 512 * 1024 } });
   assert.equal(speedOnly.emulated, true);
   assert.notEqual(speedOnly.bandwidth_mbps, 100);
   assert.equal(speedOnly.link, 'embedded', 'bandwidth still measured in-process');

@@ -26,7 +26,7 @@ test('join: measured (emulation applied and labelled), published on tel.profile.
   const sub = watchT.subscribe(telemetryWildcard(JOB, 'profile'), (m) => raw.push({ subject: m.subject, body: decode(m.data) }));
   const store = memoryProfileStore();
   const reporter = await ProfileReporter.join({
-    transport: nodeT, job: JOB, node: 'w1', emulate: { speed: 0.5, bandwidth_mbps: 200 }, provider: 'cpu', store, clock: systemClock, log: silentLogger(),
+    transport: nodeT, job: JOB, node: 'w1', emulate: { speed: 0.5, bandwidth_mbps: 200 , link: 'hold' }, provider: 'cpu', store, clock: systemClock, log: silentLogger(),
     probeSeconds: 0.2, republishMs: 0, device: async () => device,
   });
   try {
