@@ -107,6 +107,7 @@ import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { lineChartSvg } from './chart.ts';
 import { gitCommit, natsServerVersion } from './chaos.ts';
+import { NetLab } from '../deploy/netlab.ts';
 import { median, round, stat, targetStat } from './stats.ts';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
@@ -159,6 +160,18 @@ const NO_GRID_RULE = (option('--group-lr') ?? 'none') as 'none' | 'sqrt';
  * default switch by link utilisation (results then go to a temp dir).
  */
 const COMPRESSION = option('--compression') ?? 'fp16';
+/**
+ * How the links are limited: `tc` (the default where the network lab can run:
+ * root and iproute2) puts every worker in its own namespace behind a tc tbf
+ * limit at its class's rate; `hold` (elsewhere, or `--links hold`) has each
+ * worker hold its transfers for bytes·8 / bandwidth.
+ */
+const LINKS_OPTION = option('--links');
+if (LINKS_OPTION !== null && LINKS_OPTION !== 'tc' && LINKS_OPTION !== 'hold') throw new Error(`--links: tc or hold, got ${LINKS_OPTION}`);
+const LAB = LINKS_OPTION === 'hold' ? null : await NetLab.available();
+if (LINKS_OPTION === 'tc' && LAB !== null && !LAB.ok) throw new Error(`--links tc: the network lab cannot run here: ${LAB.reason}`);
+const LINKS: 'tc' | 'hold' = LINKS_OPTION === 'hold' || !LAB?.ok ? 'hold' : 'tc';
+const LINKS_WHY = LINKS_OPTION !== null ? ` (--links ${LINKS_OPTION})` : LINKS === 'tc' ? ' (the network lab runs here)' : ` (the network lab cannot run here: ${LAB !== null && !LAB.ok ? LAB.reason : ''})`;
 if (!['none', 'fp16', 'adaptive'].includes(COMPRESSION)) throw new Error(`--compression: none, fp16 or adaptive, got ${COMPRESSION}`);
 /** With --compression adaptive: communication.compression_threshold (default hetps' 0.5). */
 const COMPRESSION_THRESHOLD = option('--compression-threshold');
@@ -252,7 +265,7 @@ cluster:
 ${cluster}
   server_nodes: [${SERVERS.join(', ')}]
 ${SHARDS_PER_SERVER !== 1 ? `  shards_per_server: ${SHARDS_PER_SERVER}\n` : ''}nodes:
-${workers.map((x) => `  ${x.name}: { emulate: { speed: ${x.cls.speed}, bandwidth_mbps: ${x.cls.mbps} } }`).join('\n')}
+${workers.map((x) => `  ${x.name}: { emulate: { speed: ${x.cls.speed}, bandwidth_mbps: ${x.cls.mbps}, link: ${LINKS} } }`).join('\n')}
 model:
 ${w.model}
 data:
@@ -548,7 +561,7 @@ function rescore(file: string): void {
 async function main(): Promise<void> {
   const RESCORE = option('--rescore');
   if (RESCORE !== null) return rescore(RESCORE);
-  const full = !QUICK && GRID && REPEATS >= 3 && SAMPLES_OVERRIDE === null && !['--reference-ms', '--ctr-hidden', '--mlp-hidden', '--hps-training', '--training', '--lr-mult', '--group-lr', '--compression', '--compression-threshold', '--servers', '--shards-per-server', '--optimizer', '--sync-steps'].some((o) => option(o) !== null) && PEER_KEYS.length === PEERS.length && (WORKLOAD_KEYS.length === WORKLOADS.length || COLLECT !== null);
+  const full = !QUICK && GRID && REPEATS >= 3 && SAMPLES_OVERRIDE === null && !['--reference-ms', '--ctr-hidden', '--mlp-hidden', '--hps-training', '--training', '--lr-mult', '--group-lr', '--compression', '--compression-threshold', '--servers', '--shards-per-server', '--optimizer', '--sync-steps'].some((o) => option(o) !== null) && LINKS_OPTION !== 'hold' && PEER_KEYS.length === PEERS.length && (WORKLOAD_KEYS.length === WORKLOADS.length || COLLECT !== null);
   // Before anything is written: the results' own files would make the tree look dirty.
   const git = gitCommit(ROOT);
   const dir = mkdtempSync(join(tmpdir(), 'hetps-bench-hetero-'));
@@ -601,7 +614,9 @@ async function main(): Promise<void> {
     setup: {
       cluster: CLASSES.map((c) => ({ class: c.name, workers: c.size, speed: c.speed, step_ms: round(stepMs(c.speed), 1), link_mbps: c.mbps, hps_config: c.sync_mode === 'sync' ? `sync, sync_steps ${c.sync_steps}` : 'async' })),
       scale: 'time 5× slower (500 ms steps), bytes 10× fewer (0.4 MB tower), links 50× slower than a full-scale cluster of this shape (100 ms steps, 1000/300/125 Mbit/s, ~4 MB tower): each class keeps its ratio of transfer time to step time; see the file\'s header',
-      link_emulation: 'emulate.bandwidth_mbps: each pull reply, push (every step of a window\'s push) and group slice of a node is held for bytes·8 / bandwidth on its one link (the network lab\'s tc limits act on processes spawned into a namespace; hetps up does not spawn its nodes there yet)',
+      link_emulation: LINKS === 'tc'
+        ? `emulate.link tc: every worker runs in its own network namespace on a veth link held to its class's rate by tc tbf both ways (hetps up, deploy/netlab.ts): every byte a worker sends or receives crosses it; the shards and NATS servers are on the host, unlimited${LINKS_WHY}`
+        : `emulate.link hold: each pull reply, push (every step of a window's push) and group slice of a node is held for bytes·8 / bandwidth on its one link${LINKS_WHY}`,
       compression: COMPRESSION === 'fp16' ? 'every peer: communication.compression fp16 (gradients in pushes and group slices as scaled halves; pull replies float32)'
         : COMPRESSION === 'adaptive' ? `every peer: communication.compression adaptive (fp16 while a worker's link utilisation is above ${COMPRESSION_THRESHOLD ?? 0.5})` : 'none: every gradient float32',
       servers: SERVERS.length,

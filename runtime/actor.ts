@@ -114,6 +114,18 @@ export interface RequestOptions {
   seq?: number;
 }
 
+/**
+ * How long one more attempt of a request waits after `unanswered` attempts
+ * timed out: `baseMs` doubled per unanswered attempt, up to `capMs` (or
+ * `baseMs` where that is longer). For requests re-sent until answered (a
+ * worker's pulls and pushes, a group member's slices): one whose bytes take
+ * longer than `baseMs` on a slow link would otherwise time out on every
+ * attempt, each re-send queued behind the one before, and never be answered.
+ */
+export function attemptTimeoutMs(baseMs: number, unanswered: number, capMs = 60_000): number {
+  return Math.min(Math.max(capMs, baseMs), baseMs * 2 ** Math.min(Math.max(0, unanswered), 16));
+}
+
 /** A handle to any actor, local or remote, by address. */
 export class ActorRef {
   // Subjects per op, built (and validated) once: tell() is on the hot path.

@@ -8,11 +8,14 @@
  *   (every replica holds the (from, seq) dedup table);
  * - a StalePlanError, no responder, or no answer within an attempt's time
  *   re-reads the plan and sends again (to the new primary, if it moved);
+ *   each attempt that goes unanswered doubles the next one's time (up to
+ *   a minute), so a request slower than an attempt on a slow link is
+ *   answered in the end instead of re-sent for ever;
  * - a pull waiting for a synchronous round is re-sent until the round is
  *   there, logging what it waits for instead of hanging silently.
  */
 import {
-  HetpsError, TimeoutError, isRetryable, type ActorRef, type ActorSystem, type Logger,
+  HetpsError, TimeoutError, attemptTimeoutMs, isRetryable, type ActorRef, type ActorSystem, type Logger,
 } from '../../runtime/mod.ts';
 import type { ShardPlan } from '../../topology/mod.ts';
 import type { PullReply, PullRequest, PushReply, PushRequest, PushWire, RestoreReply, ShardSnapshot, ShardStats } from '../shard/shard.messages.ts';
@@ -97,15 +100,17 @@ export class ShardClient {
   async pull(shard: string, req: PullRequest, expected: number | null = null): Promise<PullReply> {
     const started = this.system.clock.monotonic();
     let lastNote = started;
+    let timeouts = 0;
     for (let attempt = 0; ; attempt++) {
       if (this.opts.shouldStop()) throw new StopRequestedError(`stopped while pulling from ${shard}`);
       req.plan_version = this.plans.current.version;
       try {
         return await this.attempt(shard, () => this.ref(shard).request<PullReply & Record<string, unknown>>('pull', req as unknown as Record<string, unknown>, {
-          timeoutMs: this.attemptMs,
+          timeoutMs: attemptTimeoutMs(this.attemptMs, timeouts),
         }));
       } catch (e) {
         if (!worthAnotherTry(e)) throw e;
+        if (e instanceof TimeoutError) timeouts++;
         const moved = await this.reroute(shard);
         const now = this.system.clock.monotonic();
         const waited = Math.round((now - started) / 1000);
@@ -129,14 +134,16 @@ export class ShardClient {
   async push(shard: string, req: PushWire): Promise<PushReply> {
     const seq = this.system.nextSeq();
     const started = this.system.clock.monotonic();
+    let timeouts = 0;
     for (let attempt = 0; ; attempt++) {
       req.plan_version = this.plans.current.version;
       try {
         return await this.attempt(shard, () => this.ref(shard).request<PushReply & Record<string, unknown>>('push', req as unknown as Record<string, unknown>, {
-          timeoutMs: this.attemptMs, seq,
+          timeoutMs: attemptTimeoutMs(this.attemptMs, timeouts), seq,
         }));
       } catch (e) {
         if (!worthAnotherTry(e)) throw e;
+        if (e instanceof TimeoutError) timeouts++;
         if (this.opts.shouldStop()) throw new StopRequestedError(`stopped while pushing to ${shard}`, { cause: e });
         const moved = await this.reroute(shard);
         if (moved) continue;

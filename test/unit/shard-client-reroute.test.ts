@@ -73,3 +73,47 @@ test('a push waiting on a silent primary goes to the new primary the moment the 
     await n2.stop();
   }
 });
+
+test('a push or pull whose answer takes longer than an attempt (a slow link) is answered in the end: each unanswered attempt doubles the next one\'s time', { timeout: 20_000 }, async () => {
+  const broker = new InProcessBroker();
+  const n1 = system(broker, 'n1');
+  const worker = system(broker, 'w');
+  const plan = buildShardPlan({
+    version: 1, shards: ['s0'], servers: ['n1'], backupFactor: 0, partitions: 4, maxBlockBytes: 16,
+    denseParams: [{ name: 'w', size: 4 }], sparseTables: [{ name: 'emb', dim: 2 }],
+  });
+  const seen: { type: string; seq: number; at: number }[] = [];
+  // Every answer leaves 350 ms after its request arrived, longer than the 100 ms attempt: as if its bytes took that long on the link.
+  const slow = (type: string, reply: Record<string, unknown>) => async (m: { seq: number }) => {
+    seen.push({ type, seq: m.seq, at: Date.now() });
+    await new Promise((r) => setTimeout(r, 350));
+    return reply;
+  };
+  await n1.spawn({
+    kind: 'shard', id: 's0@n1', messages: { push: z.object({}).passthrough(), pull: z.object({}).passthrough() },
+    handlers: {
+      push: slow('push', { version: 1, applied: true, staleness: 0, lr_scale: 1, refused: false }),
+      pull: slow('pull', { version: 1, dense: [], sparse: [] }),
+    },
+  });
+  let stop = false;
+  const client = new ShardClient(worker, { requestTimeoutMs: 60_000, attemptTimeoutMs: 100, log: silentLogger(), shouldStop: () => stop, plans: plan });
+  try {
+    const req = { plan_version: 1, round: null, expected: null, weight: 1, base_version: 0, dense: [], sparse: [], later_steps: [], batches: ['b1'] } as unknown as PushRequest;
+    const t0 = Date.now();
+    const reply = await client.push('s0', req);
+    assert.equal(reply.applied, true);
+    const pushes = seen.filter((s) => s.type === 'push');
+    // With a fixed 100 ms attempt no answer could ever arrive in time. The shard takes the attempts one after
+    // another (as a link carries them), so a few go unanswered before one waits long enough; all carry one seq.
+    assert.ok(pushes.length >= 2 && pushes.length <= 6, `attempts at ${JSON.stringify(pushes.map((p) => p.at - t0))} ms`);
+    assert.equal(new Set(pushes.map((p) => p.seq)).size, 1, 'one seq: applied once at a real shard');
+    const pulled = await client.pull('s0', { plan_version: 1, dense: [], sparse: [], min_round: null } as never);
+    assert.equal(pulled.version, 1);
+    assert.ok(seen.filter((s) => s.type === 'pull').length >= 2);
+  } finally {
+    stop = true; // a client still re-sending (the test timed out) gives up
+    await worker.stop();
+    await n1.stop({ timeoutMs: 1_000 }).catch(() => undefined);
+  }
+});
