@@ -24,11 +24,16 @@
  * step). The CPUs then stay below ~70 % busy (`cpu_busy_fraction` per run).
  *
  * Emulation (actors/worker/emulation.ts): a step graph takes
- * `reference_step_ms / speed` with the real compute inside it; each pull
- * reply, push and intra-group slice of a node is held for bytes·8 / its link's
- * bandwidth, queued behind the node's other transfers (`emulate.bandwidth_mbps`;
- * the network lab's tc rate limits act on single processes spawned into a
- * namespace, and `hetps up` does not spawn its nodes there yet).
+ * `reference_step_ms / speed` with the real compute inside it. Links: where
+ * the network lab can run (root, iproute2), every worker runs in its own
+ * network namespace on a veth link held to its class's rate by `tc tbf` both
+ * ways (`emulate.link: tc`, hetps up and deploy/netlab.ts), so every byte it
+ * sends or receives crosses a real limit; the shards and the NATS servers
+ * are on the host. Elsewhere (or `--links hold`) each pull reply, push and
+ * intra-group slice of a node is held for bytes·8 / its link's bandwidth,
+ * queued behind the node's other transfers (`emulate.link: hold`). The
+ * protocol runs up to the sixth (hetero.json until 0518214) held; the
+ * results record which (`setup.link_emulation`).
  *
  * The peers, on the same data, model, optimizer, sample budget and seed:
  *
@@ -93,6 +98,7 @@
  *
  *   npm run bench:hetero     → bench/results/hetero.json, hetero.svg, hetero-mlp.svg
  *   options: --workloads ctr,mlp  --peers a,b  --repeats N  --no-grid  --samples N  --quick  --out DIR
+ *            --links tc|hold (tc: the default where the network lab runs; hold elsewhere; --links hold where it runs is not the protocol)
  *            --reference-ms N  --ctr-hidden a,b  --mlp-hidden a,b  --hps-training "key: value; …"  --training "key: value; …" (every peer)  --optimizer "key: value; …" (every peer's dense optimizer)
  *            --sync-steps F,M (hps_config's fast and medium sync_steps instead of 4,6)
  *            --lr-mult X  --group-lr none|sqrt (with --no-grid)  --compression none|adaptive (every peer float32, or adaptive, instead of the protocol's fp16)  --compression-threshold X (with adaptive)  --servers N (instead of 2)  --shards-per-server K (instead of 1) (to explore; results then go to a temp dir)
