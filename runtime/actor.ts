@@ -118,7 +118,7 @@ export interface RequestOptions {
  * How long one more attempt of a request waits after `unanswered` attempts
  * timed out: `baseMs` doubled per unanswered attempt, up to `capMs` (or
  * `baseMs` where that is longer). For requests re-sent until answered (a
- * worker's pulls and pushes, a group member's slices): one whose bytes take
+ * worker's pulls and pushes to the shards): one whose bytes take
  * longer than `baseMs` on a slow link would otherwise time out on every
  * attempt, each re-send queued behind the one before, and never be answered.
  */

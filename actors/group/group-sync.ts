@@ -57,7 +57,7 @@
  * every shard took (or refused) the group's update of them.
  */
 import {
-  ActorStoppedError, HetpsError, TimeoutError, ValidationError, Wakeup, attemptTimeoutMs, groupMemberId, isRetryable, type Actor, type ActorContext, type ActorDefinition, type ActorRef, type ActorSystem, type Clock, type Logger,
+  ActorStoppedError, HetpsError, ValidationError, Wakeup, groupMemberId, isRetryable, type Actor, type ActorContext, type ActorDefinition, type ActorRef, type ActorSystem, type Clock, type Logger,
 } from '../../runtime/mod.ts';
 import { groupLrMultiplier, splitIdsByShard, type GroupLrRule, type ShardPlan, type WorkerGroupConfig } from '../../topology/mod.ts';
 import type { Batch } from '../../native-bridge/mod.ts';
@@ -1125,20 +1125,15 @@ export class GroupMember {
     // Dead by the verdicts (the group degrades to async): nobody waits for what it would have sent.
     const cut = this.machine.subscribe((snap) => { if (snap.context.cut.includes(to)) onDropped(); });
     if (this.machine.getSnapshot().context.cut.includes(to)) onDropped();
-    // Each attempt that goes unanswered doubles the next one's time: a slice slower than an attempt on the link still arrives.
-    let timeouts = 0;
     try {
       for (let attempt = 0; ; attempt++) {
         try {
-          const request = this.ref(to).request(type, fields as unknown as Record<string, unknown>, {
-            timeoutMs: attemptTimeoutMs(Math.min(this.o.requestTimeoutMs ?? 10_000, SEND_ATTEMPT_MS), timeouts), seq,
-          });
+          const request = this.ref(to).request(type, fields as unknown as Record<string, unknown>, { timeoutMs: Math.min(this.o.requestTimeoutMs ?? 10_000, SEND_ATTEMPT_MS), seq });
           request.catch(() => undefined);
           await Promise.race([request, dropped]); // 'dropped': nobody waits for it any more
           return;
         } catch (e) {
           if (!isRetryable(e)) throw e;
-          if (e instanceof TimeoutError) timeouts++;
           if (this.o.shouldStop()) throw new StopRequestedError(`stopped while sending ${type} to ${to}`, { cause: e });
           this.checkStop(fields.window);
           if (!this.machine.getSnapshot().context.members.includes(to)) return; // dropped from the group: nobody waits for it
