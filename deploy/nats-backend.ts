@@ -191,7 +191,8 @@ export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promi
   const started = (n: NodeProcess) => {
     void n.exited.then(() => { for (const l of exitListeners) l(n.spec.name, n.exit === null ? 'exited' : describeExit(n.exit)); });
   };
-  const common = ['--config', ctx.configPath, '--nats', servers.join(','), '--job', job, '--run-id', runId, ...(ctx.authDir !== null ? ['--auth-dir', ctx.authDir] : [])];
+  /** The arguments every launched node gets; `nodeServers`: the cluster's URLs as the node reaches them. */
+  const commonArgs = (nodeServers: readonly string[]) => ['--config', ctx.configPath, '--nats', nodeServers.join(','), '--job', job, '--run-id', runId, ...(ctx.authDir !== null ? ['--auth-dir', ctx.authDir] : [])];
   const describeExit = (e: { code: number | null; signal: NodeJS.Signals | null }) => (e.signal ? `signal ${e.signal}` : `code ${e.code}`);
   let lab: NetLab | null = null;
   /**
@@ -202,7 +203,7 @@ export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promi
    * measures its own link. checkTcLinks (run-job.ts) has made sure the lab can run.
    */
   const tcLinks = async (hostFiles: ReadonlyMap<ExecutionProvider, string>) => {
-    const out = new Map<string, { common: string[]; hostProfile: string | undefined; spawn: NonNullable<NodeProcessSpec['spawn']> }>();
+    const out = new Map<string, { servers: string[]; hostProfile: string | undefined; spawn: NonNullable<NodeProcessSpec['spawn']> }>();
     const tc = tcLinkedNodes(config).filter((t) => !skip.has(t.node));
     if (tc.length === 0) return out;
     if (cluster === null) throw new ConfigError(`nodes.${tc[0]!.node}.emulate.link: tc needs the local NATS cluster hetps up starts`);
@@ -222,10 +223,9 @@ export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promi
         await writeFile(hostProfile, `${JSON.stringify({ ...JSON.parse(await readFile(full, 'utf8')) as object, network: null }, null, 2)}\n`);
         deviceOnly.set(provider, hostProfile);
       }
-      const nodeServers = cluster.urlsFor(n.hostIp);
       const l = lab;
       out.set(t.node, {
-        common: common.map((a, j) => (j > 0 && common[j - 1] === '--nats' ? nodeServers.join(',') : a)),
+        servers: cluster.urlsFor(n.hostIp),
         hostProfile,
         spawn: (command, args, options) => l.spawn(n.name, command, args, options),
       });
@@ -233,6 +233,9 @@ export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promi
     con.line(`tc links: ${tc.map((t) => `${t.node} ${t.mbps} Mbit/s (netns ${namespaces.get(t.node)})`).join(', ')}: each node in its own network namespace on a veth link `
       + 'held to its rate by tc tbf both ways; the NATS cluster listens on every interface for them');
     return out;
+  };
+  const disposeLab = async () => {
+    await (lab as NetLab | null)?.dispose().catch((e: unknown) => con.line(`WARNING: removing the tc links' network lab: ${(e as Error).message}`));
   };
 
   return {
@@ -259,19 +262,17 @@ export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promi
           + (host.network ? `, rtt ${host.network.rtt_ms} ms, ${host.network.bandwidth_mbps} Mbit/s to NATS` : ''));
       }
       const links = await tcLinks(hostFiles);
-      for (const s of config.cluster.server_nodes) {
-        if (skip.has(s)) continue;
-        const link = links.get(s);
-        const host = link?.hostProfile ?? hostFiles.get('cpu');
-        started(procs.start({ name: s, role: 'server', args: ['--role', 'server', '--server-id', s, ...(host ? ['--host-profile', host] : []), ...(link?.common ?? common)], ...(link ? { spawn: link.spawn } : {}) }));
-      }
-      for (const w of launched) {
-        // A worker_nodes entry has no group yet: it is named, and takes its group from the job info.
-        const which = w.group === null ? ['--node', w.name] : ['--group', w.group, '--node-rank', String(w.rank)];
-        const link = links.get(w.name);
-        const host = link?.hostProfile ?? hostFiles.get(config.nodes[w.name]?.provider ?? 'cpu');
-        started(procs.start({ name: w.name, role: 'worker', args: ['--role', 'worker', ...which, ...(host ? ['--host-profile', host] : []), ...(link?.common ?? common)], ...(link ? { spawn: link.spawn } : {}) }));
-      }
+      // A node on a tc link starts in its namespace, with the cluster's URLs as seen from there and a device-only host profile.
+      const launch = (name: string, role: 'server' | 'worker', roleArgs: string[]) => {
+        const link = links.get(name);
+        // Servers take the CPU profile; a worker its provider's.
+        const host = link?.hostProfile ?? hostFiles.get(role === 'server' ? 'cpu' : config.nodes[name]?.provider ?? 'cpu');
+        const args = ['--role', role, ...roleArgs, ...(host ? ['--host-profile', host] : []), ...commonArgs(link?.servers ?? servers)];
+        started(procs.start({ name, role, args, ...(link ? { spawn: link.spawn } : {}) }));
+      };
+      for (const s of config.cluster.server_nodes) if (!skip.has(s)) launch(s, 'server', ['--server-id', s]);
+      // A worker_nodes entry has no group yet: it is named, and takes its group from the job info.
+      for (const w of launched) launch(w.name, 'worker', w.group === null ? ['--node', w.name] : ['--group', w.group, '--node-rank', String(w.rank)]);
       if (skip.size) con.line(`--skip: not starting ${[...skip].join(', ')}; start them yourself (hetps launch … --nats ${servers.join(',')} --job ${job})`);
     },
     cpuProcesses() {
@@ -315,12 +316,12 @@ export async function natsBackend(ctx: JobContext, o: NatsBackendOptions): Promi
       procs.killAll('SIGTERM');
       await Promise.race([Promise.all(procs.nodes.map((n) => n.exited)), new Promise((r) => setTimeout(r, 3_000).unref())]);
       procs.killAll('SIGKILL');
-      await (lab as NetLab | null)?.dispose().catch((e: unknown) => con.line(`WARNING: removing the tc links' network lab: ${(e as Error).message}`));
+      await disposeLab();
     },
     async close() {
       procs.close();
       // The nodes on tc links have stopped (stopNodes) or are left to a scheduler that took over; their links go with this driver.
-      await (lab as NetLab | null)?.dispose().catch((e: unknown) => con.line(`WARNING: removing the tc links' network lab: ${(e as Error).message}`));
+      await disposeLab();
       await queue.close();
       await system.stop();
       await transport.close();
