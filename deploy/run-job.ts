@@ -327,6 +327,31 @@ async function checkTcLinks(ctx: JobContext, o: { embedded: boolean; servers: st
   return tc;
 }
 
+/**
+ * cluster.start_barrier_seconds: waits for every worker's profile (each puts
+ * one once its data and model are loaded and it measured itself) before the
+ * job is created, at most that long. Never fails the job: a worker missing
+ * then (not started, slow to start, its process dead) trains from when it
+ * joins, and the line says so.
+ */
+async function startBarrier(ctx: JobContext, backend: JobBackend): Promise<void> {
+  const { config, out } = ctx;
+  const limitS = config.cluster.start_barrier_seconds;
+  const names = allWorkerNodes(config).map((w) => w.name);
+  if (limitS <= 0 || names.length === 0) return;
+  const started = systemClock.monotonic();
+  try {
+    await waitForProfiles(backend.profileStore, names, {
+      clock: systemClock, timeoutMs: limitS * 1000, check: () => backend.check(),
+      onProgress: (have, missing) => { if (missing.length > 0) out.line(`start barrier: ${have}/${names.length} workers joined (waiting for ${missing.join(', ')}; at most ${limitS} s, cluster.start_barrier_seconds)`); },
+    });
+    out.line(`start barrier: all ${names.length} workers joined in ${((systemClock.monotonic() - started) / 1000).toFixed(1)} s; creating the job`);
+  } catch (e) {
+    const missing = e instanceof HetpsError ? e.data?.missing : undefined;
+    out.line(`start barrier: ${Array.isArray(missing) ? `${missing.join(', ')} not joined after ${limitS} s` : (e as Error).message}; the job starts without waiting longer (a worker that joins later trains from then on)`);
+  }
+}
+
 /** Starts the nodes and, where the groups come from measured profiles, waits for every worker's profile and plans the groups. */
 async function startNodesAndPlanGroups(ctx: JobContext, backend: JobBackend, servers: readonly string[]): Promise<JobGrouping | null> {
   const { config, out } = ctx;
@@ -342,8 +367,9 @@ async function startNodesAndPlanGroups(ctx: JobContext, backend: JobBackend, ser
       onProgress: (have, missing) => out.line(`waiting for profiles: ${have}/${names.length}${missing.length ? ` (missing: ${missing.join(', ')})` : ''}`),
     }));
     grouping = planJobGroups(config, profilesOf(found, names));
-  } else if (config.training.mode === 'hps') {
-    grouping = planJobGroups(config, []);
+  } else {
+    await startBarrier(ctx, backend);
+    if (config.training.mode === 'hps') grouping = planJobGroups(config, []);
   }
   if (grouping !== null) {
     out.line(`worker groups (${grouping.criterion === 'config' ? `as written in ${config.source.file}` : `measured: k=${grouping.k} by ${grouping.criterion}`}`

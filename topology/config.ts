@@ -462,6 +462,17 @@ const configSchema = section({
      * reduced and pushed by member i mod M) over more of its members.
      */
     shards_per_server: posInt().max(MAX_SHARDS_PER_SERVER, { error: `must be at most ${MAX_SHARDS_PER_SERVER}` }).default(1),
+    /**
+     * The start barrier (ps-lite's: every node registers before training
+     * starts): `hetps up` creates the job — the workers' signal to start —
+     * once every worker of the config has joined (put its profile), waiting
+     * at most this many seconds; a worker that joins later trains from when
+     * it joins. So a sync group's members start together rather than the
+     * first waiting for the last in its first window, and nobody trains while
+     * the others still load and measure themselves. 0: create the job at once.
+     * (hps with measured groups always waits for every profile.)
+     */
+    start_barrier_seconds: nonNegNum().max(3_600, { error: 'must be at most 3600' }).default(30),
   }),
   /** Per-node overrides, keyed by node name; nodes without an entry are absent. */
   nodes: z.record(z.string(), nodeOverrideSchema, { error: mustBe('a mapping from node name to its overrides') }).default(() => ({})),

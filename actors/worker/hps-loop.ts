@@ -26,6 +26,11 @@ import { batchFromDescriptor } from './step.ts';
 import { trainQueued, type WorkerLoopEnv } from './worker-loop.ts';
 import { TAIL_RECHECK_MS } from './tail-gate.ts';
 
+/** A window's phases in whole milliseconds, for the log. */
+function roundPhases(p: WindowPhases): WindowPhases {
+  return Object.fromEntries(Object.entries(p).map(([k, v]) => [k, Math.round(v)])) as unknown as WindowPhases;
+}
+
 /** How long a window waits for its next batch before it closes with what it has. */
 const HPS_TAKE_WAIT_MS = 1_000;
 
@@ -181,6 +186,8 @@ export class HpsLoop {
     keepAlive.cancel();
     stats.windows++;
     stats.lost_shard_updates += outcome.lostShards.length;
+    log.debug({ window: outcome.window, steps: outcome.steps.length, phases_ms: roundPhases(outcome.phases) },
+      `window ${outcome.window} of group ${this.group.name}: ${outcome.steps.length} step(s) exchanged and pushed`);
     const sums = stats.window_phases_ms;
     if (sums !== null) for (const k of Object.keys(sums) as (keyof WindowPhases)[]) sums[k] += outcome.phases[k];
     stats.round = null;
