@@ -54,6 +54,15 @@
  * push only its first step's bytes (`pushBytes` ignored `later_steps`),
  * which made hps' pushes look up to sync_steps× cheaper than they are.
  *
+ * Every peer starts with hetps up's start barrier (`cluster.start_barrier_seconds`,
+ * on by default since this protocol's seventh run: the job is created once every
+ * worker has joined, so nobody trains while the others still load and measure
+ * themselves). The hps peers run 4 shards on the 2 servers
+ * (`cluster.shards_per_server: 2`, so every member of a 4-member sync group
+ * reduces and pushes one shard over its own link); bsp and asp keep 1 per
+ * server, which was no slower for them side by side (hetero-explore.json,
+ * block 6).
+ *
  * hps runs with hetps' defaults, local updates inside a window included
  * (`training.local_updates`: each member steps its own copy between the
  * window's steps; actors/worker/local-updates.ts). asp and hps also run with
@@ -142,8 +151,15 @@ const CLASSES = [
 ] as const;
 /** The protocol's two server nodes; `--servers N` explores another count (the reference article's cluster has 3). */
 const SERVERS = Array.from({ length: Number(option('--servers') ?? 2) }, (_, i) => `server-${i + 1}`);
-/** cluster.shards_per_server of every peer (`--shards-per-server K` explores more shards than servers). */
-const SHARDS_PER_SERVER = Number(option('--shards-per-server') ?? 1);
+/**
+ * cluster.shards_per_server, each peer at its better one from side-by-side runs on tc links
+ * (bench/results/hetero-explore.json, block 6): the hps peers 2 — 4 shards, so every member of a
+ * 4-member sync group reduces and pushes one (shard i goes to member i mod M; with 2 shards two
+ * members' links carry the group's whole push while the other two push nothing) — and bsp / asp 1,
+ * for whom 2 was no faster. `--shards-per-server K` sets K for every peer (to explore).
+ */
+const SHARDS_PER_SERVER_OPTION = option('--shards-per-server');
+const shardsPerServer = (peer: string): number => SHARDS_PER_SERVER_OPTION !== null ? Number(SHARDS_PER_SERVER_OPTION) : peer.startsWith('hps') ? 2 : 1;
 const WORKERS = CLASSES.flatMap((c) => Array.from({ length: c.size }, (_, i) => ({ name: `${c.name}-${i + 1}`, cls: c })));
 const stepMs = (speed: number) => REFERENCE_STEP_MS / speed;
 /** The nominal, communication-free ideal: Σ batch_size / step time over every node. */
@@ -270,7 +286,8 @@ job: { name: hetero-${peer.replace(/_/g, '-')}, run_dir: ${JSON.stringify(runDir
 cluster:
 ${cluster}
   server_nodes: [${SERVERS.join(', ')}]
-${SHARDS_PER_SERVER !== 1 ? `  shards_per_server: ${SHARDS_PER_SERVER}\n` : ''}nodes:
+  shards_per_server: ${shardsPerServer(peer)}
+nodes:
 ${workers.map((x) => `  ${x.name}: { emulate: { speed: ${x.cls.speed}, bandwidth_mbps: ${x.cls.mbps}, link: ${LINKS} } }`).join('\n')}
 model:
 ${w.model}
@@ -626,7 +643,7 @@ async function main(): Promise<void> {
       compression: COMPRESSION === 'fp16' ? 'every peer: communication.compression fp16 (gradients in pushes and group slices as scaled halves; pull replies float32)'
         : COMPRESSION === 'adaptive' ? `every peer: communication.compression adaptive (fp16 while a worker's link utilisation is above ${COMPRESSION_THRESHOLD ?? 0.5})` : 'none: every gradient float32',
       servers: SERVERS.length,
-      shards_per_server: SHARDS_PER_SERVER,
+      shards_per_server: Object.fromEntries(PEER_KEYS.map((p) => [p, shardsPerServer(p)])),
       nats: 'a fresh local 3-node cluster per run (routes, JetStream), every node its own process',
       reference_step_ms: REFERENCE_STEP_MS,
       batch_size: BATCH,
