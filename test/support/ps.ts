@@ -94,6 +94,8 @@ export interface JobConfigOptions {
   compression?: 'none' | 'fp16' | 'adaptive';
   /** cluster.shards_per_server; absent: the default (1). */
   shardsPerServer?: number;
+  /** cluster.start_barrier_seconds; absent: the default (30). */
+  startBarrierSeconds?: number;
 }
 
 /**
@@ -109,7 +111,7 @@ ${o.servers ? `nats: { servers: [${o.servers.map((s) => JSON.stringify(s)).join(
     - name: g2
       nodes: [w3, w4]
   server_nodes: [s1, s2]
-${o.shardsPerServer !== undefined ? `  shards_per_server: ${o.shardsPerServer}\n` : ''}model:
+${o.shardsPerServer !== undefined ? `  shards_per_server: ${o.shardsPerServer}\n` : ''}${o.startBarrierSeconds !== undefined ? `  start_barrier_seconds: ${o.startBarrierSeconds}\n` : ''}model:
   type: ctr
   ctr: { embedding_dim: 8, hidden: [32, 16], pooling: mean, wide: true, hash_buckets: 65536 }
 data: { source: spam, batch_size: 32, epochs: ${o.epochs}, samples: ${o.samples}, test_fraction: 0.2, vocab_size: 65536, max_tokens: 256 }

@@ -153,6 +153,18 @@ ${MODEL_AND_DATA}`);
     }
   });
 
+  test('cluster.start_barrier_seconds: 30 by default; 0 (no barrier) up to 3600 seconds, an error naming it otherwise', () => {
+    assert.equal(parse(BASE).cluster.start_barrier_seconds, 30);
+    for (const ok of ['0', '2.5', '3600']) {
+      const text = BASE.replace('  server_nodes: [s1, s2]\n', `  server_nodes: [s1, s2]\n  start_barrier_seconds: ${ok}\n`);
+      assert.equal(parse(text).cluster.start_barrier_seconds, Number(ok));
+    }
+    for (const bad of ['-1', '3601', 'soon']) {
+      const text = BASE.replace('  server_nodes: [s1, s2]\n', `  server_nodes: [s1, s2]\n  start_barrier_seconds: ${bad}\n`);
+      expectIssue(text, { path: 'cluster.start_barrier_seconds', words: [], line: lineOf(text, 'start_barrier_seconds') });
+    }
+  });
+
   test('examples/cluster.yaml and examples/quickstart.yaml parse', async () => {
     const cluster = await loadConfig('examples/cluster.yaml');
     assert.deepEqual(cluster.cluster.worker_groups.map((g) => [g.name, g.nodes.length, g.sync_mode, g.sync_steps]), [
