@@ -40,6 +40,9 @@ export interface ShardPlan {
   placement: ReplicaPlacement;
 }
 
+/** Dense blocks per shard at least (where the model is big enough): see buildShardPlan. */
+export const DENSE_BLOCKS_PER_SHARD = 4;
+
 export interface BuildShardPlanOptions {
   version: number;
   shards: string[];
@@ -72,7 +75,12 @@ export function shardNames(servers: readonly string[], perServer: number): strin
 export function buildShardPlan(o: BuildShardPlanOptions): ShardPlan {
   if (o.shards.length === 0) throw new ConfigError('a shard plan needs at least one shard (cluster.server_nodes is empty)');
   if (new Set(o.shards).size !== o.shards.length) throw new ConfigError(`shard names must be unique: ${o.shards.join(', ')}`);
-  const blockElems = Math.max(1, Math.floor(o.maxBlockBytes / 4));
+  // Blocks of at most a quarter of a shard's fair share as well, so that the least-loaded dealing below leaves the
+  // shards' dense bytes within a quarter share of each other even where one parameter is most of the model (a
+  // tower's first layer): every shard then pulls, pushes — and in hps, its group reducer sends — about as many.
+  const totalElems = o.denseParams.reduce((n, p) => n + (Number.isInteger(p.size) && p.size > 0 ? p.size : 0), 0);
+  const shareElems = o.shards.length > 1 ? Math.ceil(totalElems / (DENSE_BLOCKS_PER_SHARD * o.shards.length)) : Infinity;
+  const blockElems = Math.max(1, Math.min(Math.floor(o.maxBlockBytes / 4), shareElems));
   const partitions = o.partitions ?? 64 * o.shards.length;
   if (!Number.isInteger(partitions) || partitions < o.shards.length) {
     throw new ConfigError(`partitions must be an integer ≥ the number of shards (${o.shards.length}), got ${partitions}`);
