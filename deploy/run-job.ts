@@ -340,10 +340,16 @@ async function startBarrier(ctx: JobContext, backend: JobBackend): Promise<void>
   const names = allWorkerNodes(config).map((w) => w.name);
   if (limitS <= 0 || names.length === 0) return;
   const started = systemClock.monotonic();
+  let said = -Infinity;
   try {
     await waitForProfiles(backend.profileStore, names, {
       clock: systemClock, timeoutMs: limitS * 1000, check: () => backend.check(),
-      onProgress: (have, missing) => { if (missing.length > 0) out.line(`start barrier: ${have}/${names.length} workers joined (waiting for ${missing.join(', ')}; at most ${limitS} s, cluster.start_barrier_seconds)`); },
+      // Every 2 s at most: a large cluster joining says how far it got, not one line per worker.
+      onProgress: (have, missing) => {
+        if (missing.length === 0 || systemClock.monotonic() - said < 2_000) return;
+        said = systemClock.monotonic();
+        out.line(`start barrier: ${have}/${names.length} workers joined (waiting for ${missing.slice(0, 10).join(', ')}${missing.length > 10 ? ` and ${missing.length - 10} more` : ''}; at most ${limitS} s, cluster.start_barrier_seconds)`);
+      },
     });
     out.line(`start barrier: all ${names.length} workers joined in ${((systemClock.monotonic() - started) / 1000).toFixed(1)} s; creating the job`);
   } catch (e) {
