@@ -12,7 +12,7 @@
  * | gather      | ln gather_rows_per_s                   | 1      | 0.10        |
  * | bandwidth   | ln bandwidth_mbps (see embedded below) | 1      | 0.20        |
  * | memory      | ln memory_gb                           | 0.5    | 0.10        |
- * | rtt         | ln max(rtt_ms, 0.05)                   | 0.5    | 0.30        |
+ * | rtt         | ln max(rtt_ms, 2)                      | 0.5    | 0.30        |
  * | stability   | step_ms_variance ?? variance (CV)      | 0.5    | 0.05        |
  *
  * Why logs: speeds are ratios (an A100 is "3× a V100"), so 100 vs 200 GFLOP/s
@@ -135,8 +135,12 @@ export const DEFAULT_GROUPING_OPTIONS: GroupingOptions = { k: null, kRange: [3, 
 
 export type FeatureName = 'matmul' | 'gather' | 'bandwidth' | 'memory' | 'rtt' | 'stability';
 
-/** Round trips below this are measurement noise (in-process or same host); clamped so ln stays finite. */
-export const RTT_FLOOR_MS = 0.05;
+/**
+ * Round trips below this are one LAN to grouping (and keep ln finite): next to
+ * a training step of tens to hundreds of ms, 0.2 against 1.5 ms is noise of the
+ * machine's load, not a property of the node; a WAN link's tens of ms is.
+ */
+export const RTT_FLOOR_MS = 2;
 /** What grouping takes as the bandwidth of an in-process (`link: 'embedded'`) node: above any real link. */
 export const EMBEDDED_BANDWIDTH_MBPS = 100_000;
 

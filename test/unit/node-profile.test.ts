@@ -22,6 +22,22 @@ test('network probe on the in-process bus: rtt ≥ 0, bandwidth > 0, labelled em
   await t.close();
 });
 
+test('rtt is the least round trip: a probe whose round trips mostly wait behind 40 ms of other traffic still reports the quick ones', async () => {
+  const t = transport();
+  const request = t.request.bind(t);
+  let n = 0;
+  // The warm-up and 4 of the 7 samples held 40 ms (queueing behind other traffic): their median is a held one.
+  t.request = (async (...a: Parameters<typeof t.request>) => {
+    const r = await request(...a);
+    if (n++ % 3 !== 1) await new Promise((res) => setTimeout(res, 40));
+    return r;
+  }) as typeof t.request;
+  const net = await measureNetwork(t, { rttSamples: 7, bandwidthBytes: 256 * 1024, timeoutMs: 5_000 });
+  assert.equal(n, 8, 'the warm-up and 7 samples');
+  assert.ok(net.rtt_ms < 20, `rtt ${net.rtt_ms} ms: the quick round trips, not the held ones`);
+  await t.close();
+});
+
 test('messages larger than max_payload are chunked by the transport and still counted', async () => {
   const t = transport(new InProcessBroker(64 * 1024));
   const net = await measureNetwork(t, { rttSamples: 3, bandwidthBytes: 1024 * 1024, messageBytes: 256 * 1024 });
