@@ -55,7 +55,7 @@
  * which made hps' pushes look up to sync_steps× cheaper than they are.
  *
  * Every peer starts with hetps up's start barrier (`cluster.start_barrier_seconds`,
- * on by default since this protocol's seventh run: the job is created once every
+ * on by default since this protocol's seventh run: the job starts once every
  * worker has joined, so nobody trains while the others still load and measure
  * themselves). The hps peers run 4 shards on the 2 servers
  * (`cluster.shards_per_server: 2`, so every member of a 4-member sync group

@@ -330,7 +330,9 @@ async function checkTcLinks(ctx: JobContext, o: { embedded: boolean; servers: st
 /**
  * cluster.start_barrier_seconds: waits for every worker's profile (each puts
  * one once its data and model are loaded and it measured itself) before the
- * job is created, at most that long. Never fails the job: a worker missing
+ * job info — the workers' start signal — is put, at most that long. The plan
+ * is written before it: a server started meanwhile must not find the last
+ * run's plan (one without it, on a resume onto more servers) and give up. Never fails the job: a worker missing
  * then (not started, slow to start, its process dead) trains from when it
  * joins, and the line says so.
  */
@@ -351,7 +353,7 @@ async function startBarrier(ctx: JobContext, backend: JobBackend): Promise<void>
         out.line(`start barrier: ${have}/${names.length} workers joined (waiting for ${missing.slice(0, 10).join(', ')}${missing.length > 10 ? ` and ${missing.length - 10} more` : ''}; at most ${limitS} s, cluster.start_barrier_seconds)`);
       },
     });
-    out.line(`start barrier: all ${names.length} workers joined in ${((systemClock.monotonic() - started) / 1000).toFixed(1)} s; creating the job`);
+    out.line(`start barrier: all ${names.length} workers joined in ${((systemClock.monotonic() - started) / 1000).toFixed(1)} s; starting the job`);
   } catch (e) {
     const missing = e instanceof HetpsError ? e.data?.missing : undefined;
     out.line(`start barrier: ${Array.isArray(missing) ? `${missing.join(', ')} not joined after ${limitS} s` : (e as Error).message}; the job starts without waiting longer (a worker that joins later trains from then on)`);
@@ -373,9 +375,8 @@ async function startNodesAndPlanGroups(ctx: JobContext, backend: JobBackend, ser
       onProgress: (have, missing) => out.line(`waiting for profiles: ${have}/${names.length}${missing.length ? ` (missing: ${missing.join(', ')})` : ''}`),
     }));
     grouping = planJobGroups(config, profilesOf(found, names));
-  } else {
-    await startBarrier(ctx, backend);
-    if (config.training.mode === 'hps') grouping = planJobGroups(config, []);
+  } else if (config.training.mode === 'hps') {
+    grouping = planJobGroups(config, []);
   }
   if (grouping !== null) {
     out.line(`worker groups (${grouping.criterion === 'config' ? `as written in ${config.source.file}` : `measured: k=${grouping.k} by ${grouping.criterion}`}`
@@ -421,6 +422,8 @@ async function createJob(ctx: JobContext, backend: JobBackend, grouping: JobGrou
     config, runId: ctx.runId, maxPayload: backend.transport.bus.maxPayload, md: ctx.md, planStore: backend.planStore, jobStore: backend.jobStore,
     queue: backend.queue, ackWaitMs: ctx.ackWaitMs, groups: grouping?.criterion === 'config' ? null : grouping?.groups ?? null,
     ...(resume === null ? {} : { beforeQueue: (plan: ShardPlan) => restoreShards(ctx, backend, plan, resume), done: resume.done, resumedFrom: resume.path }),
+    // Measured groups waited for every profile already.
+    ...(groupsMeasuredAtStart(config) ? {} : { beforeStart: () => startBarrier(ctx, backend) }),
   });
   out.line(`job created: plan v${prepared.plan.version} (${prepared.plan.dense.length} dense blocks, ${prepared.plan.partitions} sparse partitions over ${prepared.plan.shards.join(', ')}), `
     + `${prepared.descriptors.length} batches of ${config.data.batch_size} over ${config.data.epochs} epoch(s) queued`

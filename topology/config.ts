@@ -464,8 +464,9 @@ const configSchema = section({
     shards_per_server: posInt().max(MAX_SHARDS_PER_SERVER, { error: `must be at most ${MAX_SHARDS_PER_SERVER}` }).default(1),
     /**
      * The start barrier (ps-lite's: every node registers before training
-     * starts): `hetps up` creates the job — the workers' signal to start —
-     * once every worker of the config has joined (put its profile), waiting
+     * starts): `hetps up` puts the job info — the workers' signal to start;
+     * the plan is out before it — once every worker of the config has
+     * joined (put its profile), waiting
      * at most this many seconds; a worker that joins later trains from when
      * it joins. So a sync group's members start together rather than the
      * first waiting for the last in its first window, and nobody trains while

@@ -122,6 +122,12 @@ export async function prepareJob(o: {
   groups?: WorkerGroupConfig[] | null;
   /** A resume: run once the plan is written and before any batch is queued (the shards' state restored). */
   beforeQueue?: (plan: ShardPlan) => Promise<void>;
+  /**
+   * Run once the plan is written and the batches queued, before the job info
+   * — the workers' signal to start — is put (the start barrier: the servers
+   * take the plan meanwhile).
+   */
+  beforeStart?: () => Promise<void>;
   /** A resume: batches done before it (left out of the queue and of total_batches). */
   done?: ReadonlySet<string>;
   /** A resume: the checkpoint it starts from (recorded in the job info, for a standby taking the run over). */
@@ -161,6 +167,7 @@ export async function prepareJob(o: {
     standbys: [...config.fault_tolerance.standby_workers],
     ...(o.resumedFrom !== undefined ? { resumed_from: { checkpoint: o.resumedFrom, batches_done: done.size } } : {}),
   };
+  await o.beforeStart?.();
   await o.jobStore.put(info);
   return { plan, descriptors, info, done };
 }

@@ -51,7 +51,7 @@ test('the driver creates the job only once every worker joined: three workers wa
     nodes.push(...w4);
     const r = await d.exited;
     assert.equal(r.code, 0, explainExit(r));
-    assert.match(r.stdout, /start barrier: all 4 workers joined in [\d.]+ s; creating the job/);
+    assert.match(r.stdout, /start barrier: all 4 workers joined in [\d.]+ s; starting the job/);
     assert.ok(r.stdout.indexOf('start barrier: all 4') < r.stdout.indexOf('job created'), 'the job is created after the barrier');
     const s = JSON.parse(await readFile(summaryFile, 'utf8')) as LossSummary;
     assertNothingLost(s, watch.acks);
