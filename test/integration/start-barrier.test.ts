@@ -41,18 +41,19 @@ test('the driver creates the job only once every worker joined: three workers wa
     const summaryFile = join(dir(), `${job}-summary.json`);
     driver = hetps(['up', '--config', cfg, '--no-launch', '--summary', summaryFile], { timeoutMs: 100_000 });
     const d = driver;
-    await until('the barrier counts the three workers started', () => /start barrier: 3\/4 workers joined \(waiting for w4;/.test(d.stdout()), 60_000, () => d.stdout().slice(-2000));
+    // The driver's progress lines go to stderr.
+    await until('the barrier counts the three workers started', () => /start barrier: 3\/4 workers joined \(waiting for w4;/.test(d.stderr()), 60_000, () => d.stderr().slice(-2000));
     // Held at the barrier: no worker has the job, none trains, nothing is acknowledged.
     await sleep(3_000);
-    assert.doesNotMatch(d.stdout(), /job created/, 'no job before w4 joined');
+    assert.doesNotMatch(d.stderr(), /job created/, 'no job before w4 joined');
     for (const w of nodes.slice(2)) assert.doesNotMatch(w.stderr(), /worker training/, 'no worker trains before w4 joined');
     assert.equal(watch.acks.size, 0);
     const w4 = launch(cfg, ['w4']).slice(2);
     nodes.push(...w4);
     const r = await d.exited;
     assert.equal(r.code, 0, explainExit(r));
-    assert.match(r.stdout, /start barrier: all 4 workers joined in [\d.]+ s; starting the job/);
-    assert.ok(r.stdout.indexOf('start barrier: all 4') < r.stdout.indexOf('job created'), 'the job is created after the barrier');
+    assert.match(r.stderr, /start barrier: all 4 workers joined in [\d.]+ s; starting the job/);
+    assert.ok(r.stderr.indexOf('start barrier: all 4') < r.stderr.indexOf('job created'), 'the job is created after the barrier');
     const s = JSON.parse(await readFile(summaryFile, 'utf8')) as LossSummary;
     assertNothingLost(s, watch.acks);
     assert.ok((watch.byNode.get('w4') ?? 0) > 0, `w4 trained too: ${JSON.stringify(Object.fromEntries(watch.byNode))}`);
@@ -74,7 +75,7 @@ test('a worker that never joins holds the job back for start_barrier_seconds onl
     const summaryFile = join(dir(), `${job}-summary.json`);
     const r = await hetps(['up', '--config', cfg, '--no-launch', '--summary', summaryFile], { timeoutMs: 100_000 }).exited;
     assert.equal(r.code, 0, explainExit(r));
-    assert.match(r.stdout, /start barrier: w4 not joined after 2 s; the job starts without waiting longer/);
+    assert.match(r.stderr, /start barrier: w4 not joined after 2 s; the job starts without waiting longer/);
     const s = JSON.parse(await readFile(summaryFile, 'utf8')) as LossSummary;
     assertNothingLost(s, watch.acks);
     assert.deepEqual([...watch.byNode.keys()].sort(), ['w1', 'w2', 'w3']);
