@@ -42,6 +42,8 @@ export interface ShardPlan {
 
 /** Dense blocks per shard at least (where the model is big enough): see buildShardPlan. */
 export const DENSE_BLOCKS_PER_SHARD = 4;
+/** Blocks are not cut below this many elements (16 KiB of float32) for balance: a small model's imbalance costs nothing. */
+export const MIN_BALANCED_BLOCK_ELEMS = 4096;
 
 export interface BuildShardPlanOptions {
   version: number;
@@ -79,7 +81,7 @@ export function buildShardPlan(o: BuildShardPlanOptions): ShardPlan {
   // shards' dense bytes within a quarter share of each other even where one parameter is most of the model (a
   // tower's first layer): every shard then pulls, pushes — and in hps, its group reducer sends — about as many.
   const totalElems = o.denseParams.reduce((n, p) => n + (Number.isInteger(p.size) && p.size > 0 ? p.size : 0), 0);
-  const shareElems = o.shards.length > 1 ? Math.ceil(totalElems / (DENSE_BLOCKS_PER_SHARD * o.shards.length)) : Infinity;
+  const shareElems = o.shards.length > 1 ? Math.max(MIN_BALANCED_BLOCK_ELEMS, Math.ceil(totalElems / (DENSE_BLOCKS_PER_SHARD * o.shards.length))) : Infinity;
   const blockElems = Math.max(1, Math.min(Math.floor(o.maxBlockBytes / 4), shareElems));
   const partitions = o.partitions ?? 64 * o.shards.length;
   if (!Number.isInteger(partitions) || partitions < o.shards.length) {

@@ -14,13 +14,15 @@ import { assertNothingLost, clusterAndDirForFile, explainExit, hetps, watchAcks,
 
 const { nats, dir } = clusterAndDirForFile('hetps-barrier-');
 
-/** Servers s1, s2 and the workers named (of w1..w4, groups g1 [w1, w2] and g2 [w3, w4]). */
-function launch(cfg: string, workers: readonly string[]): Child[] {
+/** The workers named (of w1..w4, groups g1 [w1, w2] and g2 [w3, w4]). */
+function launchWorkers(cfg: string, workers: readonly string[]): Child[] {
   const rank: Record<string, [string, string]> = { w1: ['g1', '0'], w2: ['g1', '1'], w3: ['g2', '0'], w4: ['g2', '1'] };
-  return [
-    ...['s1', 's2'].map((s) => hetps(['launch', '--role', 'server', '--config', cfg, '--server-id', s], { timeoutMs: 100_000 })),
-    ...workers.map((w) => hetps(['launch', '--role', 'worker', '--config', cfg, '--group', rank[w]![0], '--node-rank', rank[w]![1]], { timeoutMs: 100_000 })),
-  ];
+  return workers.map((w) => hetps(['launch', '--role', 'worker', '--config', cfg, '--group', rank[w]![0], '--node-rank', rank[w]![1]], { timeoutMs: 100_000 }));
+}
+
+/** Servers s1, s2 and the workers named. */
+function launch(cfg: string, workers: readonly string[]): Child[] {
+  return [...['s1', 's2'].map((s) => hetps(['launch', '--role', 'server', '--config', cfg, '--server-id', s], { timeoutMs: 100_000 })), ...launchWorkers(cfg, workers)];
 }
 
 async function until(what: string, ok: () => boolean, ms: number, explain: () => string): Promise<void> {
@@ -48,8 +50,7 @@ test('the driver creates the job only once every worker joined: three workers wa
     assert.doesNotMatch(d.stderr(), /job created/, 'no job before w4 joined');
     for (const w of nodes.slice(2)) assert.doesNotMatch(w.stderr(), /worker training/, 'no worker trains before w4 joined');
     assert.equal(watch.acks.size, 0);
-    const w4 = launch(cfg, ['w4']).slice(2);
-    nodes.push(...w4);
+    nodes.push(...launchWorkers(cfg, ['w4']));
     const r = await d.exited;
     assert.equal(r.code, 0, explainExit(r));
     assert.match(r.stderr, /start barrier: all 4 workers joined in [\d.]+ s; starting the job/);

@@ -83,8 +83,7 @@ test('two shards re-sharded onto three and onto one: every value, state element 
 test('blocks cut smaller (another max_payload) with the same shards: re-sharded, the rows stay on their shards', () => {
   const ids = Array.from({ length: 50 }, (_, i) => i * 31);
   const snaps = snapshotsOf(plan(['s1', 's2'], 1, 4096), ids);
-  // 256 bytes: under the quarter-share cap the plan applies anyway (here 127 elements), so the blocks are really cut smaller.
-  const to = plan(['s1', 's2'], 2, 256);
+  const to = plan(['s1', 's2'], 2, 1024);
   assert.notEqual(to.dense.length, plan(['s1', 's2'], 1, 4096).dense.length);
   assert.equal(layoutMatches(snaps, to), false);
   const out = reshard(snaps, to, '/ck');

@@ -2,7 +2,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { ConfigError, SeededRandom } from '../../runtime/mod.ts';
 import {
-  DENSE_BLOCKS_PER_SHARD, buildShardPlan, denseBlocksByShard, shardNames, partitionOf, shardOfSparseId, splitIdsByShard, validateShardPlan,
+  DENSE_BLOCKS_PER_SHARD, MIN_BALANCED_BLOCK_ELEMS, buildShardPlan, denseBlocksByShard, shardNames, partitionOf, shardOfSparseId, splitIdsByShard, validateShardPlan,
   type BuildShardPlanOptions, type ShardPlan,
 } from '../../topology/mod.ts';
 
@@ -61,6 +61,10 @@ test('one parameter most of the model (a tower\'s first layer) under a large max
   }
   // One shard: nothing to balance, blocks as large as maxBlockBytes allows.
   assert.equal(buildShardPlan(options({ shards: ['a'], maxBlockBytes: 1 << 20, denseParams })).dense.length, denseParams.length);
+  // A small model is not cut below MIN_BALANCED_BLOCK_ELEMS for balance: its blocks stay whole parameters.
+  const small = [{ name: 'w', size: 3_000 }, { name: 'b', size: 8 }];
+  assert.ok(3_008 < MIN_BALANCED_BLOCK_ELEMS);
+  assert.deepEqual(buildShardPlan(options({ shards: ['a', 'b', 'c', 'd'], maxBlockBytes: 1 << 20, denseParams: small })).dense.map((b) => b.length), [3_000, 8]);
 });
 
 test('partitions default to 64 per shard, dealt round-robin; partitionOf spreads consecutive ids', () => {
