@@ -332,9 +332,9 @@ async function checkTcLinks(ctx: JobContext, o: { embedded: boolean; servers: st
  * one once its data and model are loaded and it measured itself) before the
  * job info — the workers' start signal — is put, at most that long. The plan
  * is written before it: a server started meanwhile must not find the last
- * run's plan (one without it, on a resume onto more servers) and give up. Never fails the job: a worker missing
- * then (not started, slow to start, its process dead) trains from when it
- * joins, and the line says so.
+ * run's plan (one without it, on a resume onto more servers) and give up.
+ * Never fails the job: a worker missing then (not started, slow to start,
+ * its process dead) trains from when it joins, and the line says so.
  */
 async function startBarrier(ctx: JobContext, backend: JobBackend): Promise<void> {
   const { config, out } = ctx;

@@ -7,8 +7,9 @@
  *   node subscribes itself — the link's own delay: the median carried the
  *   queueing of whatever else the machine and link were doing (10 workers
  *   joining at once on 2 cores measured 2.5 to 30 ms on like links, and
- *   grouping split a class by it). Both legs go through the server, so it is the latency
- *   of a request to a peer exactly as near to the server as this node.
+ *   grouping split a class by it). Both legs go through the server, so it
+ *   is the latency of a request to a peer exactly as near to the server as
+ *   this node.
  * - `bandwidth_mbps`: a few MiB in 256 KiB messages published to a subject
  *   this node subscribes itself, bytes over time until the last one is back.
  *   Every byte goes up to the server and down again over the same link, so

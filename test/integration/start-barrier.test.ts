@@ -10,6 +10,7 @@ import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { until } from '../support/until.ts';
 import { assertNothingLost, clusterAndDirForFile, explainExit, hetps, watchAcks, writeJobConfig, type Child, type LossSummary } from '../support/ps.ts';
 
 const { nats, dir } = clusterAndDirForFile('hetps-barrier-');
@@ -25,14 +26,6 @@ function launch(cfg: string, workers: readonly string[]): Child[] {
   return [...['s1', 's2'].map((s) => hetps(['launch', '--role', 'server', '--config', cfg, '--server-id', s], { timeoutMs: 100_000 })), ...launchWorkers(cfg, workers)];
 }
 
-async function until(what: string, ok: () => boolean, ms: number, explain: () => string): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!ok()) {
-    assert.ok(Date.now() < deadline, `${what} within ${ms} ms:\n${explain()}`);
-    await sleep(50);
-  }
-}
-
 test('the driver creates the job only once every worker joined: three workers wait for the fourth, which then trains too; nothing lost', { timeout: 110_000 }, async () => {
   const job = 'barrierall';
   const cfg = await writeJobConfig(dir(), { job, mode: 'asp', servers: nats().urls, runDir: join(dir(), 'runs'), samples: 1200, epochs: 2, workerRecoveryTimeoutS: 10 });
@@ -44,7 +37,7 @@ test('the driver creates the job only once every worker joined: three workers wa
     driver = hetps(['up', '--config', cfg, '--no-launch', '--summary', summaryFile], { timeoutMs: 100_000 });
     const d = driver;
     // The driver's progress lines go to stderr.
-    await until('the barrier counts the three workers started', () => /start barrier: 3\/4 workers joined \(waiting for w4;/.test(d.stderr()), 60_000, () => d.stderr().slice(-2000));
+    await until(() => /start barrier: 3\/4 workers joined \(waiting for w4;/.test(d.stderr()), 'the barrier counts the three workers started', 60_000, () => d.stderr().slice(-2000));
     // Held at the barrier: no worker has the job, none trains, nothing is acknowledged.
     await sleep(3_000);
     assert.doesNotMatch(d.stderr(), /job created/, 'no job before w4 joined');
@@ -72,7 +65,7 @@ test('a worker that never joins holds the job back for start_barrier_seconds onl
   const nodes = launch(cfg, ['w1', 'w2', 'w3']);
   try {
     // The nodes ready first, so the 2 s of the barrier are spent waiting for w4 alone.
-    await until('the three workers are ready', () => nodes.slice(2).every((w) => /ready; waiting for the job/.test(w.stderr())), 60_000, () => nodes.map((w) => w.stderr().slice(-500)).join('\n'));
+    await until(() => nodes.slice(2).every((w) => /ready; waiting for the job/.test(w.stderr())), 'the three workers are ready', 60_000, () => nodes.map((w) => w.stderr().slice(-500)).join('\n'));
     const summaryFile = join(dir(), `${job}-summary.json`);
     const r = await hetps(['up', '--config', cfg, '--no-launch', '--summary', summaryFile], { timeoutMs: 100_000 }).exited;
     assert.equal(r.code, 0, explainExit(r));
