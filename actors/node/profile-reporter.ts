@@ -30,20 +30,25 @@ import { publishTelemetry, type ProfileTelemetry } from '../monitor/telemetry.ts
 
 /** Step times kept for `step_ms_variance`. */
 export const PROFILE_STEP_WINDOW = 50;
+/** Rounds of the join's network probe (see probeSettings). */
+export const JOIN_PROBE_ROUNDS = 3;
 /** How often a worker waiting for the job puts its profile again. */
 export const PROFILE_REFRESH_MS = 2_000;
 
 /**
- * The device and network probe for a total of about `probeSeconds`: 70% to
- * the device (three matmul runs for the variance, one gather), the rest to
- * the network, which gets at least 300 ms so a loaded machine's first round
- * trip still fits.
+ * The device and network probe for about `probeSeconds`: 70% to the device
+ * (three matmul runs for the variance, one gather), the rest to each of the
+ * network's three rounds, which get at least 300 ms each so a loaded
+ * machine's first round trip still fits, a random ~300 ms apart (the least
+ * round trip and the most bandwidth of the three count: a node probing in a
+ * busy moment of a machine or link gets two more chances; see
+ * node-profile.ts). A join probe takes ~1.5 s of network at the default 0.5 s.
  */
 export function probeSettings(probeSeconds: number, provider: ExecutionProvider = 'cpu'): { device: Partial<ProfileOptions>; network: Partial<NetworkProbeOptions> } {
   const repeats = 3;
   return {
     device: { provider, repeats, secondsPerRepeat: (0.7 * probeSeconds) / (repeats + 1) },
-    network: { rttSamples: 10, bandwidthBytes: 1024 * 1024, messageBytes: 256 * 1024, timeoutMs: Math.max(300, 300 * probeSeconds) },
+    network: { rttSamples: 10, bandwidthBytes: 1024 * 1024, messageBytes: 256 * 1024, timeoutMs: Math.max(300, 300 * probeSeconds), rounds: JOIN_PROBE_ROUNDS, roundGapMs: 300 },
   };
 }
 
@@ -128,7 +133,7 @@ export class ProfileReporter {
     } catch (e) {
       // A round trip slower than the short probe allows (a machine busy starting many nodes): once more, with time to spare.
       o.log.warn({ err: (e as Error).message }, `profile of ${o.node}: the network probe did not finish in ${probe.network.timeoutMs} ms; measuring again with 5 s`);
-      profile = await measure({ ...probe.network, timeoutMs: 5_000 });
+      profile = await measure({ ...probe.network, timeoutMs: 5_000, rounds: 1 });
     }
     const t: ProfileTelemetry = {
       ...profile, phase: 'join', steps: 0, probe_ms: Math.round(o.clock.monotonic() - started),

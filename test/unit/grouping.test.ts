@@ -162,7 +162,7 @@ test('bandwidth alone separates nodes of equal compute', () => {
 });
 
 test('round trips under 10 ms are one site: profiles measured on tc links (runs of bench:hetero) keep their three classes however their rtts under 10 ms scatter', () => {
-  // The ten profiles hps_auto grouped in one run of the tc protocol (bench/results/hetero-tc-ctr.json, run 1 at cb16c26),
+  // The ten profiles hps_auto grouped in one run of the tc protocol (bench/results/hetero-tc-ctr-cb16c26.json, run 1),
   // where the rtt (then the median under load: 9.9 to 27.3 ms on like links) split the fast class in two. Here the
   // same spread 15× smaller (0.7 to 1.8 ms), under the floor, as the least round trip now measures on such a link.
   const recorded: [string, number, number, number, number][] = [

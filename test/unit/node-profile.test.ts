@@ -38,6 +38,38 @@ test('rtt is the least round trip: a probe whose round trips mostly wait behind 
   await t.close();
 });
 
+test('rounds: the least round trip and the most bandwidth of any round count, so one round in a busy moment does not decide', async () => {
+  // The first round's round trips and bandwidth messages are held 40 ms each (the node's link or cores busy), the later ones are not.
+  const held = (rounds: number) => {
+    const t = transport();
+    const request = t.request.bind(t);
+    const publish = t.publish.bind(t);
+    let requests = 0;
+    let bw = 0;
+    t.request = (async (...a: Parameters<typeof t.request>) => {
+      const r = await request(...a);
+      if (requests++ < 4) await new Promise((res) => setTimeout(res, 40)); // the first round: a warm-up and 3 samples
+      return r;
+    }) as typeof t.request;
+    t.publish = ((subject: string, data: Uint8Array, opts?: Parameters<typeof t.publish>[2]) => {
+      // The first round's 5 bandwidth messages (one untimed, four timed), each held 40 ms on its way out.
+      if (subject.endsWith('.bandwidth') && bw++ < 5) { setTimeout(() => publish(subject, data, opts), 40); return; }
+      publish(subject, data, opts);
+    }) as typeof t.publish;
+    return { t, probe: measureNetwork(t, { rttSamples: 3, bandwidthBytes: 1024 * 1024, messageBytes: 256 * 1024, timeoutMs: 5_000, rounds, roundGapMs: 20, random: () => 0.5 }) };
+  };
+  const one = held(1);
+  const busy = await one.probe;
+  await one.t.close();
+  assert.ok(busy.rtt_ms >= 40, `one round, all of it held: rtt ${busy.rtt_ms} ms`);
+  const three = held(3);
+  const net = await three.probe;
+  await three.t.close();
+  assert.ok(net.rtt_ms < 20, `three rounds: rtt ${net.rtt_ms} ms is a quick round's`);
+  assert.ok(net.bandwidth_mbps > 4 * busy.bandwidth_mbps, `three rounds: ${net.bandwidth_mbps} Mbit/s against ${busy.bandwidth_mbps} held`);
+  await assert.rejects(measureNetwork(transport(), { rounds: 0 }), /rounds must be an integer ≥ 1, got 0/);
+});
+
 test('messages larger than max_payload are chunked by the transport and still counted', async () => {
   const t = transport(new InProcessBroker(64 * 1024));
   const net = await measureNetwork(t, { rttSamples: 3, bandwidthBytes: 1024 * 1024, messageBytes: 256 * 1024 });

@@ -124,8 +124,10 @@ test('waiting for the job, the profile is put again (a driver starting later emp
   }
 });
 
-test('probe settings: about probeSeconds in all, 70% device, the network at least 300 ms', () => {
+test('probe settings: 70% of probeSeconds to the device, the network at least 300 ms a round, three rounds ~300 ms apart', () => {
   const p = probeSettings(0.5);
+  assert.equal(p.network.rounds, 3);
+  assert.equal(p.network.roundGapMs, 300);
   assert.equal(p.device.repeats, 3);
   assert.ok(Math.abs((p.device.repeats! + 1) * p.device.secondsPerRepeat! - 0.35) < 1e-9);
   assert.equal(p.network.timeoutMs, 300);
