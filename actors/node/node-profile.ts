@@ -59,6 +59,12 @@ export interface NetworkProbeOptions {
   rounds: number;
   /** Mean pause between rounds; each is drawn uniformly from half to one and a half of it. */
   roundGapMs: number;
+  /**
+   * A later round starts only if the probe so far plus the round before's
+   * length fits in this: on a slow link, where a round takes seconds, the
+   * first round is the measurement (its rate is not in doubt).
+   */
+  roundsWithinMs: number;
   /** Uniform in [0, 1), for the pauses. */
   random: () => number;
 }
@@ -70,6 +76,7 @@ export const DEFAULT_NETWORK_PROBE: Omit<NetworkProbeOptions, 'clock' | 'random'
   timeoutMs: 1_500,
   rounds: 1,
   roundGapMs: 0,
+  roundsWithinMs: Infinity,
 };
 
 export interface NetworkProbe {
@@ -89,13 +96,18 @@ export async function measureNetwork(transport: Transport, options: Partial<Netw
   const o: NetworkProbeOptions = { clock: systemClock, random: Math.random, ...DEFAULT_NETWORK_PROBE, ...options };
   if (!Number.isInteger(o.rounds) || o.rounds < 1) throw new RangeError(`network probe rounds must be an integer ≥ 1, got ${o.rounds}`);
   let best: NetworkProbe | null = null;
+  const started = o.clock.monotonic();
+  let last = 0;
   for (let r = 0; r < o.rounds; r++) {
+    if (r > 0 && o.clock.monotonic() - started + last > o.roundsWithinMs) break;
     if (r > 0 && o.roundGapMs > 0) {
       await o.clock.sleep(o.roundGapMs * (0.5 + o.random()));
     }
+    const t0 = o.clock.monotonic();
     let p: NetworkProbe;
     try {
       p = await probeOnce(transport, o);
+      last = o.clock.monotonic() - t0;
     } catch (e) {
       // A later round that got nothing back in its time (the busy moment came then): the earlier rounds stand.
       if (best !== null && e instanceof TimeoutError) continue;

@@ -32,6 +32,15 @@ import { publishTelemetry, type ProfileTelemetry } from '../monitor/telemetry.ts
 export const PROFILE_STEP_WINDOW = 50;
 /** Rounds of the join's network probe (see probeSettings). */
 export const JOIN_PROBE_ROUNDS = 3;
+/**
+ * The join probe again when its first try ran out of time (a link slower
+ * than ~20 Mbit/s: a 256 KiB message up and back does not fit in 0.3 s; a
+ * busy machine): rounds of up to 5 s, later ones only while the probe fits
+ * in 4 s, so a 20 Mbit/s link still gets its three rounds (~0.5 s each) and
+ * a 2 Mbit/s one measures once (~5 s).
+ */
+export const RETRY_ROUND_MS = 5_000;
+export const RETRY_ROUNDS_WITHIN_MS = 4_000;
 /** How often a worker waiting for the job puts its profile again. */
 export const PROFILE_REFRESH_MS = 2_000;
 
@@ -132,8 +141,8 @@ export class ProfileReporter {
       profile = await measure(probe.network);
     } catch (e) {
       // A round trip slower than the short probe allows (a machine busy starting many nodes): once more, with time to spare.
-      o.log.warn({ err: (e as Error).message }, `profile of ${o.node}: the network probe did not finish in ${probe.network.timeoutMs} ms; measuring again with 5 s`);
-      profile = await measure({ ...probe.network, timeoutMs: 5_000, rounds: 1 });
+      o.log.warn({ err: (e as Error).message }, `profile of ${o.node}: the network probe did not finish in ${probe.network.timeoutMs} ms; measuring again with 5 s a round`);
+      profile = await measure({ ...probe.network, timeoutMs: RETRY_ROUND_MS, roundsWithinMs: RETRY_ROUNDS_WITHIN_MS });
     }
     const t: ProfileTelemetry = {
       ...profile, phase: 'join', steps: 0, probe_ms: Math.round(o.clock.monotonic() - started),

@@ -67,7 +67,29 @@ test('rounds: the least round trip and the most bandwidth of any round count, so
   await three.t.close();
   assert.ok(net.rtt_ms < 20, `three rounds: rtt ${net.rtt_ms} ms is a quick round's`);
   assert.ok(net.bandwidth_mbps > 4 * busy.bandwidth_mbps, `three rounds: ${net.bandwidth_mbps} Mbit/s against ${busy.bandwidth_mbps} held`);
-  await assert.rejects(measureNetwork(transport(), { rounds: 0 }), /rounds must be an integer ≥ 1, got 0/);
+  const t = transport();
+  await assert.rejects(measureNetwork(t, { rounds: 0 }), /rounds must be an integer ≥ 1, got 0/);
+  await t.close();
+});
+
+test('roundsWithinMs: a later round starts only while the probe so far and one more round fit (a slow link measures once)', async () => {
+  const rounds = async (roundsWithinMs: number) => {
+    const t = transport();
+    const request = t.request.bind(t);
+    let requests = 0;
+    // Every round trip held 30 ms: a round (a warm-up and 3 samples) takes ≥ 120 ms.
+    t.request = (async (...a: Parameters<typeof t.request>) => {
+      const r = await request(...a);
+      requests++;
+      await new Promise((res) => setTimeout(res, 30));
+      return r;
+    }) as typeof t.request;
+    await measureNetwork(t, { rttSamples: 3, bandwidthBytes: 256 * 1024, timeoutMs: 5_000, rounds: 3, roundGapMs: 10, random: () => 0.5, roundsWithinMs });
+    await t.close();
+    return requests / 4;
+  };
+  assert.equal(await rounds(100), 1, 'rounds of ≥ 120 ms within 100 ms: the first only');
+  assert.equal(await rounds(10_000), 3);
 });
 
 test('messages larger than max_payload are chunked by the transport and still counted', async () => {
