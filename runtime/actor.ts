@@ -145,6 +145,7 @@ export class ActorRef {
   tell(type: string, fields: Fields = {}, seq = this.system.nextSeq()): number {
     const bytes = encodeEnvelope({ type, from: this.system.senderId, seq }, fields);
     this.system.transport.publish(this.subjectOf(type), bytes);
+    this.system.transport.releaseWhenSent(bytes);
     return seq;
   }
 
@@ -156,16 +157,20 @@ export class ActorRef {
     let backoff = opts.backoffMs ?? 50;
     const bytes = encodeEnvelope({ type, from: this.system.senderId, seq }, fields);
     const subject = this.subjectOf(type);
-    for (let attempt = 0; ; attempt++) {
-      try {
-        const m = await this.system.transport.request(subject, bytes, { timeoutMs });
-        return unpackReply<R>(m.data, subject);
-      } catch (e) {
-        if (attempt >= retries || !isRetryable(e)) throw e;
-        this.system.retries++;
-        await this.system.clock.sleep(backoff);
-        backoff = Math.min(2_000, backoff * 2);
+    try {
+      for (let attempt = 0; ; attempt++) {
+        try {
+          const m = await this.system.transport.request(subject, bytes, { timeoutMs });
+          return unpackReply<R>(m.data, subject);
+        } catch (e) {
+          if (attempt >= retries || !isRetryable(e)) throw e;
+          this.system.retries++;
+          await this.system.clock.sleep(backoff);
+          backoff = Math.min(2_000, backoff * 2);
+        }
       }
+    } finally {
+      this.system.transport.releaseWhenSent(bytes);
     }
   }
 }

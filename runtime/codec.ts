@@ -206,6 +206,70 @@ function midSlabBytes(n: number): Uint8Array {
   return out;
 }
 
+/**
+ * Big envelopes (≥ 256 KiB) come from a small pool of buffers that the
+ * transport hands back once the bus has provably sent them
+ * (`recycleBigEnvelope`, called by `Transport.releaseWhenSent`). Writing an
+ * 8 MiB envelope into memory the process has not touched before cost ~5–9 ms
+ * (page faults included) against ~0.6 ms into a reused buffer. A buffer that
+ * is never handed back is simply collected; one handed back that the pool did
+ * not issue, or twice, is ignored, so the pool never issues one buffer to two
+ * messages.
+ */
+const BIG_POOL_GRAIN = 64 * 1024;
+const BIG_POOL_MAX_BUFFERS = 8;
+const BIG_POOL_MAX_BYTES = 128 * 1024 * 1024;
+const bigPool: Uint8Array[] = [];
+let bigPoolBytes = 0;
+const bigIssued = new WeakSet<ArrayBuffer>();
+
+export const bigEnvelopePoolStats = { issued: 0, reused: 0, recycled: 0 };
+
+/** `n` bytes for a big envelope: a pooled buffer of capacity n..2n when one is free, else a new one (capacity rounded up to 64 KiB). */
+function takeBigEnvelope(n: number): Uint8Array {
+  let best = -1;
+  for (let i = 0; i < bigPool.length; i++) {
+    const cap = bigPool[i]!.byteLength;
+    if (cap >= n && cap <= 2 * n && (best < 0 || cap < bigPool[best]!.byteLength)) best = i;
+  }
+  let whole: Uint8Array;
+  if (best >= 0) {
+    whole = bigPool.splice(best, 1)[0]!;
+    bigPoolBytes -= whole.byteLength;
+    bigEnvelopePoolStats.reused++;
+  } else {
+    whole = new Uint8Array(Buffer.allocUnsafeSlow(Math.ceil(n / BIG_POOL_GRAIN) * BIG_POOL_GRAIN).buffer);
+  }
+  bigIssued.add(whole.buffer as ArrayBuffer);
+  bigEnvelopePoolStats.issued++;
+  return whole.subarray(0, n);
+}
+
+/**
+ * Hands a big envelope back to the pool. Only for bytes that nothing holds any
+ * more (the bus has sent them: see `Transport.releaseWhenSent`); anything the
+ * pool did not issue is ignored. Returns whether it was taken back.
+ */
+export function recycleBigEnvelope(bytes: Uint8Array): boolean {
+  const ab = bytes.buffer as ArrayBuffer;
+  if (bytes.byteOffset !== 0 || !bigIssued.has(ab)) return false;
+  bigIssued.delete(ab);
+  const whole = new Uint8Array(ab);
+  while (bigPool.length > 0 && (bigPool.length >= BIG_POOL_MAX_BUFFERS || bigPoolBytes + whole.byteLength > BIG_POOL_MAX_BYTES)) {
+    bigPoolBytes -= bigPool.shift()!.byteLength; // the oldest goes to the collector
+  }
+  if (whole.byteLength > BIG_POOL_MAX_BYTES) return false;
+  bigPool.push(whole);
+  bigPoolBytes += whole.byteLength;
+  bigEnvelopePoolStats.recycled++;
+  return true;
+}
+
+/** Whether `bytes` is a big envelope the pool issued and has not had back yet. */
+export function isPooledBigEnvelope(bytes: Uint8Array): boolean {
+  return bytes.byteOffset === 0 && bytes.byteLength >= BIG_MESSAGE_BYTES && bigIssued.has(bytes.buffer as ArrayBuffer);
+}
+
 // Encodes the fields of an envelope (`encodeMapAfterHead`): one level below the
 // envelope map, so it allows one level less nesting than `encoder`.
 const fieldsEncoder = new Encoder({ extensionCodec, initialBufferSize: 64 * 1024, maxDepth: 99 });
@@ -254,7 +318,7 @@ function startAfterHead(head: Uint8Array, count: number, tail: number, bodyBytes
   const mapHeader = count < 16 ? 1 : count < 0x10000 ? 3 : 5;
   const n = mapHeader + head.length + intSize(tail) + bodyBytes;
   // A big one is not zero-filled either (~0.5 ms of an 8 MiB message): every byte is written before it is returned.
-  const out = n <= SLAB_MAX_MESSAGE ? smallSlabBytes(n) : n <= MID_SLAB_MAX_MESSAGE ? midSlabBytes(n) : new Uint8Array(Buffer.allocUnsafeSlow(n).buffer, 0, n);
+  const out = n <= SLAB_MAX_MESSAGE ? smallSlabBytes(n) : n <= MID_SLAB_MAX_MESSAGE ? midSlabBytes(n) : n < BIG_MESSAGE_BYTES ? new Uint8Array(Buffer.allocUnsafeSlow(n).buffer, 0, n) : takeBigEnvelope(n);
   let pos = 0;
   if (mapHeader === 1) out[pos++] = 0x80 | count;
   else if (mapHeader === 3) { out[pos++] = 0xde; out[pos++] = count >>> 8; out[pos++] = count & 0xff; }

@@ -8,6 +8,7 @@ import type { Bus, Headers, RawMsg, RawSubscription } from './bus.ts';
 import { systemClock, type Clock, type Timer } from './clock.ts';
 import { NoRespondersError, PayloadTooLargeError, ReassemblyTimeoutError, TimeoutError, ConnectionError } from './errors.ts';
 import { inboxPrefix, inboxSubject, inboxWildcard } from './subjects.ts';
+import { isPooledBigEnvelope, recycleBigEnvelope } from './codec.ts';
 
 export interface TransportMsg {
   subject: string;
@@ -78,6 +79,8 @@ export class Transport {
   private nextToken = 0;
   private nextChunkId = 0;
   private closed = false;
+  private toRelease: Uint8Array[] = [];
+  private releasing = false;
 
   constructor(readonly bus: Bus, opts: Partial<TransportOptions> & { clientId: string }) {
     this.opts = {
@@ -167,6 +170,36 @@ export class Transport {
   }
 
   async flush(): Promise<void> { await this.bus.flush(); }
+
+  /**
+   * Hands a big envelope this transport has published (and that its caller no
+   * longer needs) back to the codec's pool once the bus has provably sent it:
+   * after a flush that started after its publish resolves, nats.js no longer
+   * holds it (it copies what it sends when it flushes; while disconnected it
+   * holds it until it has reconnected and sent it, and a flush waits for that).
+   * A flush that fails (connection closed) hands nothing back. One flush at a
+   * time covers every buffer released before it started. Anything else is
+   * ignored.
+   */
+  releaseWhenSent(bytes: Uint8Array): void {
+    if (!isPooledBigEnvelope(bytes)) return;
+    this.toRelease.push(bytes);
+    if (!this.releasing) this.flushReleases();
+  }
+
+  private flushReleases(): void {
+    if (this.closed || this.toRelease.length === 0) { this.toRelease = []; return; }
+    const batch = this.toRelease;
+    this.toRelease = [];
+    this.releasing = true;
+    this.bus.flush().then(
+      () => { for (const b of batch) recycleBigEnvelope(b); },
+      () => { /* not provably sent: left to the collector */ },
+    ).finally(() => {
+      this.releasing = false;
+      this.flushReleases();
+    });
+  }
 
   async close(): Promise<void> {
     if (this.closed) return;

@@ -13,7 +13,9 @@ import { startTestCluster } from '../support/cluster.ts';
 import { startSingleServer } from '../support/single-server.ts';
 import {
   ActorSystem, ConnectionError, NatsBus, SeededRandom, Transport, connectTransport, systemClock, zf32, CHUNK_HEADER_NAME,
+  decode, encodeEnvelope, isPooledBigEnvelope,
 } from '../../runtime/mod.ts';
+import { until } from '../support/until.ts';
 
 test('a tensor far above max_payload crosses a cluster route in chunks and arrives intact', { timeout: 120_000 }, async (t) => {
   await using nats = await startTestCluster({ nodes: 3, maxPayload: 64 * 1024, jetstream: false });
@@ -36,6 +38,55 @@ test('a tensor far above max_payload crosses a cluster route in chunks and arriv
   assert.ok(tb.stats.chunksSent >= Math.ceil(x.byteLength / (64 * 1024)), `request split into ${tb.stats.chunksSent} chunks`);
   assert.ok(ta.stats.chunksSent > 1, 'the reply was chunked too');
   await a.stop(); await b.stop();
+});
+
+test('big envelopes: pooled buffers are reused once sent, and across a lost server no message ever carries another one\'s bytes', { timeout: 120_000 }, async (t) => {
+  await using nats = await startTestCluster({ nodes: 3, jetstream: false });
+  if (!nats.cluster) { t.diagnostic('reusing NATS_URL: cannot kill a server here'); return; }
+  const recv = await connectTransport({ servers: [nats.urls[0]!], name: 'recv' });
+  const send = await connectTransport({ servers: [nats.urls[1]!], name: 'send' });
+  t.after(async () => { await recv.close(); await send.close(); });
+  const got: { seq: number; fill: number; intact: boolean }[] = [];
+  recv.subscribe('it.pool', (m) => {
+    const e = decode(m.data) as { seq: number; data: Uint8Array };
+    const d = e.data;
+    got.push({ seq: e.seq, fill: d[0]!, intact: d.length === 1024 * 1024 && d.every((x) => x === d[0]) });
+  });
+  await recv.flush();
+  const publish = (fill: number): Uint8Array => {
+    const bytes = encodeEnvelope({ type: 'blob', from: 'send', seq: fill }, { data: new Uint8Array(1024 * 1024).fill(fill) });
+    send.publish('it.pool', bytes);
+    send.releaseWhenSent(bytes);
+    return bytes;
+  };
+  // Connected: sent, flushed, handed back, and the next envelope reuses the buffer.
+  const first = publish(1);
+  await until(() => !isPooledBigEnvelope(first), 'the first envelope handed back after its flush', 10_000);
+  const second = publish(2);
+  assert.equal(second.buffer, first.buffer, 'the next envelope is written into the buffer handed back');
+  await until(() => got.length === 2, 'two messages received', 10_000);
+  // Cut off: the sender's server dies. What it publishes now is held by the
+  // client, then dropped when it reconnects (nats.js v3 starts each connection
+  // with an empty outbound buffer; hetps' requests re-send): the flush that
+  // would hand those buffers back fails, so they are never reused while held.
+  const statuses: string[] = [];
+  send.bus.onStatus((s) => statuses.push(s.type));
+  await nats.kill('n2');
+  await until(() => statuses.includes('disconnect'), 'the sender sees its server gone', 10_000);
+  const held = [publish(3), publish(4), publish(5)];
+  assert.equal(new Set(held.map((b) => b.buffer)).size, 3, 'three envelopes in flight, three buffers');
+  await until(() => statuses.includes('reconnect'), 'the sender reconnects to another server', 30_000);
+  // Reconnected: every message sent now arrives, each with its own bytes, in buffers handed back again.
+  for (let fill = 6; fill <= 9; fill++) {
+    const b = publish(fill);
+    await until(() => !isPooledBigEnvelope(b), `envelope ${fill} handed back after its flush`, 10_000);
+  }
+  await until(() => got.some((g) => g.seq === 9), 'the messages sent after the reconnect received', 30_000, () => JSON.stringify({ got, statuses }));
+  t.diagnostic(`received ${JSON.stringify(got.map((g) => g.seq))}; statuses ${statuses.join(',')}`);
+  for (const g of got) assert.ok(g.intact && g.fill === g.seq, `message ${g.seq} carries its own bytes (${JSON.stringify(g)})`);
+  const seqs = got.map((g) => g.seq);
+  for (const s of [1, 2, 6, 7, 8, 9]) assert.equal(seqs.filter((x) => x === s).length, 1, `message ${s} received once`);
+  for (const s of [3, 4, 5]) assert.ok(seqs.filter((x) => x === s).length <= 1, `message ${s} received at most once`);
 });
 
 test('a chunked message that never completes is dropped after the reassembly timeout and reported', { timeout: 60_000 }, async () => {
