@@ -28,7 +28,12 @@
  * 20 Mbit/s tc links two of four nodes measured 8.5 and 9.1 against 14
  * Mbit/s and a least round trip of 17 and 20 ms against 1.4 ms, and
  * grouping split their class in two); the pause, drawn afresh by each node,
- * keeps nodes that started together from probing in step again.
+ * keeps nodes that started together from probing in step again. Where a
+ * full round takes too long (`roundsWithinMs`: behind a slow link its
+ * megabytes take seconds), the later rounds measure round trips only: on
+ * like 6 Mbit/s tc links two of four nodes measured a least round trip of
+ * 17 and 22 ms against ~1.2 ms in their single round, and grouping split
+ * their class.
  * On the in-process bus the same code runs; rtt is ~0 and bandwidth is memory
  * speed, and `link: 'embedded'` says so.
  *
@@ -60,9 +65,11 @@ export interface NetworkProbeOptions {
   /** Mean pause between rounds; each is drawn uniformly from half to one and a half of it. */
   roundGapMs: number;
   /**
-   * A later round starts only if the probe so far plus the round before's
-   * length fits in this: on a slow link, where a round takes seconds, the
-   * first round is the measurement (its rate is not in doubt).
+   * A later round measures bandwidth only if the probe so far plus the last
+   * full round's length fits in this: on a slow link, where a round takes
+   * seconds, the first round's rate is the measurement (it is not in doubt).
+   * The later rounds still measure round trips (milliseconds each), which a
+   * busy moment can spoil on any link.
    */
   roundsWithinMs: number;
   /** Uniform in [0, 1), for the pauses. */
@@ -99,27 +106,28 @@ export async function measureNetwork(transport: Transport, options: Partial<Netw
   const started = o.clock.monotonic();
   let last = 0;
   for (let r = 0; r < o.rounds; r++) {
-    if (r > 0 && o.clock.monotonic() - started + last > o.roundsWithinMs) break;
+    // A full round only while it fits; after that, the round measures round trips alone (milliseconds).
+    const full = r === 0 || o.clock.monotonic() - started + last <= o.roundsWithinMs;
     if (r > 0 && o.roundGapMs > 0) {
       await o.clock.sleep(o.roundGapMs * (0.5 + o.random()));
     }
     const t0 = o.clock.monotonic();
     let p: NetworkProbe;
     try {
-      p = await probeOnce(transport, o);
-      last = o.clock.monotonic() - t0;
+      p = await probeOnce(transport, o, full);
+      if (full) last = o.clock.monotonic() - t0;
     } catch (e) {
       // A later round that got nothing back in its time (the busy moment came then): the earlier rounds stand.
       if (best !== null && e instanceof TimeoutError) continue;
       throw e;
     }
-    best = best === null ? p : { ...p, rtt_ms: Math.min(best.rtt_ms, p.rtt_ms), bandwidth_mbps: Math.max(best.bandwidth_mbps, p.bandwidth_mbps) };
+    best = best === null ? p : { ...p, rtt_ms: Math.min(best.rtt_ms, p.rtt_ms), bandwidth_mbps: full ? Math.max(best.bandwidth_mbps, p.bandwidth_mbps) : best.bandwidth_mbps };
   }
   return best!;
 }
 
-/** One round: round trips, then bandwidth, within `o.timeoutMs`. */
-async function probeOnce(transport: Transport, o: NetworkProbeOptions): Promise<NetworkProbe> {
+/** One round: round trips, then (`withBandwidth`) bandwidth, within `o.timeoutMs`; without, bandwidth_mbps is NaN. */
+async function probeOnce(transport: Transport, o: NetworkProbeOptions, withBandwidth: boolean): Promise<NetworkProbe> {
   const { clock } = o;
   const started = clock.monotonic();
   const left = () => Math.max(1, o.timeoutMs - (clock.monotonic() - started));
@@ -140,6 +148,8 @@ async function probeOnce(transport: Transport, o: NetworkProbeOptions): Promise<
   } finally {
     echo.unsubscribe();
   }
+  const rtt_ms = +(rtts.length ? Math.min(...rtts) : NaN).toFixed(4);
+  if (!withBandwidth) return { rtt_ms, bandwidth_mbps: NaN, link: transport.kind };
 
   const bwSubject = probeSubject(transport.clientId, 'bandwidth');
   const count = Math.max(1, Math.ceil(o.bandwidthBytes / o.messageBytes));
@@ -194,7 +204,7 @@ async function probeOnce(transport: Transport, o: NetworkProbeOptions): Promise<
     sink.unsubscribe();
   }
   return {
-    rtt_ms: +(rtts.length ? Math.min(...rtts) : NaN).toFixed(4),
+    rtt_ms,
     bandwidth_mbps: +((bytes * 8) / 1e6 / (elapsed / 1000)).toPrecision(4),
     link: transport.kind,
   };

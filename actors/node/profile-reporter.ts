@@ -35,9 +35,10 @@ export const JOIN_PROBE_ROUNDS = 3;
 /**
  * The join probe again when its first try ran out of time (a link slower
  * than ~20 Mbit/s: a 256 KiB message up and back does not fit in 0.3 s; a
- * busy machine): rounds of up to 5 s, later ones only while the probe fits
- * in 4 s, so a 20 Mbit/s link still gets its three rounds (~0.5 s each) and
- * a 2 Mbit/s one measures once (~5 s).
+ * busy machine): rounds of up to 5 s, later ones' throughput only while the
+ * probe fits in 4 s, so a 20 Mbit/s link still gets its three rounds (~0.5 s
+ * each) and a 2 Mbit/s one measures throughput once (~5 s) and round trips
+ * three times.
  */
 export const RETRY_ROUND_MS = 5_000;
 export const RETRY_ROUNDS_WITHIN_MS = 4_000;

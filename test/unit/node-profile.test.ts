@@ -73,17 +73,30 @@ test('rounds: the least round trip and the most bandwidth of any round count, so
   await t.close();
 });
 
-test('roundsWithinMs: a later round starts only while the probe so far and one more round fit (a slow link measures once)', async () => {
-  const rounds = async (roundsWithinMs: number) => {
+test('roundsWithinMs: a later round measures bandwidth only while the probe so far and one more round fit (a slow link measures it once), and round trips in every round', async () => {
+  const run = async (roundsWithinMs: number) => {
     const t = transport();
-    // Every round trip held 30 ms: a round (a warm-up and 3 samples) takes ≥ 120 ms.
-    const requests = holdRequests(t, () => true, 30);
-    await measureNetwork(t, { rttSamples: 3, bandwidthBytes: 256 * 1024, timeoutMs: 5_000, rounds: 3, roundGapMs: 10, random: () => 0.5, roundsWithinMs });
+    // The first round's round trips held 30 ms each: that round (a warm-up and 3 samples) takes ≥ 120 ms.
+    const requests = holdRequests(t, (n) => n < 4, 30);
+    const publish = t.publish.bind(t);
+    let bandwidthMessages = 0;
+    t.publish = ((subject: string, data: Uint8Array, opts?: Parameters<typeof t.publish>[2]) => {
+      if (subject.endsWith('.bandwidth')) bandwidthMessages++;
+      publish(subject, data, opts);
+    }) as typeof t.publish;
+    // 256 KiB of 256 KiB messages: two a round (one untimed, one timed).
+    const net = await measureNetwork(t, { rttSamples: 3, bandwidthBytes: 256 * 1024, timeoutMs: 5_000, rounds: 3, roundGapMs: 10, random: () => 0.5, roundsWithinMs });
     await t.close();
-    return requests.count() / 4;
+    return { bandwidthRounds: bandwidthMessages / 2, roundTripRounds: requests.count() / 4, net };
   };
-  assert.equal(await rounds(100), 1, 'rounds of ≥ 120 ms within 100 ms: the first only');
-  assert.equal(await rounds(10_000), 3);
+  const slow = await run(100);
+  assert.equal(slow.bandwidthRounds, 1, 'rounds of ≥ 120 ms within 100 ms: bandwidth in the first only');
+  assert.equal(slow.roundTripRounds, 3, 'round trips in all three');
+  assert.ok(slow.net.rtt_ms < 20, `rtt ${slow.net.rtt_ms} ms: a later round's quick round trips, not the first round's held ones`);
+  assert.ok(slow.net.bandwidth_mbps > 0 && Number.isFinite(slow.net.bandwidth_mbps), 'the first round\'s bandwidth stands');
+  const quick = await run(10_000);
+  assert.equal(quick.bandwidthRounds, 3);
+  assert.equal(quick.roundTripRounds, 3);
 });
 
 test('messages larger than max_payload are chunked by the transport and still counted', async () => {
