@@ -175,11 +175,12 @@ export class Transport {
    * Hands a big envelope this transport has published (and that its caller no
    * longer needs) back to the codec's pool once the bus has provably sent it:
    * after a flush that started after its publish resolves, nats.js no longer
-   * holds it (it copies what it sends when it flushes; while disconnected it
-   * holds it until it has reconnected and sent it, and a flush waits for that).
-   * A flush that fails (connection closed) hands nothing back. One flush at a
-   * time covers every buffer released before it started. Anything else is
-   * ignored.
+   * holds it (it copies what it sends when it flushes). While disconnected it
+   * holds it until the next connection starts, then drops it and fails the
+   * flushes pending (nats.js v3 starts each connection with an empty outbound
+   * buffer): a flush that fails hands nothing back, and the buffer is left to
+   * the collector. One flush at a time covers every buffer released before it
+   * started. Anything the pool did not issue is ignored.
    */
   releaseWhenSent(bytes: Uint8Array): void {
     if (!isPooledBigEnvelope(bytes)) return;
