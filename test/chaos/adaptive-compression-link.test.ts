@@ -46,7 +46,9 @@ test('adaptive compression on a real 2 Mbit/s link (tc tbf, no emulated bandwidt
   const dir = fx.dir();
   const job = 'adlink';
   const urls = cluster.urls;
-  const cfg = await writeJobConfig(dir, { job, mode: 'asp', servers: urls, runDir: join(dir, 'runs'), samples: 1600, epochs: 1, workerRecoveryTimeoutS: 60, compression: 'adaptive' });
+  // ~150 batches: the host workers take ~25 s for them, so w1 pushes 4 times or so over its slow link
+  // (with 50, the job ended after w1's first or second push, and in 3 of 5 runs today before it had switched).
+  const cfg = await writeJobConfig(dir, { job, mode: 'asp', servers: urls, runDir: join(dir, 'runs'), samples: 4800, epochs: 1, workerRecoveryTimeoutS: 60, compression: 'adaptive' });
   // The host workers' compute emulated at 100 ms a step, so their loopback requests are a small part of their time.
   await appendFile(cfg, 'nodes:\n  w2: { emulate: { speed: 1 } }\n  w3: { emulate: { speed: 1 } }\n  w4: { emulate: { speed: 1 } }\n');
   const watch = await watchAcks(urls, job);
