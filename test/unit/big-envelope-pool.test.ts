@@ -82,19 +82,26 @@ function heldFlushBus(inner: Bus): { bus: Bus; release: () => void; fail: () => 
 
 const tick = () => new Promise((r) => setImmediate(r));
 
-test('the transport hands a published envelope back only after a flush that began after it resolves', async () => {
-  const broker = new InProcessBroker(8 * 1024 * 1024);
-  const held = heldFlushBus(new InProcessBus(broker));
+/** A transport over a held-flush bus, and a send: an envelope of `fill` published and released. */
+function heldTransport() {
+  const held = heldFlushBus(new InProcessBus(new InProcessBroker(8 * 1024 * 1024)));
   const t = new Transport(held.bus, { clientId: 'send' });
-  const a = envelope(10);
-  t.publish('it.big', a);
-  t.releaseWhenSent(a);
+  const send = (fill: number): Uint8Array => {
+    const e = envelope(fill);
+    t.publish('it.big', e);
+    t.releaseWhenSent(e);
+    return e;
+  };
+  return { held, t, send };
+}
+
+test('the transport hands a published envelope back only after a flush that began after it resolves', async () => {
+  const { held, t, send } = heldTransport();
+  const a = send(10);
   await tick();
   assert.equal(held.pending(), 1, 'one flush asked for');
   assert.ok(isPooledBigEnvelope(a), 'not handed back while the flush is pending');
-  const b = envelope(11);
-  t.publish('it.big', b);
-  t.releaseWhenSent(b); // published after the pending flush began: needs a flush of its own
+  const b = send(11); // published after the pending flush began: needs a flush of its own
   assert.notEqual(b.buffer, a.buffer);
   held.release();
   await tick();
@@ -108,12 +115,8 @@ test('the transport hands a published envelope back only after a flush that bega
 });
 
 test('a flush that fails hands nothing back: the bus may still hold the bytes', async () => {
-  const broker = new InProcessBroker(8 * 1024 * 1024);
-  const held = heldFlushBus(new InProcessBus(broker));
-  const t = new Transport(held.bus, { clientId: 'send' });
-  const a = envelope(12);
-  t.publish('it.big', a);
-  t.releaseWhenSent(a);
+  const { held, t, send } = heldTransport();
+  const a = send(12);
   await tick();
   held.fail();
   await tick(); await tick();
