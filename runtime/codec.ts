@@ -223,7 +223,8 @@ const bigPool: Uint8Array[] = [];
 let bigPoolBytes = 0;
 const bigIssued = new WeakSet<ArrayBuffer>();
 
-export const bigEnvelopePoolStats = { issued: 0, reused: 0, recycled: 0 };
+/** How often a big envelope was written into a pooled buffer rather than a new one. */
+export const bigEnvelopePoolStats = { reused: 0 };
 
 /** `n` bytes for a big envelope: a pooled buffer of capacity n..2n when one is free, else a new one (capacity rounded up to 64 KiB). */
 function takeBigEnvelope(n: number): Uint8Array {
@@ -241,7 +242,6 @@ function takeBigEnvelope(n: number): Uint8Array {
     whole = new Uint8Array(Buffer.allocUnsafeSlow(Math.ceil(n / BIG_POOL_GRAIN) * BIG_POOL_GRAIN).buffer);
   }
   bigIssued.add(whole.buffer as ArrayBuffer);
-  bigEnvelopePoolStats.issued++;
   return whole.subarray(0, n);
 }
 
@@ -255,13 +255,12 @@ export function recycleBigEnvelope(bytes: Uint8Array): boolean {
   if (bytes.byteOffset !== 0 || !bigIssued.has(ab)) return false;
   bigIssued.delete(ab);
   const whole = new Uint8Array(ab);
-  while (bigPool.length > 0 && (bigPool.length >= BIG_POOL_MAX_BUFFERS || bigPoolBytes + whole.byteLength > BIG_POOL_MAX_BYTES)) {
+  if (whole.byteLength > BIG_POOL_MAX_BYTES) return false;
+  while (bigPool.length >= BIG_POOL_MAX_BUFFERS || bigPoolBytes + whole.byteLength > BIG_POOL_MAX_BYTES) {
     bigPoolBytes -= bigPool.shift()!.byteLength; // the oldest goes to the collector
   }
-  if (whole.byteLength > BIG_POOL_MAX_BYTES) return false;
   bigPool.push(whole);
   bigPoolBytes += whole.byteLength;
-  bigEnvelopePoolStats.recycled++;
   return true;
 }
 
