@@ -331,8 +331,8 @@ async function checkTcLinks(ctx: JobContext, o: { embedded: boolean; servers: st
  * cluster.start_barrier_seconds: waits for every worker's profile (each puts
  * one once its data and model are loaded and it measured itself) before the
  * job info — the workers' start signal — is put, at most that long. The plan
- * is written before it: a server started meanwhile must not find the last
- * run's plan (one without it, on a resume onto more servers) and give up.
+ * is written before it, so the servers take this run's plan meanwhile (a
+ * server that the last run's plan does not name waits for this one).
  * Never fails the job: a worker missing then (not started, slow to start,
  * its process dead) trains from when it joins, and the line says so.
  */

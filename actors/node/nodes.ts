@@ -30,14 +30,32 @@ import type { LocalOptimizers } from '../worker/local-updates.ts';
 /** How long a node waits for the driver (plan, job info) and for the shards, by default. */
 export const DEFAULT_NODE_WAIT_MS = 120_000;
 
-/** Waits on the plan store's watch until a plan is there; a note every 5 s while it is not. */
-export async function waitForPlan(store: PlanStore, opts: { clock: Clock; timeoutMs: number; log: Logger | null }): Promise<ShardPlan> {
+/**
+ * Waits on the plan store's watch until a plan is there; a note every 5 s while it is not.
+ * With `server`, only a plan that names that server node ends the wait: a
+ * plan without it is an earlier run's (the driver writes this run's once it
+ * has created the job — after the workers' profiles where the groups are
+ * measured, and a node may start before the driver), so the server waits
+ * for the next one rather than giving up on the first it reads; past the
+ * timeout the error names the plan it saw.
+ */
+export async function waitForPlan(store: PlanStore, opts: { clock: Clock; timeoutMs: number; log: Logger | null; server?: string }): Promise<ShardPlan> {
+  const server = opts.server;
+  let without: ShardPlan | null = null;
   return waitOnWatch<ShardPlan>({
     clock: opts.clock, start: opts.clock.monotonic(), timeoutMs: opts.timeoutMs,
     // The watch hands over the stored plan first; a store it cannot read yet, or a value that is not a plan, is only noted.
-    open: async (settle) => store.watch((plan) => settle.done(plan), (e) => opts.log?.debug({ err: e.message }, 'plan store not readable yet')),
-    onNote: () => opts.log?.info('waiting for the shard plan (start `hetps up` for this job)'),
-    timeout: () => new TimeoutError(`no shard plan after ${Math.round(opts.timeoutMs / 1000)} s: the driver (hetps up) has not created this job yet`),
+    open: async (settle) => store.watch((plan) => {
+      if (server === undefined || plan.placement.servers.includes(server)) settle.done(plan);
+      else without = plan;
+    }, (e) => opts.log?.debug({ err: e.message }, 'plan store not readable yet')),
+    onNote: () => opts.log?.info(without === null
+      ? 'waiting for the shard plan (start `hetps up` for this job)'
+      : `waiting for a shard plan with server ${server}: plan v${without.version} (servers: ${without.placement.servers.join(', ')}) is an earlier run's, or \`hetps up\` runs another config`),
+    timeout: () => without === null
+      ? new TimeoutError(`no shard plan after ${Math.round(opts.timeoutMs / 1000)} s: the driver (hetps up) has not created this job yet`)
+      : new ConfigError(`server "${server}" is not a server node of plan v${without.version} (servers: ${without.placement.servers.join(', ')}), and no plan naming it came within ${Math.round(opts.timeoutMs / 1000)} s: `
+        + 'start `hetps up` with the config this node has, or leave the node out of cluster.server_nodes'),
   });
 }
 
@@ -115,8 +133,8 @@ export async function startServerNode(o: {
   }
   if (o.profiling) (await profileOnJoin(o.profiling, { config, node: server, system, log: o.log, provider: 'cpu' })).stop();
   const { model } = o.md ?? modelAndData(config);
-  const plan = await waitForPlan(o.planStore, { clock: system.clock, timeoutMs: o.waitMs ?? DEFAULT_NODE_WAIT_MS, log: o.log });
-  if (!plan.placement.servers.includes(server)) throw new ConfigError(`server "${server}" is not a server node of plan v${plan.version} (servers: ${plan.placement.servers.join(', ')})`);
+  // A plan that does not name this server (an earlier run's, on a resume onto more servers) is waited past.
+  const plan = await waitForPlan(o.planStore, { clock: system.clock, timeoutMs: o.waitMs ?? DEFAULT_NODE_WAIT_MS, log: o.log, server });
   // The same initial values as train-local: He-initialised from training.random_seed, rows from (seed, table, id).
   const initialDense = initDenseParams(model, config.training.random_seed);
   const sparseSettings = model.family === 'ctr' ? config.optimizer.sparse : config.optimizer;

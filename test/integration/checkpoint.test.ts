@@ -16,6 +16,10 @@
  * checkpoint corrupted; `hetps up --resume latest` refuses it by name,
  * restores the shards from the one before, queues only the batches not done
  * and ends with every batch accounted for once and the uninterrupted AUC.
+ * A mid-run checkpoint resumes onto three servers, with the YAML's groups
+ * and with measured ones (the driver writes the plan after the workers'
+ * profiles, so the new server reads the last run's two-server plan first
+ * and must wait past it).
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -29,6 +33,7 @@ import * as ort from 'onnxruntime-node';
 import { type Child, clusterAndDirForFile, explainExit, hetps, launchQuickstartNodes, ROOT } from '../support/ps.ts';
 import { until } from '../support/until.ts';
 import { listCheckpoints, newestValidCheckpoint, readCheckpointState, verifyCheckpoint } from '../../actors/store/checkpoint.ts';
+import { natsPlanStore } from '../../actors/store/plan-store.ts';
 
 const env = clusterAndDirForFile('hetps-ckpt-');
 const JOB = 'ckptq';
@@ -283,6 +288,40 @@ test('crash and resume: the driver and every node SIGKILLed mid-run; --resume la
     await nc.close();
     for (const c of children) c.kill('SIGKILL');
     spawnSync('pkill', ['-KILL', '-f', cfg]);
+  }
+});
+
+test('resume onto three servers with measured groups: the new server waits past the last run\'s two-server plan while the driver waits for the profiles, then serves its shard; every remaining batch trained once', { timeout: 300_000 }, async (t) => {
+  assert.ok(midRun !== null && uninterruptedAuc !== null, 'the first test took a mid-run checkpoint and gave its AUC');
+  const cfg = await quickstartWith(JOB, 'three-servers-measured.yaml', `checkpoint:\n  dir: ${join(env.dir(), 'ckpts-three-measured')}\n`);
+  const groups = /  worker_groups:\n(?:    .*\n)+/;
+  const yaml = await readFile(cfg, 'utf8');
+  assert.match(yaml, groups);
+  await writeFile(cfg, yaml
+    .replace(groups, '  worker_nodes: [fast-1, fast-2, fast-3, slow-1, slow-2]\n  grouping: { k: 2 }\n')
+    .replace('server_nodes: [server-1, server-2]', 'server_nodes: [server-1, server-2, server-3]'));
+  // The last run's plan (two servers) is what server-3 finds first: the driver writes this run's after every worker's profile.
+  const nc = await connect({ servers: env.nats().urls, name: 'plan-reader', noAsyncTraces: true });
+  const before = await natsPlanStore(nc, JOB).get().finally(() => nc.close());
+  assert.deepEqual(before?.placement.servers, ['server-1', 'server-2'], 'the crashed and resumed run before left a two-server plan');
+  const summaryFile = join(env.dir(), 'three-measured-summary.json');
+  const run = hetps(['up', '--config', cfg, '--resume', midRun.path, '--summary', summaryFile], { timeoutMs: 280_000 });
+  try {
+    const r = await run.exited;
+    assert.equal(r.code, 0, explainExit(r));
+    assert.match(r.stderr, /worker groups \(measured: k=2/);
+    assert.match(r.stderr, /resume: re-sharded ckpt-\S+ from server-1, server-2 onto server-1, server-2, server-3/);
+    for (const shard of ['server-1', 'server-2', 'server-3']) assert.match(r.stderr, new RegExp(`resume: shard ${shard} restored from ckpt-`));
+    const s = JSON.parse(await readFile(summaryFile, 'utf8')) as {
+      batches: number; batches_acked: number; duplicate_acks: number; test_auc: number; resumed_from: { batches_done: number };
+      integrity: { lost: number; duplicated: number }; grouping: { groups: { nodes: string[] }[] };
+    };
+    assert.equal(s.grouping.groups.length, 2);
+    assert.equal(s.resumed_from.batches_done + s.batches_acked, s.batches, 'batches done before the checkpoint + acknowledged after the resume = every batch');
+    assert.deepEqual([s.duplicate_acks, s.integrity.lost, s.integrity.duplicated], [0, 0, 0]);
+    t.diagnostic(`measured groups ${s.grouping.groups.map((g) => `[${g.nodes.join(', ')}]`).join(' ')}; resumed onto 3 servers: AUC ${s.test_auc} (uninterrupted on 2: ${uninterruptedAuc})`);
+  } finally {
+    run.kill('SIGKILL');
   }
 });
 

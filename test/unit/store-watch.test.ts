@@ -8,7 +8,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { pino } from 'pino';
-import { HetpsError, SimulatedClock, TimeoutError } from '../../runtime/mod.ts';
+import { ConfigError, HetpsError, SimulatedClock, TimeoutError } from '../../runtime/mod.ts';
 import { buildShardPlan, type ShardPlan } from '../../topology/mod.ts';
 import { memoryJobInfoStore, waitForJobInfo, type JobInfo, type JobInfoStore } from '../../actors/store/job-info.ts';
 import { memoryPlanStore, type PlanStore } from '../../actors/store/plan-store.ts';
@@ -164,6 +164,38 @@ test('waitForPlan: a put after the wait began ends it; the timeout keeps its mes
   const late = waitForPlan(empty, { clock, timeoutMs: 30_000, log: null });
   const rejected = assert.rejects(late, (e: unknown) => e instanceof TimeoutError
     && e.message === 'no shard plan after 30 s: the driver (hetps up) has not created this job yet');
+  clock.increment(30_000);
+  await rejected;
+  assert.equal(clock.pendingTimers, 0);
+});
+
+test('waitForPlan with a server: an earlier run\'s plan that does not name it is waited past, the next one naming it ends the wait; past the timeout the error names the plan seen', async () => {
+  const clock = new SimulatedClock();
+  const twoServers = (version: number) => buildShardPlan({ version, shards: ['server-1', 'server-2'], partitions: 4, maxBlockBytes: 64, denseParams: [{ name: 'w', size: 8 }], sparseTables: [] });
+  const threeServers = (version: number) => buildShardPlan({ version, shards: ['server-1', 'server-2', 'server-3'], partitions: 4, maxBlockBytes: 64, denseParams: [{ name: 'w', size: 8 }], sparseTables: [] });
+  const store = memoryPlanStore();
+  await store.put(twoServers(4));
+  const { log, lines } = capturingLogger();
+  let ended: ShardPlan | null = null;
+  const waiting = waitForPlan(store, { clock, timeoutMs: 60_000, log, server: 'server-3' }).then((p) => { ended = p; return p; });
+  await tick();
+  clock.increment(5_000);
+  await tick();
+  assert.equal(ended, null, 'the stored plan without server-3 does not end the wait');
+  assert.deepEqual(lines.map((l) => l.msg), ['waiting for a shard plan with server server-3: plan v4 (servers: server-1, server-2) is an earlier run\'s, or `hetps up` runs another config']);
+  await store.put(threeServers(5));
+  assert.equal((await waiting).version, 5);
+  assert.equal(clock.pendingTimers, 0);
+  // A server the stored plan names takes it at once, as without `server`.
+  assert.equal((await waitForPlan(store, { clock, timeoutMs: 60_000, log: null, server: 'server-1' })).version, 5);
+
+  const old = memoryPlanStore();
+  await old.put(twoServers(2));
+  const never = waitForPlan(old, { clock, timeoutMs: 30_000, log: null, server: 'server-3' });
+  const rejected = assert.rejects(never, (e: unknown) => e instanceof ConfigError
+    && e.message === 'server "server-3" is not a server node of plan v2 (servers: server-1, server-2), and no plan naming it came within 30 s: '
+      + 'start `hetps up` with the config this node has, or leave the node out of cluster.server_nodes');
+  await tick();
   clock.increment(30_000);
   await rejected;
   assert.equal(clock.pendingTimers, 0);
