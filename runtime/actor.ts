@@ -126,6 +126,21 @@ export function attemptTimeoutMs(baseMs: number, unanswered: number, capMs = 60_
   return Math.min(Math.max(capMs, baseMs), baseMs * 2 ** Math.min(Math.max(0, unanswered), 16));
 }
 
+/**
+ * How long one attempt of a request waits when `bytes` are in flight on the
+ * sender's link of `linkMbps`: `factor` times their transfer time, at least
+ * `baseMs` (and at most `capMs`, or `baseMs` where that is longer); `baseMs`
+ * where the link's rate is not known. For a group member's slices, which
+ * keep fixed attempts otherwise: a slice slower than an attempt on its link
+ * would be re-sent behind itself, each copy timing out behind the one
+ * before, and never be answered.
+ */
+export function transferAttemptMs(baseMs: number, bytes: number, linkMbps: number | null, factor = 2, capMs = 600_000): number {
+  if (linkMbps === null || !(linkMbps > 0) || !(bytes > 0)) return baseMs;
+  const transferMs = (bytes * 8) / (linkMbps * 1_000);
+  return Math.min(Math.max(capMs, baseMs), Math.max(baseMs, Math.ceil(factor * transferMs)));
+}
+
 /** A handle to any actor, local or remote, by address. */
 export class ActorRef {
   // Subjects per op, built (and validated) once: tell() is on the hot path.

@@ -1128,7 +1128,9 @@ export class GroupMember {
     try {
       for (let attempt = 0; ; attempt++) {
         try {
-          const request = this.ref(to).request(type, fields as unknown as Record<string, unknown>, { timeoutMs: Math.min(this.o.requestTimeoutMs ?? 10_000, SEND_ATTEMPT_MS), seq });
+          // Long enough for what is under way on this member's link to cross it: a slice slower than a fixed attempt would be re-sent behind itself.
+          const timeoutMs = this.o.stepper.peerAttemptMs(Math.min(this.o.requestTimeoutMs ?? 10_000, SEND_ATTEMPT_MS));
+          const request = this.ref(to).request(type, fields as unknown as Record<string, unknown>, { timeoutMs, seq });
           request.catch(() => undefined);
           await Promise.race([request, dropped]); // 'dropped': nobody waits for it any more
           return;
@@ -1243,7 +1245,10 @@ export class GroupMember {
   }
 }
 
-/** One attempt of a slice or pushed message (re-sent with the same seq until taken, or the member is dropped). */
+/**
+ * One attempt of a slice or pushed message (re-sent with the same seq until taken, or the member is dropped),
+ * longer where the bytes under way on the member's link take longer than this to cross it (WorkerStepper.peerAttemptMs).
+ */
 const SEND_ATTEMPT_MS = 2_000;
 /** How long an `own` notice is offered to a peer that does not take it (it went on alone, paused or re-formed). */
 const OWN_NOTICE_MS = 30_000;

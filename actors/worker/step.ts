@@ -14,7 +14,7 @@
  * (topology/compression.ts) before each push and slice.
  */
 import {
-  InvalidTensorError, ValidationError, type Clock, type Logger,
+  InvalidTensorError, ValidationError, transferAttemptMs, type Clock, type Logger,
 } from '../../runtime/mod.ts';
 import {
   DEFAULT_COMPRESSION_THRESHOLD, DEFAULT_EMULATION_REFERENCE_STEP_MS, INITIAL_ADAPTIVE_COMPRESSION_STATE, adaptiveCompression, checkCompressionThreshold,
@@ -149,6 +149,8 @@ export class WorkerStepper {
   readonly linkUsage: LinkUsage;
   readonly compressionThreshold: number;
   private compression: AdaptiveCompressionState;
+  /** Bytes of the group messages under way on the link (sendOverLink), for their attempts' length. */
+  private bytesInFlight = 0;
 
   constructor(private readonly o: WorkerStepperOptions) {
     this.dense = allocateDense(o.plan);
@@ -312,8 +314,30 @@ export class WorkerStepper {
    * flight is the utilisation where waits are the measure; link-usage.ts).
    */
   async sendOverLink<T>(bytes: number, send: () => Promise<T>): Promise<T> {
-    await this.overLink(bytes);
-    return this.linkUsage.waitOn(send);
+    this.bytesInFlight += bytes;
+    try {
+      await this.overLink(bytes);
+      return await this.linkUsage.waitOn(send);
+    } finally {
+      this.bytesInFlight -= bytes;
+    }
+  }
+
+  /**
+   * The worker's link rate: emulate.bandwidth_mbps, else the bandwidth its
+   * profile measured over NATS; null where neither is known.
+   */
+  get linkMbps(): number | null {
+    return this.o.bandwidthMbps ?? this.o.measuredBandwidthMbps ?? null;
+  }
+
+  /**
+   * One attempt of a message to a group peer: `baseMs`, or twice the time
+   * the bytes in flight on this worker's link (`sendOverLink`) take at its
+   * rate where that is longer (runtime transferAttemptMs).
+   */
+  peerAttemptMs(baseMs: number): number {
+    return transferAttemptMs(baseMs, this.bytesInFlight, this.linkMbps);
   }
 
   /** `bytes` cross the worker's link: held on the emulated link, and counted in its utilisation (link-usage.ts). */

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { z } from 'zod';
 import {
   ActorSystem, InProcessBroker, Transport, SeededRandom, SimulatedClock, systemClock, HandlerError, NoRespondersError,
-  TimeoutError, ValidationError, UnknownMessageTypeError, JSON_CONTENT_TYPE, encode, type Clock, type ActorDefinition,
+  TimeoutError, ValidationError, UnknownMessageTypeError, JSON_CONTENT_TYPE, encode, transferAttemptMs, type Clock, type ActorDefinition,
 } from '../../runtime/mod.ts';
 
 function system(broker: InProcessBroker, node: string, clock: Clock = systemClock) {
@@ -296,4 +296,15 @@ test('the dedup window evicts the oldest replies and still refuses a replay olde
   assert.equal(applied, 5);
   assert.equal(actor.stats.duplicates, 2);
   await a.stop();
+});
+
+test('transferAttemptMs: twice the transfer time of the bytes under way at the link rate, never below the base attempt nor above the cap; the base where the rate is unknown', () => {
+  // 1 MB at 4 Mbit/s takes 2 s: the attempt is 4 s.
+  assert.equal(transferAttemptMs(2_000, 1_000_000, 4), 4_000);
+  assert.equal(transferAttemptMs(2_000, 100_000, 4), 2_000, '0.2 s on the link: the base attempt');
+  assert.equal(transferAttemptMs(2_000, 1_000_000, null), 2_000);
+  assert.equal(transferAttemptMs(2_000, 1_000_000, 0), 2_000);
+  assert.equal(transferAttemptMs(2_000, 0, 4), 2_000);
+  assert.equal(transferAttemptMs(2_000, 1e9, 1), 600_000, 'capped at 10 minutes');
+  assert.equal(transferAttemptMs(2_000, 1_000_000, 4, 3), 6_000);
 });

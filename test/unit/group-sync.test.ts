@@ -334,6 +334,62 @@ test('communication.compression adaptive in a sync group: a member on a slow emu
 });
 
 /**
+ * A real slow link under `sys`: everything it publishes goes out in order,
+ * each message after the ones before it are through at `mbps` (a TCP
+ * connection behind a rate limit). Returns what it sent.
+ */
+function slowLink(sys: ActorSystem, mbps: number): { subject: string; bytes: Uint8Array }[] {
+  const bus = sys.transport.bus;
+  const publish = bus.publish.bind(bus);
+  const sent: { subject: string; bytes: Uint8Array }[] = [];
+  let busyUntil = 0;
+  bus.publish = (subject, data, opts) => {
+    const bytes = data.slice();
+    sent.push({ subject, bytes });
+    const now = performance.now();
+    busyUntil = Math.max(now, busyUntil) + (bytes.byteLength * 8) / (mbps * 1_000);
+    setTimeout(() => { try { publish(subject, bytes, opts); } catch { /* the bus closed at the test's end */ } }, busyUntil - now);
+  };
+  return sent;
+}
+
+test('a slice slower than an attempt on its link: the attempt is sized to the bytes under way at the link\'s measured rate, so the slice is sent once, not re-sent behind itself, and the window completes', { timeout: 60_000 }, async () => {
+  const [b1, b2] = batches;
+  const c = await cluster('slow-slices');
+  try {
+    const g = group('sync', ['a', 'b'], 1);
+    // Attempts of 200 ms (requestTimeoutMs) for a link that takes ~1 s for b's slice.
+    const ma = await member(c, g, 'a', sessions[0]!, { requestTimeoutMs: 200 });
+    const sysB = await c.system('b');
+    const mbps = 0.04;
+    const sent = slowLink(sysB, mbps);
+    const stepperB = new WorkerStepper({
+      client: c.client(sysB), plan, model: md.model, layout, session: sessions[1]!, clock: systemClock, log: silentLogger(), node: 'b',
+      emulateSpeed: null, measuredBandwidthMbps: mbps,
+    });
+    const mb = new GroupMember({ system: sysB, group: g, member: 'b', runId: 'run-1', plan, stepper: stepperB, log: silentLogger(), shouldStop: () => false, requestTimeoutMs: 200 });
+    await mb.start();
+    let timer: NodeJS.Timeout | undefined;
+    const deadline = new Promise<never>((_r, reject) => { timer = setTimeout(() => reject(new Error('the window did not complete in 30 s: b\'s slice never got through')), 30_000); });
+    try {
+      const [oa, ob] = await Promise.race([Promise.all([runUntilDone(ma, source([b1!])), runUntilDone(mb, source([b2!]))]), deadline]);
+      assert.deepEqual([oa.map((o) => o.steps.length), ob.map((o) => o.steps.length)], [[1, 0], [1, 0]]);
+    } finally {
+      clearTimeout(timer);
+    }
+    const toPeer = sent.filter((m) => /\.(slice|part)$/.test(m.subject));
+    const biggest = Math.max(...toPeer.map((m) => m.bytes.byteLength));
+    assert.ok((biggest * 8) / (mbps * 1_000) > 2 * 200, `b's largest message to a (${biggest} bytes) takes longer than two attempts of 200 ms on the link`);
+    const copies = new Map<string, number>();
+    for (const m of toPeer) { const k = `${m.subject} ${Buffer.from(m.bytes).toString('base64')}`; copies.set(k, (copies.get(k) ?? 0) + 1); }
+    assert.deepEqual([...copies.values()].filter((n) => n > 1), [], `every slice and part sent once (${toPeer.length} messages: ${toPeer.map((m) => `${m.subject.split('.').at(-1)} ${m.bytes.byteLength} B`).join(', ')})`);
+    assert.equal(stepperB.peerAttemptMs(200), 200, 'nothing under way on the link any more: the base attempt');
+  } finally {
+    await c.close();
+  }
+});
+
+/**
  * The fixed-step reference, computed without any group code: every batch's
  * gradient at the window's starting parameters, then one SGD update per
  * batch, in order (gradients delayed by up to N − 1 steps).
