@@ -110,7 +110,7 @@
  *            --links tc|hold (tc: the default where the network lab runs; hold elsewhere; --links hold where it runs is not the protocol)
  *            --reference-ms N  --ctr-hidden a,b  --mlp-hidden a,b  --hps-training "key: value; …"  --training "key: value; …" (every peer)  --optimizer "key: value; …" (every peer's dense optimizer)
  *            --sync-steps F,M (hps_config's fast and medium sync_steps instead of 4,6)
- *            --lr-mult X  --group-lr none|sqrt (with --no-grid)  --compression none|adaptive (every peer float32, or adaptive, instead of the protocol's fp16)  --compression-threshold X (with adaptive)  --servers N (instead of 2)  --shards-per-server K (instead of 1) (to explore; results then go to a temp dir)
+ *            --lr-mult X  --group-lr none|sqrt (with --no-grid)  --compression none|adaptive (every peer float32, or adaptive, instead of the protocol's fp16)  --compression-threshold X (with adaptive)  --compress-pulls true|false  --servers N (instead of 2)  --shards-per-server K (instead of 1) (to explore; results then go to a temp dir)
  *            --collect DIR: aggregate the runs an earlier invocation left in DIR (e.g. one stopped after a workload)
  *            --rescore FILE: recompute the statistics and goals of a results file from the runs it records
  */
@@ -182,6 +182,9 @@ const NO_GRID_RULE = (option('--group-lr') ?? 'none') as 'none' | 'sqrt';
  * default switch by link utilisation (results then go to a temp dir).
  */
 const COMPRESSION = option('--compression') ?? 'fp16';
+/** To explore: `--compress-pulls true` gives every peer communication.compress_pulls (training pulls as halves too). */
+const COMPRESS_PULLS = option('--compress-pulls');
+if (COMPRESS_PULLS !== null && COMPRESS_PULLS !== 'true' && COMPRESS_PULLS !== 'false') throw new Error(`--compress-pulls: true or false, got ${COMPRESS_PULLS}`);
 /**
  * How the links are limited: `tc` (the default where the network lab can run:
  * root and iproute2) puts every worker in its own namespace behind a tc tbf
@@ -301,7 +304,7 @@ ${ALL_OPTIMIZER.map((l) => `  ${l}\n`).join('')}training:
   emulation_reference_step_ms: ${REFERENCE_STEP_MS}
 ${mode === 'hps' ? `  group_lr_scaling: ${rule}\n${HPS_TRAINING.map((l) => `  ${l}\n`).join('')}` : ''}${ALL_TRAINING.map((l) => `  ${l}\n`).join('')}communication:
   compression: ${COMPRESSION}
-${COMPRESSION_THRESHOLD !== null ? `  compression_threshold: ${COMPRESSION_THRESHOLD}\n` : ''}fault_tolerance:
+${COMPRESSION_THRESHOLD !== null ? `  compression_threshold: ${COMPRESSION_THRESHOLD}\n` : ''}${COMPRESS_PULLS !== null ? `  compress_pulls: ${COMPRESS_PULLS}\n` : ''}fault_tolerance:
   worker_recovery_timeout: 120
 logging:
   level: warn
@@ -584,7 +587,7 @@ function rescore(file: string): void {
 async function main(): Promise<void> {
   const RESCORE = option('--rescore');
   if (RESCORE !== null) return rescore(RESCORE);
-  const full = !QUICK && GRID && REPEATS >= 3 && SAMPLES_OVERRIDE === null && !['--reference-ms', '--ctr-hidden', '--mlp-hidden', '--hps-training', '--training', '--lr-mult', '--group-lr', '--compression', '--compression-threshold', '--servers', '--shards-per-server', '--optimizer', '--sync-steps'].some((o) => option(o) !== null) && LINKS_OPTION !== 'hold' && PEER_KEYS.length === PEERS.length && (WORKLOAD_KEYS.length === WORKLOADS.length || COLLECT !== null);
+  const full = !QUICK && GRID && REPEATS >= 3 && SAMPLES_OVERRIDE === null && !['--reference-ms', '--ctr-hidden', '--mlp-hidden', '--hps-training', '--training', '--lr-mult', '--group-lr', '--compression', '--compression-threshold', '--compress-pulls', '--servers', '--shards-per-server', '--optimizer', '--sync-steps'].some((o) => option(o) !== null) && LINKS_OPTION !== 'hold' && PEER_KEYS.length === PEERS.length && (WORKLOAD_KEYS.length === WORKLOADS.length || COLLECT !== null);
   // Before anything is written: the results' own files would make the tree look dirty.
   const git = gitCommit(ROOT);
   const dir = mkdtempSync(join(tmpdir(), 'hetps-bench-hetero-'));

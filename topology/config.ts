@@ -570,6 +570,14 @@ const configSchema = section({
      * gradients as fp16 (float32 again below 0.8 × it; topology/compression.ts).
      */
     compression_threshold: closedUnit().default(DEFAULT_COMPRESSION_THRESHOLD),
+    /**
+     * Also the parameters a worker pulls for training (dense blocks and
+     * embedding rows) as scaled halves while its gradients go as fp16 (with
+     * `fp16` always, with `adaptive` while the link is busy): half the bytes
+     * of the largest transfers on a slow link. The shards keep float32; a
+     * worker computes from values rounded to 11 significant bits.
+     */
+    compress_pulls: bool().default(false),
   }).prefault({}),
   fault_tolerance: faultToleranceSchema.prefault({}),
   load_balancing: section({
@@ -712,6 +720,7 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   { path: 'communication.backend', when: (c) => c.communication.backend === 'nccl' || c.communication.backend === 'gloo', instead: 'every tensor goes over NATS' },
   // communication.compression is built (fp16; adaptive switches to fp16 by link utilisation: topology/compression.ts); only adaptive reads the threshold.
   { path: 'communication.compression_threshold', when: (c) => c.communication.compression !== 'adaptive', instead: 'only compression: adaptive reads it; fp16 compresses every gradient, none no gradient' },
+  { path: 'communication.compress_pulls', when: (c) => c.communication.compression === 'none' && c.communication.compress_pulls, instead: 'with compression: none nothing is sent as fp16, pulls included' },
   { path: 'fault_tolerance.worker_recovery_timeout', when: (c) => c.training.mode !== 'hps', instead: 'only hps groups wait for a silent member; a dead worker\'s batch comes back after fault_tolerance.ack_wait_ms' },
   { path: 'load_balancing.enabled', when: (c) => c.load_balancing.enabled, instead: 'shards stay where the initial plan put them' },
   { path: 'load_balancing.imbalance_threshold', when: () => true, instead: 'shards stay where the initial plan put them' },

@@ -103,9 +103,9 @@ export function gradientCompressionFromConfig(config: HetpsConfig): GradientComp
 }
 
 /** gradientCompressionFromConfig as a worker's (and its stepper's) options. */
-export function workerCompressionOptions(config: HetpsConfig): { compression: GradientCompressionSetting['mode']; compressionThreshold: number } {
+export function workerCompressionOptions(config: HetpsConfig): { compression: GradientCompressionSetting['mode']; compressionThreshold: number; compressPulls: boolean } {
   const { mode, threshold } = gradientCompressionFromConfig(config);
-  return { compression: mode, compressionThreshold: threshold };
+  return { compression: mode, compressionThreshold: threshold, compressPulls: config.communication.compress_pulls };
 }
 
 /** The bandwidth of a worker's link to NATS as its profile measured it (adaptive compression counts bytes at it); null without a profile or a NATS link. */

@@ -25,7 +25,7 @@ import {
   createOptimizer, firstNonFinite, ROW_CHUNK, SparseTable, type Optimizer, type OptimizerConfigInput, type SparseTableSnapshot,
 } from '../../native-bridge/mod.ts';
 import {
-  dedupWindowSchema, shardMessages, type DenseBlockSnapshot, type PullReply, type PullRequest, type PushReply, type PushRequest,
+  compressPullReply, dedupWindowSchema, shardMessages, type DenseBlockSnapshot, type PullReply, type PullReplyWire, type PullRequest, type PushReply, type PushRequest,
   type RestoreReply, type ShardMessages, type ShardSnapshot, type ShardStats, type StalenessHistogram,
 } from './shard.messages.ts';
 import { StalePlanError, StaleUpdateError, SyncRoundError } from './shard.errors.ts';
@@ -132,6 +132,7 @@ interface WaitingPull {
   minRound: number;
   dense: Int32Array;
   sparse: PullRequest['sparse'];
+  compression: PullRequest['compression'];
   reply: DeferredReply;
 }
 
@@ -237,16 +238,22 @@ export class ShardState {
    * many rounds are applied. The returned arrays are views on the shard's
    * state and scratch, valid until the next call: copy them to keep them.
    */
-  pull(m: PullRequest): PullReply | DeferredReply {
+  pull(m: PullRequest): PullReply | PullReplyWire | DeferredReply {
     this.checkPlanVersion(m.plan_version, 'pull');
     this.checkPullTargets(m.dense, m.sparse);
     this.pulls++;
     if (m.min_round !== null && this.roundValue < m.min_round) {
       const reply = new DeferredReply();
-      this.waiting.push({ minRound: m.min_round, dense: m.dense, sparse: m.sparse, reply });
+      this.waiting.push({ minRound: m.min_round, dense: m.dense, sparse: m.sparse, compression: m.compression, reply });
       return reply;
     }
-    return this.readPull(m.dense, m.sparse);
+    return this.answerPull(m.dense, m.sparse, m.compression);
+  }
+
+  /** The pull's reply, as scaled halves where it asked for `compression` (the shard keeps float32). */
+  private answerPull(dense: Int32Array, sparse: PullRequest['sparse'], compression: PullRequest['compression']): PullReply | PullReplyWire {
+    const reply = this.readPull(dense, sparse);
+    return compression === 'fp16' ? compressPullReply(reply) : reply;
   }
 
   private checkPullTargets(dense: Int32Array, sparse: PullRequest['sparse']): void {
@@ -606,7 +613,7 @@ export class ShardState {
       if (w.minRound > this.roundValue) { still.push(w); continue; }
       try {
         // resolve() encodes the reply at once, so the scratch can serve the next one.
-        w.reply.resolve(this.readPull(w.dense, w.sparse));
+        w.reply.resolve(this.answerPull(w.dense, w.sparse, w.compression));
       } catch (e) {
         w.reply.reject(e);
       }

@@ -60,11 +60,15 @@ export function compressTensors(t: GradientTensors): WireGradientTensors {
 
 /** Bytes of the tensors' payload as sent (ids and gradients; halves count 2 bytes). */
 export function wireTensorBytes(t: WireGradientTensors): number {
-  const size = (g: WireGradientTensors['dense'][number]['grad']) => (g instanceof Float32Array ? g.byteLength : (g as { f16: Uint16Array }).f16.byteLength);
   let n = 0;
-  for (const d of t.dense) n += size(d.grad);
-  for (const s of t.sparse) n += s.ids.byteLength + size(s.grads);
+  for (const d of t.dense) n += wireGradientBytes(d.grad);
+  for (const s of t.sparse) n += s.ids.byteLength + wireGradientBytes(s.grads);
   return n;
+}
+
+/** Bytes of one tensor as sent: float32, or halves at 2 bytes an element. */
+function wireGradientBytes(g: z.input<ReturnType<typeof zGradient>>): number {
+  return g instanceof Float32Array ? g.byteLength : (g as { f16: Uint16Array }).f16.byteLength;
 }
 
 export const shardMessages = {
@@ -78,6 +82,12 @@ export const shardMessages = {
     dense: zi32(),
     sparse: z.array(sparseIds),
     min_round: z.number().int().nonnegative().nullable(),
+    /**
+     * `fp16`: answer with the tensors as scaled halves (`{ f16, exp }`, as a
+     * compressed gradient; communication.compress_pulls), float32 where
+     * compressGradient keeps them so (short, all-zero); null: float32.
+     */
+    compression: z.enum(['fp16']).nullable().default(null),
   }),
   /**
    * Gradients. `round` null: apply now (async). Otherwise a contribution to a
@@ -258,6 +268,31 @@ export interface PullReply {
   dense: Float32Array[];
   /** One array per requested table, `ids.length × dim` rows in request order. */
   sparse: Float32Array[];
+  /** Where the reply came compressed (a pull with `compression`): its tensor bytes as sent, halves at 2 bytes. */
+  wireBytes?: number;
+}
+
+/** A pull's reply as sent when the pull asked for `compression` (decoded to float32 by the worker's ShardClient). */
+export const pullReplyWire = z.object({
+  version: z.number().int().nonnegative(),
+  round: z.number().int().nonnegative(),
+  dense: z.array(zGradient()),
+  sparse: z.array(zGradient()),
+});
+export type PullReplyWire = z.input<typeof pullReplyWire>;
+
+/** `reply` with its tensors as scaled halves where compressGradient finds it worth it (a pull with `compression: fp16`). */
+export function compressPullReply(reply: PullReply): PullReplyWire {
+  const c = (t: Float32Array) => compressGradient(t as Float32Array<ArrayBuffer>);
+  return { version: reply.version, round: reply.round, dense: reply.dense.map(c), sparse: reply.sparse.map(c) };
+}
+
+/** Tensor bytes of a pull reply as sent (halves count 2 bytes). */
+export function pullReplyWireBytes(reply: PullReplyWire): number {
+  let n = 0;
+  for (const d of reply.dense) n += wireGradientBytes(d);
+  for (const s of reply.sparse) n += wireGradientBytes(s);
+  return n;
 }
 
 export interface PushReply {

@@ -130,10 +130,11 @@ export function pushBytes(req: Pick<PushWire, 'dense' | 'sparse' | 'later_steps'
   return n;
 }
 
-/** Tensor bytes of a pull: the ids asked for and the values answered. */
+/** Tensor bytes of a pull: the ids asked for and the values answered (as sent: a compressed reply's halves at 2 bytes). */
 export function pullBytes(req: PullRequest, reply: PullReply): number {
   let n = req.dense.byteLength;
   for (const s of req.sparse) n += s.ids.byteLength;
+  if (reply.wireBytes !== undefined) return n + reply.wireBytes;
   for (const d of reply.dense) n += d.byteLength;
   for (const s of reply.sparse) n += s.byteLength;
   return n;

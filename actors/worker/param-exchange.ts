@@ -46,6 +46,8 @@ export function pullRequest(plan: ShardPlan, ex: ShardExchange, tables: readonly
     dense: Int32Array.from(ex.blocks, (b) => b.id),
     sparse: ex.ids.length ? tables.map((t) => ({ table: t.name, ids: ex.ids })) : [],
     min_round: minRound,
+    // The worker's stepper asks for fp16 where it compresses (communication.compress_pulls).
+    compression: null,
   };
 }
 

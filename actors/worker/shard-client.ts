@@ -15,10 +15,10 @@
  *   there, logging what it waits for instead of hanging silently.
  */
 import {
-  HetpsError, TimeoutError, attemptTimeoutMs, isRetryable, type ActorRef, type ActorSystem, type Logger,
+  HetpsError, TimeoutError, ValidationError, attemptTimeoutMs, isRetryable, type ActorRef, type ActorSystem, type Logger,
 } from '../../runtime/mod.ts';
 import type { ShardPlan } from '../../topology/mod.ts';
-import type { PullReply, PullRequest, PushReply, PushRequest, PushWire, RestoreReply, ShardSnapshot, ShardStats } from '../shard/shard.messages.ts';
+import { pullReplyWire, pullReplyWireBytes, type PullReply, type PullReplyWire, type PullRequest, type PushReply, type PushRequest, type PushWire, type RestoreReply, type ShardSnapshot, type ShardStats } from '../shard/shard.messages.ts';
 import { primaryReplicaId } from '../shard/replica.ts';
 import { PlanView } from '../store/plan-view.ts';
 
@@ -105,9 +105,10 @@ export class ShardClient {
       if (this.opts.shouldStop()) throw new StopRequestedError(`stopped while pulling from ${shard}`);
       req.plan_version = this.plans.current.version;
       try {
-        return await this.attempt(shard, () => this.ref(shard).request<PullReply & Record<string, unknown>>('pull', req as unknown as Record<string, unknown>, {
+        const reply = await this.attempt(shard, () => this.ref(shard).request<PullReply & Record<string, unknown>>('pull', req as unknown as Record<string, unknown>, {
           timeoutMs: attemptTimeoutMs(this.attemptMs, timeouts),
         }));
+        return req.compression === null ? reply : decodeCompressedPull(shard, reply);
       } catch (e) {
         if (!worthAnotherTry(e)) throw e;
         if (e instanceof TimeoutError) timeouts++;
@@ -270,4 +271,13 @@ export async function shardStalenessSummary(client: ShardClient, shards: readonl
   });
   out.mean = out.count ? sum / out.count : 0;
   return out;
+}
+
+/** A reply to a pull that asked for `compression`: float32 again, with its tensor bytes as sent (`wireBytes`). */
+function decodeCompressedPull(shard: string, raw: unknown): PullReply {
+  const parsed = pullReplyWire.safeParse(raw);
+  if (!parsed.success) {
+    throw new ValidationError(`shard ${shard}: malformed compressed pull reply: ${parsed.error.issues.map((i) => `${i.path.join('.') || '(reply)'}: ${i.message}`).join('; ')}`);
+  }
+  return { ...parsed.data, wireBytes: pullReplyWireBytes(raw as PullReplyWire) };
 }

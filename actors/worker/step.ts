@@ -132,6 +132,11 @@ export interface WorkerStepperOptions {
   compression?: GradientCompressionMode;
   /** communication.compression_threshold, for `adaptive` (default 0.5). */
   compressionThreshold?: number;
+  /**
+   * communication.compress_pulls: pulls ask for scaled halves while the
+   * gradients go as fp16 (`compression`); default false.
+   */
+  compressPulls?: boolean;
 }
 
 export class WorkerStepper {
@@ -351,6 +356,7 @@ export class WorkerStepper {
    * (`min_round`) is not counted as link time: its wait is the round's barrier.
    */
   async pull(shard: string, req: PullRequest, expected: number | null = null): Promise<PullReply> {
+    req.compression = this.o.compressPulls === true && this.compressNow() ? 'fp16' : null;
     const request = () => this.o.client.pull(shard, req, expected);
     const reply = req.min_round === null ? await this.linkUsage.waitOn(request) : await request();
     await this.overLink(pullBytes(req, reply));

@@ -79,6 +79,8 @@ export interface WorkerActorOptions {
   compression?: GradientCompressionMode;
   /** communication.compression_threshold (adaptive); default 0.5. */
   compressionThreshold?: number;
+  /** communication.compress_pulls: training pulls as scaled halves while gradients go as fp16; default false. */
+  compressPulls?: boolean;
   /** Per request attempt to a shard. Default 10 s. */
   requestTimeoutMs?: number;
   /** How long a bsp worker looks for a batch before it contributes an empty one. Default 1.5 s. */
@@ -142,7 +144,7 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
       client, plan: o.plan, model: o.model, layout: o.layout, session: session!, clock, log, node: o.node,
       emulateSpeed: o.emulateSpeed, referenceStepMs: o.referenceStepMs, bandwidthMbps: o.bandwidthMbps ?? null, measuredBandwidthMbps: o.measuredBandwidthMbps ?? null,
       localOptimizers: groupSync !== null ? o.localOptimizers ?? null : null,
-      compression: o.compression ?? null, compressionThreshold: o.compressionThreshold,
+      compression: o.compression ?? null, compressionThreshold: o.compressionThreshold, compressPulls: o.compressPulls ?? false,
     });
     if (o.emulateSpeed !== null) {
       log.info({ emulated_speed: o.emulateSpeed, emulated_step_ms: stepper.pacer.targetStepMs },

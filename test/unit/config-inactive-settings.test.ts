@@ -98,6 +98,11 @@ describe('inactiveSettings', () => {
     assert.deepEqual(at('adaptive, compression_threshold: 0.7'), []);
     assert.deepEqual(at('none, compression_threshold: 0.7'), ['communication.compression_threshold']);
     assert.deepEqual(at('fp16, compression_threshold: 0.7'), ['communication.compression_threshold']);
+    // compress_pulls follows the gradients' choice: nothing to act on where nothing is ever sent as fp16.
+    assert.deepEqual(at('fp16, compress_pulls: true'), []);
+    assert.deepEqual(at('adaptive, compress_pulls: true'), []);
+    assert.deepEqual(at('none, compress_pulls: true'), ['communication.compress_pulls']);
+    assert.deepEqual(at('none, compress_pulls: false'), []);
   });
 
   test('values that ask for nothing are not listed', () => {

@@ -9,7 +9,7 @@ import { inProcessBus } from '../support/in-process.ts';
 import { parseConfig } from '../../topology/mod.ts';
 import { StepSession, compressGradient, decompressGradient, streamOptions, FP16_MIN_ELEMENTS, type Fp16Gradient } from '../../native-bridge/mod.ts';
 import { shardPlanFromConfig, sparseLayoutFromConfig } from '../../actors/node/config-bridge.ts';
-import { gradientCompressionFromConfig, modelAndData, startServerNode } from '../../actors/node/nodes.ts';
+import { gradientCompressionFromConfig, modelAndData, startServerNode, workerCompressionOptions } from '../../actors/node/nodes.ts';
 import { memoryPlanStore } from '../../actors/store/plan-store.ts';
 import { ShardClient } from '../../actors/worker/shard-client.ts';
 import { WorkerStepper } from '../../actors/worker/step.ts';
@@ -132,8 +132,8 @@ optimizer: { type: adam, learning_rate: 0.01, sparse: { type: adagrad, learning_
 training: { mode: asp, random_seed: 7 }
 communication: { compression: ${compression} }
 `;
-  const run = async (compression: string) => {
-    const config = parseConfig(yaml(compression), 'job.yaml');
+  const run = async (compression: string, compressPulls = false) => {
+    const config = parseConfig(yaml(compression).replace(`compression: ${compression} }`, `compression: ${compression}, compress_pulls: ${compressPulls} }`), 'job.yaml');
     const md = modelAndData(config);
     const plan = shardPlanFromConfig(config, md.model, 4096 + 16 * 1024);
     const bus = inProcessBus('fp16test');
@@ -143,9 +143,12 @@ communication: { compression: ${compression} }
     const stepper = new WorkerStepper({
       client: new ShardClient(await bus.system('w1'), { requestTimeoutMs: 5_000, log: silentLogger(), shouldStop: () => false, plans: plan }),
       plan, model: md.model, layout: sparseLayoutFromConfig(config, md.model), session, clock: systemClock, log: silentLogger(),
-      emulateSpeed: null, bandwidthMbps: 1000, compression: gradientCompressionFromConfig(config).mode,
+      emulateSpeed: null, bandwidthMbps: 1000, ...workerCompressionOptions(config),
     });
     const losses: number[] = [];
+    const pullsSeen: (string | null)[] = [];
+    const pull = stepper.pull.bind(stepper);
+    stepper.pull = async (shard, req, expected) => { const r = await pull(shard, req, expected); pullsSeen.push(req.compression); return r; };
     try {
       for (const batch of md.source.batchesSync(streamOptions('train', 64, { epoch: 0 }))) {
         losses.push((await stepper.run(batch, null)).loss!);
@@ -153,7 +156,7 @@ communication: { compression: ${compression} }
       // Time the link carried bytes (bytes·8/bandwidth, exact): the run is far shorter than
       // the intervals' keep window, so none are forgotten. Not totalDelayMs, which adds queueing
       // behind a prefetch's pull and so depends on timing.
-      return { losses, linkMs: stepper.link.busy.between(Number.NEGATIVE_INFINITY, Number.POSITIVE_INFINITY) };
+      return { losses, linkMs: stepper.link.busy.between(Number.NEGATIVE_INFINITY, Number.POSITIVE_INFINITY), pullsSeen };
     } finally {
       await session.dispose();
       await bus.close();
@@ -168,4 +171,66 @@ communication: { compression: ${compression} }
   assert.ok(fp16.losses.some((l, i) => l !== plain.losses[i]), 'the pushes were compressed (fp16 rounding changed the trajectory)');
   // Pulls (parameters) stay float32; only the push half of the link's bytes shrinks.
   assert.ok(fp16.linkMs < 0.85 * plain.linkMs, `link time ${fp16.linkMs.toFixed(2)} ms with fp16 against ${plain.linkMs.toFixed(2)} ms without`);
+  assert.ok(fp16.pullsSeen.length > 0 && fp16.pullsSeen.every((c) => c === null), 'without compress_pulls every pull asks for float32');
+
+  // communication.compress_pulls: the pulls come as halves too, so the link carries about half of everything.
+  const both = await run('fp16', true);
+  assert.equal(both.losses.length, 10);
+  assert.ok(both.pullsSeen.length > 0 && both.pullsSeen.every((c) => c === 'fp16'), 'every pull asked for fp16');
+  assert.ok(Math.abs(both.losses[0]! - plain.losses[0]!) < 2e-3, `the first step from parameters rounded to halves: loss ${both.losses[0]} against ${plain.losses[0]}`);
+  assert.notEqual(both.losses[0], plain.losses[0], 'the first step computed from halves (the rounding shows)');
+  for (let i = 1; i < 10; i++) assert.ok(Math.abs(both.losses[i]! - plain.losses[i]!) < 5e-3, `step ${i + 1}: loss ${both.losses[i]} with fp16 pulls, ${plain.losses[i]} without`);
+  assert.ok(both.linkMs < 0.6 * plain.linkMs, `link time ${both.linkMs.toFixed(2)} ms with fp16 pulls and pushes against ${plain.linkMs.toFixed(2)} ms without`);
+  assert.ok(both.linkMs < 0.8 * fp16.linkMs, `fp16 pulls save on top of fp16 pushes: ${both.linkMs.toFixed(2)} ms against ${fp16.linkMs.toFixed(2)} ms`);
+  // With compression none the setting has nothing to act on (listed as not active at start).
+  const none = await run('none', true);
+  assert.ok(none.pullsSeen.every((c) => c === null));
+});
+
+test('a pull with compression fp16: the shard answers with halves (deferred bsp pulls too), the worker\'s client hands back float32 within fp16 rounding and counts the bytes as sent', async () => {
+  const config = parseConfig(`cluster:
+  worker_groups: [{ name: g, nodes: [w1] }]
+  server_nodes: [s1]
+model: { type: ctr, ctr: { embedding_dim: 8, hidden: [32], pooling: mean, wide: true, hash_buckets: 5000 } }
+data: { source: ctr-synthetic, batch_size: 64, samples: 640, test_samples: 64, slots: 4, dense_features: 3, vocab_size: 2000 }
+optimizer: { type: adam, learning_rate: 0.01, sparse: { type: adagrad, learning_rate: 0.05 } }
+training: { mode: bsp, random_seed: 7 }
+`, 'job.yaml');
+  const md = modelAndData(config);
+  const plan = shardPlanFromConfig(config, md.model, 1024 * 1024);
+  const bus = inProcessBus('fp16pull');
+  try {
+    await startServerNode({ config, server: 's1', system: await bus.system('s1'), planStore: memoryPlanStore(plan), log: silentLogger(), md });
+    const client = new ShardClient(await bus.system('w1'), { requestTimeoutMs: 5_000, log: silentLogger(), shouldStop: () => false, plans: plan });
+    const ids = Int32Array.from({ length: 300 }, (_, i) => i * 7);
+    const req = (compression: 'fp16' | null, minRound: number | null = null) => ({
+      plan_version: plan.version, dense: Int32Array.from(plan.dense, (b) => b.id), sparse: [{ table: 'emb', ids }], min_round: minRound, compression,
+    });
+    const plain = await client.pull('s1', req(null));
+    const half = await client.pull('s1', req('fp16'));
+    assert.equal(plain.wireBytes, undefined);
+    const f32Bytes = [...plain.dense, ...plain.sparse].reduce((n, t) => n + t.byteLength, 0);
+    const big = [...plain.dense, ...plain.sparse].filter((t) => t.length >= FP16_MIN_ELEMENTS);
+    const small = [...plain.dense, ...plain.sparse].filter((t) => t.length < FP16_MIN_ELEMENTS);
+    assert.ok(big.length > 0 && small.length > 0, 'the reply has tensors of both kinds');
+    const expected = big.reduce((n, t) => n + t.byteLength / 2, 0) + small.reduce((n, t) => n + t.byteLength, 0);
+    assert.equal(half.wireBytes, expected, 'halves for the tensors long enough, float32 for the short ones');
+    assert.ok(half.wireBytes! < 0.6 * f32Bytes);
+    for (const [k, t] of [...half.dense, ...half.sparse].entries()) {
+      const ref = [...plain.dense, ...plain.sparse][k]!;
+      assert.ok(t instanceof Float32Array && t.length === ref.length);
+      let max = 0; let err = 0;
+      for (let i = 0; i < t.length; i++) { max = Math.max(max, Math.abs(ref[i]!)); err = Math.max(err, Math.abs(t[i]! - ref[i]!)); }
+      assert.ok(err <= max * 2 ** -10, `tensor ${k}: error ${err} against largest ${max}`);
+    }
+    // A pull that waits for bsp round 1 is answered once round 0 is applied, compressed as it asked.
+    const waiting = client.pull('s1', req('fp16', 1), 1);
+    await new Promise((r) => setTimeout(r, 50));
+    await client.push('s1', { plan_version: plan.version, round: 0, expected: 1, weight: 1, base_version: 0, dense: [], sparse: [], later_steps: [], lr_mult: 1, batches: [] });
+    const deferred = await waiting;
+    assert.equal(deferred.round, 1);
+    assert.equal(deferred.wireBytes, expected);
+  } finally {
+    await bus.close();
+  }
 });
