@@ -9,7 +9,7 @@ import { inProcessBus } from '../support/in-process.ts';
 import { parseConfig } from '../../topology/mod.ts';
 import { StepSession, compressGradient, decompressGradient, streamOptions, FP16_MIN_ELEMENTS, type Fp16Gradient } from '../../native-bridge/mod.ts';
 import { shardPlanFromConfig, sparseLayoutFromConfig } from '../../actors/node/config-bridge.ts';
-import { gradientCompressionFromConfig, modelAndData, startServerNode, workerCompressionOptions } from '../../actors/node/nodes.ts';
+import { modelAndData, startServerNode, workerCompressionOptions } from '../../actors/node/nodes.ts';
 import { memoryPlanStore } from '../../actors/store/plan-store.ts';
 import { ShardClient } from '../../actors/worker/shard-client.ts';
 import { WorkerStepper } from '../../actors/worker/step.ts';
@@ -26,6 +26,20 @@ function gradientLike(n: number, seed = 1): Float32Array<ArrayBuffer> {
     g[i] = ((s / 4294967296) - 0.5) * 2 ** ((s % 40) - 30);
   }
   return g;
+}
+
+/** A small ctr job of one worker (w1, on a 1000 Mbit/s emulated link) over `servers`. */
+function smallCtrJob(o: { mode: 'asp' | 'bsp'; servers: string; communication: string }): string {
+  return `cluster:
+  worker_groups: [{ name: g, nodes: [w1] }]
+  server_nodes: [${o.servers}]
+nodes: { w1: { emulate: { speed: 1, bandwidth_mbps: 1000 } } }
+model: { type: ctr, ctr: { embedding_dim: 8, hidden: [32], pooling: mean, wide: true, hash_buckets: 5000 } }
+data: { source: ctr-synthetic, batch_size: 64, samples: 640, test_samples: 64, slots: 4, dense_features: 3, vocab_size: 2000 }
+optimizer: { type: adam, learning_rate: 0.01, sparse: { type: adagrad, learning_rate: 0.05 } }
+training: { mode: ${o.mode}, random_seed: 7 }
+communication: { ${o.communication} }
+`;
 }
 
 const isCompressed = (x: Float32Array | Fp16Gradient): x is Fp16Gradient => !(x instanceof Float32Array);
@@ -122,18 +136,8 @@ test('pushBytes counts every step of a window\'s push (later_steps) and compress
 });
 
 test('an asp worker with compression fp16 trains over real shards like one without, within fp16\'s rounding, and its emulated link carries about half the bytes', async () => {
-  const yaml = (compression: string) => `cluster:
-  worker_groups: [{ name: g, nodes: [w1] }]
-  server_nodes: [s1, s2]
-nodes: { w1: { emulate: { speed: 1, bandwidth_mbps: 1000 } } }
-model: { type: ctr, ctr: { embedding_dim: 8, hidden: [32], pooling: mean, wide: true, hash_buckets: 5000 } }
-data: { source: ctr-synthetic, batch_size: 64, samples: 640, test_samples: 64, slots: 4, dense_features: 3, vocab_size: 2000 }
-optimizer: { type: adam, learning_rate: 0.01, sparse: { type: adagrad, learning_rate: 0.05 } }
-training: { mode: asp, random_seed: 7 }
-communication: { compression: ${compression} }
-`;
   const run = async (compression: string, compressPulls = false) => {
-    const config = parseConfig(yaml(compression).replace(`compression: ${compression} }`, `compression: ${compression}, compress_pulls: ${compressPulls} }`), 'job.yaml');
+    const config = parseConfig(smallCtrJob({ mode: 'asp', servers: 's1, s2', communication: `compression: ${compression}, compress_pulls: ${compressPulls}` }), 'job.yaml');
     const md = modelAndData(config);
     const plan = shardPlanFromConfig(config, md.model, 4096 + 16 * 1024);
     const bus = inProcessBus('fp16test');
@@ -188,14 +192,7 @@ communication: { compression: ${compression} }
 });
 
 test('a pull with compression fp16: the shard answers with halves (deferred bsp pulls too), the worker\'s client hands back float32 within fp16 rounding and counts the bytes as sent', async () => {
-  const config = parseConfig(`cluster:
-  worker_groups: [{ name: g, nodes: [w1] }]
-  server_nodes: [s1]
-model: { type: ctr, ctr: { embedding_dim: 8, hidden: [32], pooling: mean, wide: true, hash_buckets: 5000 } }
-data: { source: ctr-synthetic, batch_size: 64, samples: 640, test_samples: 64, slots: 4, dense_features: 3, vocab_size: 2000 }
-optimizer: { type: adam, learning_rate: 0.01, sparse: { type: adagrad, learning_rate: 0.05 } }
-training: { mode: bsp, random_seed: 7 }
-`, 'job.yaml');
+  const config = parseConfig(smallCtrJob({ mode: 'bsp', servers: 's1', communication: 'compression: none' }), 'job.yaml');
   const md = modelAndData(config);
   const plan = shardPlanFromConfig(config, md.model, 1024 * 1024);
   const bus = inProcessBus('fp16pull');
