@@ -554,6 +554,10 @@ const sameMembers = (a: readonly string[], b: readonly string[]) => a.length ===
  */
 export class GroupMember {
   readonly inbox = new GroupInbox();
+  /** The window whose slices all said drained: the group's last round (its members leave once they pushed their part). */
+  private endingWindow: number | null = null;
+  /** Every member pushed its part of the last round: the group is over. */
+  private ended = false;
   private readonly acc: GradientAccumulator;
   private readonly stepLimit: number;
   private readonly reduces: boolean;
@@ -1012,6 +1016,8 @@ export class GroupMember {
       return out;
     }, () => owners.filter((m) => !sameMembers(this.inbox.window(w).slices.get(m)?.owners ?? [], owners)));
     if (slices === 'alone') return fallBack('gather');
+    // Every member said it is drained: the group ends with this round, and a member that has its last `pushed` leaves.
+    if (slices.every((x) => x.drained)) this.endingWindow = w;
 
     lap('gather');
     // Reduce this member's shards: per part, Σ over members of Σ samples·grad, divided by the part's samples.
@@ -1066,6 +1072,8 @@ export class GroupMember {
       return out;
     }, () => owners.filter((m) => !this.inbox.window(w).pushed.has(m)));
     lap('reports');
+    // The group's last round is pushed by everyone: its members leave now.
+    if (this.endingWindow === w) this.ended = true;
     const reported = new Set(reports.map((r) => r.member));
     const lostShards = [...reduceOwners(this.o.plan.shards, owners)].filter(([, m]) => !reported.has(m)).map(([s]) => s);
     if (lostShards.length > 0) {
@@ -1224,6 +1232,12 @@ export class GroupMember {
   /** Health verdicts: a dead member is reported lost at once, wherever the group is; one alive again rejoins. */
   private onHealth(node: string, state: HealthState): void {
     if (this.stopped || node === this.o.member || !this.machine.getSnapshot().context.members.includes(node)) return;
+    // The group's last round (every slice drained): a member whose part of it is pushed has finished and leaves; nobody
+    // waits for it any more. One that died before pushing its part is lost as in any round.
+    if (state === 'dead' && (this.ended || (this.endingWindow !== null && this.inbox.window(this.endingWindow).pushed.has(node)))) {
+      this.o.log.debug({ group: this.o.group.name, member: node }, `group ${this.o.group.name}: ${node} left after the group's last round`);
+      return;
+    }
     if (state === 'dead') {
       // The verdict is the decision: the member leaves now, and the round goes on without it.
       this.reportedLost.add(node);

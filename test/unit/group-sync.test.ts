@@ -696,6 +696,29 @@ test('a dead verdict degrades the group to async: windows are pushed alone, and 
   }, [union([b1!, b2!, b3!]), b5!, b4!, b6!, b7!], uniqueIdsOf(union([b1!, b2!, b3!, b4!, b5!, b6!, b7!])));
 });
 
+test('the group\'s last round done, a member that leaves (its process ends, the health actor says dead) is not lost: nobody degrades or warns', { timeout: 60_000 }, async () => {
+  const [b1, b2] = batches;
+  const c = await cluster('leave-at-end');
+  try {
+    const g = group('sync', ['a', 'b'], 1);
+    const [ha, hb] = [verdicts(), verdicts()];
+    const warnings: string[] = [];
+    const log = silentLogger();
+    log.warn = ((obj: unknown, msg?: string) => { warnings.push(typeof obj === 'string' ? obj : msg ?? ''); }) as typeof log.warn;
+    const ma = await member(c, g, 'a', sessions[0]!, { health: ha, log });
+    const mb = await member(c, g, 'b', sessions[1]!, { health: hb });
+    const [oa, ob] = await Promise.all([runUntilDone(ma, source([b1!])), runUntilDone(mb, source([b2!]))]);
+    assert.ok(oa.at(-1)!.done && ob.at(-1)!.done, 'the group agreed it was done');
+    await mb.stop('done');
+    ha.set('b', 'dead');
+    assert.equal(ma.state === 'degraded', false, `a's replica is ${ma.state}`);
+    assert.deepEqual(warnings, [], 'a warns about nobody');
+    await ma.stop();
+  } finally {
+    await c.close();
+  }
+});
+
 test('forming: a member that never starts is dropped after the forming timeout; the others train without it', async () => {
   const [b1, b2] = batches;
   await sameAsReference(async (c) => {
