@@ -11,7 +11,9 @@
  * the emulated link (see emulation.ts). So is gradient compression
  * (communication.compression): fp16 always, or adaptive — the stepper
  * measures its link utilisation (link-usage.ts) and asks the policy
- * (topology/compression.ts) before each push and slice.
+ * (topology/compression.ts) before each push and slice, and with
+ * communication.compress_pulls before each pull, whose reply then comes as
+ * halves.
  */
 import {
   InvalidTensorError, ValidationError, transferAttemptMs, type Clock, type Logger,
