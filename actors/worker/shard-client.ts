@@ -108,7 +108,8 @@ export class ShardClient {
         const reply = await this.attempt(shard, () => this.ref(shard).request<PullReply & Record<string, unknown>>('pull', req as unknown as Record<string, unknown>, {
           timeoutMs: attemptTimeoutMs(this.attemptMs, timeouts),
         }));
-        return req.compression === null ? reply : decodeCompressedPull(shard, reply);
+        // A request built without the field (a caller's own, not pullRequest's) asked for float32, as the shard reads it.
+        return req.compression === 'fp16' ? decodeCompressedPull(shard, reply) : reply;
       } catch (e) {
         if (!worthAnotherTry(e)) throw e;
         if (e instanceof TimeoutError) timeouts++;
