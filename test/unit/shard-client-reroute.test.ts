@@ -117,3 +117,30 @@ test('a push or pull whose answer takes longer than an attempt (a slow link) is 
     await n1.stop({ timeoutMs: 1_000 }).catch(() => undefined);
   }
 });
+
+test('a compressed pull reply that is malformed is refused naming the field, not retried', async () => {
+  const broker = new InProcessBroker();
+  const n1 = system(broker, 'n1');
+  const worker = system(broker, 'w');
+  const plan = buildShardPlan({
+    version: 1, shards: ['s0'], servers: ['n1'], backupFactor: 0, partitions: 4, maxBlockBytes: 16,
+    denseParams: [{ name: 'w', size: 4 }], sparseTables: [{ name: 'emb', dim: 2 }],
+  });
+  let pulls = 0;
+  await n1.spawn({
+    kind: 'shard', id: 's0@n1', messages: { pull: z.object({}).passthrough() },
+    // A half-precision tensor whose scale no sender makes (|exp| ≥ 200).
+    handlers: { pull: () => { pulls++; return { version: 1, round: 0, dense: [{ f16: new Uint16Array(4), exp: 999 }], sparse: [] }; } },
+  });
+  const client = new ShardClient(worker, { requestTimeoutMs: 5_000, log: silentLogger(), shouldStop: () => false, plans: plan });
+  try {
+    await assert.rejects(
+      client.pull('s0', { plan_version: 1, dense: Int32Array.of(0), sparse: [], min_round: null, compression: 'fp16' }),
+      (e: unknown) => e instanceof Error && e.name === 'ValidationError' && /^shard s0: malformed compressed pull reply: dense\.0\.exp: /.test(e.message),
+    );
+    assert.equal(pulls, 1, 'not sent again');
+  } finally {
+    await worker.stop();
+    await n1.stop({ timeoutMs: 1_000 }).catch(() => undefined);
+  }
+});
