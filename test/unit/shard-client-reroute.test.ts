@@ -74,14 +74,21 @@ test('a push waiting on a silent primary goes to the new primary the moment the 
   }
 });
 
-test('a push or pull whose answer takes longer than an attempt (a slow link) is answered in the end: each unanswered attempt doubles the next one\'s time', { timeout: 20_000 }, async () => {
+/** A worker system and node n1 on one broker, and a plan whose one shard s0 lives on n1 (no backups). */
+function oneShardOnN1() {
   const broker = new InProcessBroker();
-  const n1 = system(broker, 'n1');
-  const worker = system(broker, 'w');
-  const plan = buildShardPlan({
-    version: 1, shards: ['s0'], servers: ['n1'], backupFactor: 0, partitions: 4, maxBlockBytes: 16,
-    denseParams: [{ name: 'w', size: 4 }], sparseTables: [{ name: 'emb', dim: 2 }],
-  });
+  return {
+    n1: system(broker, 'n1'),
+    worker: system(broker, 'w'),
+    plan: buildShardPlan({
+      version: 1, shards: ['s0'], servers: ['n1'], backupFactor: 0, partitions: 4, maxBlockBytes: 16,
+      denseParams: [{ name: 'w', size: 4 }], sparseTables: [{ name: 'emb', dim: 2 }],
+    }),
+  };
+}
+
+test('a push or pull whose answer takes longer than an attempt (a slow link) is answered in the end: each unanswered attempt doubles the next one\'s time', { timeout: 20_000 }, async () => {
+  const { n1, worker, plan } = oneShardOnN1();
   const seen: { type: string; seq: number; at: number }[] = [];
   // Every answer leaves 350 ms after its request arrived, longer than the 100 ms attempt: as if its bytes took that long on the link.
   const slow = (type: string, reply: Record<string, unknown>) => async (m: { seq: number }) => {
@@ -119,13 +126,7 @@ test('a push or pull whose answer takes longer than an attempt (a slow link) is 
 });
 
 test('a compressed pull reply that is malformed is refused naming the field, not retried', async () => {
-  const broker = new InProcessBroker();
-  const n1 = system(broker, 'n1');
-  const worker = system(broker, 'w');
-  const plan = buildShardPlan({
-    version: 1, shards: ['s0'], servers: ['n1'], backupFactor: 0, partitions: 4, maxBlockBytes: 16,
-    denseParams: [{ name: 'w', size: 4 }], sparseTables: [{ name: 'emb', dim: 2 }],
-  });
+  const { n1, worker, plan } = oneShardOnN1();
   let pulls = 0;
   await n1.spawn({
     kind: 'shard', id: 's0@n1', messages: { pull: z.object({}).passthrough() },
