@@ -112,6 +112,31 @@ test('sgd matches its formula over several steps (with and without weight decay)
   assertCloseArrays(runDense({ type: 'sgd', learningRate: 0.05, weightDecay: 0.01 }), refSgd(w0, gradSeq, 0.05, 0.01), 'sgd+wd');
 });
 
+test('sgd without decay updates every element of blocks and rows of any length (eight-at-a-time loop and its remainder), each as w − lr·g in float32', () => {
+  const opt = createOptimizer({ type: 'sgd', learningRate: 0.05 });
+  const expect = (w: number, g: number, lr: number) => Math.fround(w - lr * g);
+  for (const n of [1, 7, 8, 9, 16, 21, 67]) {
+    const w = Float32Array.from({ length: n }, (_, i) => Math.cos(i + n));
+    const g = Float32Array.from({ length: n }, (_, i) => Math.sin(3 * i + 1));
+    const before = w.slice();
+    opt.updateDense(w, g, [], 1, 0.5);
+    for (let i = 0; i < n; i++) assert.equal(w[i], expect(before[i]!, g[i]!, 0.025), `block of ${n}, element ${i}`);
+  }
+  // Table rows of dim 12 (one block of eight and a remainder of four), updated in place in slot order 3, 0, 2.
+  const dim = 12;
+  const values = Float32Array.from({ length: 4 * dim }, (_, i) => Math.cos(i));
+  const before = values.slice();
+  const slots = Int32Array.from([3, 0, 2]);
+  const grads = Float32Array.from({ length: 3 * dim }, (_, i) => Math.sin(i) + 0.5);
+  const rowSteps = new Uint32Array(4);
+  opt.updateTableRows({ values, state: new Float32Array(0), rowSteps, slots, count: 3, grads, dim, scheduleStep: 1, lrScale: 1 });
+  slots.forEach((s, r) => {
+    for (let j = 0; j < dim; j++) assert.equal(values[s * dim + j], expect(before[s * dim + j]!, grads[r * dim + j]!, 0.05), `row ${s}, element ${j}`);
+  });
+  assert.deepEqual([...values.subarray(dim, 2 * dim)], [...before.subarray(dim, 2 * dim)], 'row 1 was not in the update');
+  assert.deepEqual([...rowSteps], [1, 0, 1, 1]);
+});
+
 test('momentum and nesterov match their formulas over several steps', () => {
   assertCloseArrays(runDense({ type: 'momentum', learningRate: 0.05, momentum: 0.8 }), refMomentum(w0, gradSeq, 0.05, 0.8, false), 'momentum');
   assertCloseArrays(runDense({ type: 'momentum', learningRate: 0.05, momentum: 0.8, nesterov: true, weightDecay: 0.02 }), refMomentum(w0, gradSeq, 0.05, 0.8, true, 0.02), 'nesterov');
