@@ -52,8 +52,8 @@ export interface GroupWindowsOptions {
   log: Logger;
   /** True when the job has no batch left anywhere (the queue's pending count is 0). */
   drained: () => Promise<boolean>;
-  /** After each window: its batches (in step order) and outcome, to acknowledge and report. */
-  onWindow: (held: readonly QueuedBatch[], outcome: WindowOutcome) => Promise<void>;
+  /** After each window: its batches (in step order), outcome and the group it ran in (a regroup may have moved the worker), to acknowledge and report. */
+  onWindow: (held: readonly QueuedBatch[], outcome: WindowOutcome, group: WorkerGroupConfig) => Promise<void>;
   shouldStop: () => boolean;
 }
 
@@ -127,7 +127,7 @@ export class GroupWindows {
           drained: () => this.o.drained(),
           stepped: (s) => { this.current[k++]?.resolve(s); },
         });
-        await this.o.onWindow(this.held, outcome);
+        await this.o.onWindow(this.held, outcome, this.group);
         if (outcome.done || this.o.shouldStop()) return;
         // The group pauses after the window in which any member saw the newer groups version.
         if (outcome.groupsVersion > this.o.control.groupsVersion) await this.pauseForJob(member, outcome.groupsVersion);

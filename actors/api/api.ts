@@ -237,7 +237,7 @@ export class HeterogeneousParameterServer {
         },
         log: this.log, shouldStop: () => this.closed,
         drained: async () => (await queue.pending().catch(() => 1)) === 0,
-        onWindow: (held, outcome) => this.acknowledgeWindow(held, outcome, group.name),
+        onWindow: (held, outcome, g) => this.acknowledgeWindow(held, outcome, g.name),
       });
     }
     this.profile.startTraining();

@@ -2,11 +2,12 @@
  * A training script (the API, `HeterogeneousParameterServer`) as a member of
  * an hps sync group over a real 3-node NATS cluster: its steps take part in
  * the group's rounds with a launched worker, and every batch is acknowledged
- * exactly once.
+ * exactly once; a regroup mid-run moves it into the other group, where it
+ * trains on and its batches are reported.
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startTestCluster, type TestCluster } from '../support/cluster.ts';
@@ -61,6 +62,56 @@ test('hps: an API worker trains as a member of its sync group (rounds with a lau
     assert.ok(manifest.data !== null && manifest.data.acked.length > 0 && manifest.data.acked.length < s.batches, `a cut mid-run (${manifest.data?.acked.length} of ${s.batches} batches done)`);
     assert.ok(watch.regroupReady.get('w2')?.size, 'the API worker reported ready for the cut\'s pause');
     assert.match(r.stderr, /checkpoint \S+ \(api, full\)/);
+  } finally {
+    await watch.close();
+    driver.kill('SIGKILL');
+    api.kill('SIGKILL');
+  }
+});
+
+test('hps: a regroup mid-run moves the API worker into the other group; it trains there, its batches are reported in that group, every batch acknowledged once', { timeout: 110_000 }, async (t) => {
+  const job = 'apiregroup';
+  const cfg = await writeJobConfig(dir, { job, mode: 'hps', servers: nats.urls, runDir: join(dir, 'runs-regroup'), samples: 2560, epochs: 1, workerRecoveryTimeoutS: 10 });
+  // g1 [w1, w2] and g2 [w3, w4]; after 4 of the 64 batches are acknowledged the API worker w2 moves to g2.
+  const script = join(dir, 'regroup.json');
+  await writeFile(script, JSON.stringify([{
+    after_batches: 4,
+    command: 'regroup',
+    body: {
+      reason: 'test: move the API worker into g2',
+      groups: [
+        { name: 'g1', nodes: ['w1'], sync_mode: 'sync', sync_steps: 4 },
+        { name: 'g2', nodes: ['w2', 'w3', 'w4'], sync_mode: 'sync', sync_steps: 4 },
+      ],
+    },
+  }]));
+  const watch = await watchAcks(nats.urls, job);
+  const summaryFile = join(dir, 'summary-regroup.json');
+  const driver = hetps(['up', '--config', cfg, '--skip', 'w2', '--summary', summaryFile, '--ctl-script', script], { timeoutMs: 100_000 });
+  const api = node(['--import', 'tsx', 'examples/api-worker.ts', cfg, 'g1', '1'], {
+    env: { HETPS_NATS: nats.urls.join(','), HETPS_CHECKPOINT_AT_STEP: '1000000' }, timeoutMs: 100_000,
+  });
+  try {
+    const r = await driver.exited;
+    assert.equal(r.code, 0, explain(r));
+    const a = await api.exited;
+    assert.equal(a.code, 0, explain(a));
+    const s = JSON.parse(await readFile(summaryFile, 'utf8')) as {
+      batches: number; batches_acked: number; duplicate_acks: number; per_worker_group: Record<string, Record<string, number>>;
+      regroups: { groups_version: number; moved: string[]; not_ready: string[]; groups: { name: string; nodes: string[] }[] }[];
+    };
+    t.diagnostic(`per worker and group ${JSON.stringify(s.per_worker_group)}`);
+    assert.equal(s.regroups.length, 1, 'the summary lists the regroup');
+    assert.deepEqual(s.regroups[0]!.moved, ['w2']);
+    assert.deepEqual(s.regroups[0]!.not_ready, [], 'every live worker, the API one too, paused for it');
+    assert.deepEqual(s.regroups[0]!.groups.find((g) => g.name === 'g2')!.nodes, ['w2', 'w3', 'w4']);
+    assert.equal(s.batches_acked, s.batches);
+    assert.equal(s.duplicate_acks, 0);
+    assert.deepEqual([...watch.acks.values()].filter((n) => n !== 1), [], 'each batch acknowledged exactly once');
+    const w2 = s.per_worker_group.w2 ?? {};
+    assert.ok((w2.g2 ?? 0) > 0, `the API worker trained in g2 after the regroup: ${JSON.stringify(w2)}`);
+    assert.deepEqual(Object.keys(w2).filter((g) => g !== 'g1' && g !== 'g2'), [], 'in no other group');
+    assert.match(a.stderr, /resumed \(groups v1\): sync in group g2 \(w2, w3, w4\)/);
   } finally {
     await watch.close();
     driver.kill('SIGKILL');
