@@ -244,7 +244,7 @@ const groupingSchema = section({
     .default((): [number, number] => [3, 5]),
   /** k-means++ seed: the same profiles and seed give the same groups. */
   seed: seed32().default(0),
-  /** sync_steps of the fastest group; slower sync groups get proportionally more (see syncSettingsForGroups). */
+  /** sync_steps of the fastest group; slower sync groups get proportionally fewer, so every group's window takes about the same wall time (see syncSettingsForGroups). */
   sync_steps: posInt().default(4),
   /** The slowest group trains async when its speed is below this share of the fastest group's; 0: never. */
   async_below: unitHalfOpen().default(0.25),

@@ -89,8 +89,8 @@ export interface JobGrouping {
  * The YAML's worker groups when it lists any; else the workers' profiles
  * grouped (`planGroups` with `cluster.grouping`) and given sync settings
  * (`syncSettingsForGroups`: the fastest group syncs every
- * `cluster.grouping.sync_steps`, slower ones less often, a much slower last
- * one runs async).
+ * `cluster.grouping.sync_steps`, slower ones after proportionally fewer
+ * steps, a much slower last one runs async).
  */
 export function planJobGroups(config: HetpsConfig, profiles: readonly NodeProfile[]): JobGrouping {
   const g = planGroups(config, profiles, groupingOptionsFromConfig(config));

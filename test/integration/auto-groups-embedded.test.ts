@@ -18,7 +18,7 @@ test('hetps up --embedded (hps) with worker_nodes: grouped by measured profiles,
   await writeFile(cfg, `job: { name: autogrp, run_dir: ${JSON.stringify(join(tempDir(), 'runs'))} }
 cluster:
   worker_nodes: [w1, w2, w3, w4]
-  grouping: { k: 2, sync_steps: 2 }
+  grouping: { k: 2, sync_steps: 8 }
   profiling: { probe_seconds: 0.3 }
   server_nodes: [s1, s2]
 nodes:
@@ -46,8 +46,9 @@ ${smallHpsJobTail()}`);
   const ratio = byNode.w2!.matmul_gflops / byNode.w1!.matmul_gflops;
   assert.ok(Math.abs(ratio - 0.25) < 0.01, `speed 0.25 shows in the profile: ${ratio}`);
   assert.equal(byNode.w2!.emulated, true);
-  // The sync rule: the fastest group at grouping.sync_steps, the quarter-speed one 4× as many (not below 0.25×, so not async).
-  assert.deepEqual(grouping.groups.map((g) => [g.sync_mode, g.sync_steps]), [['sync', 2], ['sync', 8]]);
+  // The sync rule: the fastest group at grouping.sync_steps, the quarter-speed one after a quarter as many steps
+  // (its window about as long in wall time; not below 0.25×, so not async).
+  assert.deepEqual(grouping.groups.map((g) => [g.sync_mode, g.sync_steps]), [['sync', 8], ['sync', 2]]);
 
   assert.equal(s.batches, 20);
   assert.equal(s.batches_acked, 20, 'every batch acknowledged');
