@@ -605,8 +605,10 @@ export const DEFAULT_SYNC_SETTINGS: SyncSettingsOptions = { syncSteps: 4, asyncB
  * exchanges); then their windows last 2.25 × as long, and on the
  * heterogeneity benchmark's cluster that costs final AUC: with the
  * benchmark's medium class (0.6 × as fast) syncing every 6, 2 or 1 steps
- * beside the fast class' 4, hps_config ended at 0.7175 / 0.7218 / 0.7256
- * (ctr, tc links, `bench/results/hetero-explore.json` block 14).
+ * beside the fast class' 4, hps_config ended at 0.7176 / 0.7209 / 0.7257
+ * without the group learning-rate rule and 0.7220 / 0.7253 / 0.7258 with
+ * sqrt (medians of 1–3 runs; ctr, tc links,
+ * `bench/results/hetero-explore.json` block 14).
  * Groups are returned fastest first. Throws for groups without a centroid (the YAML's).
  */
 export function syncSettingsForGroups(groups: Grouping | readonly NodeGroup[], options: Partial<SyncSettingsOptions> = {}): WorkerGroupConfig[] {
