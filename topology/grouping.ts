@@ -111,8 +111,12 @@ export interface Grouping {
   score: number | null;
   /** Why this k, in words. */
   reason: string;
-  /** Every k tried with its silhouette (empty when k was not searched). */
-  candidates: { k: number; score: number }[];
+  /**
+   * Every k tried with its silhouette (empty when k was not searched);
+   * `refused` says why a k was not eligible: two of its groups differ by no
+   * more than measurement noise on every feature.
+   */
+  candidates: { k: number; score: number; refused?: string }[];
   groups: NodeGroup[];
   /** How each feature was standardised (empty for config groups). */
   features: FeatureStats[];
@@ -186,6 +190,31 @@ function standardise(raw: readonly number[][]): { points: number[][]; stats: Fea
 /** True when no feature differs across the nodes by more than its measurement noise. */
 function nodesAlike(stats: readonly FeatureStats[]): boolean {
   return stats.every((s, j) => s.dropped || s.sd <= FEATURES[j]!.noiseFloor);
+}
+
+/**
+ * The first pair of groups of `assign` that differ by no more than measurement
+ * noise on every feature, in words; null when every pair differs somewhere.
+ * Two groups' centres taken as two points have an sd of half their distance,
+ * so "within noise" is the nodes-alike test applied to the pair: |Δ| ≤ 2 ×
+ * the feature's noise floor, in the transformed unit. Silhouette alone does
+ * not see this: it is scale-free, so two tight pairs of like nodes whose links
+ * the join probe measured 20.4 and 15.6 Mbit/s (ln ratio 0.27, a run of
+ * bench:hetero on like 20 Mbit/s links) score above one group of four.
+ */
+function alikeGroups(sorted: readonly NodeProfile[], raw: readonly number[][], assign: readonly number[], k: number): string | null {
+  const members = Array.from({ length: k }, (_, c) => raw.map((_, i) => i).filter((i) => assign[i] === c)).filter((m) => m.length > 0);
+  const centre = members.map((m) => FEATURES.map((_, j) => m.reduce((a, i) => a + raw[i]![j]!, 0) / m.length));
+  for (let a = 0; a < members.length; a++) {
+    for (let b = a + 1; b < members.length; b++) {
+      const gaps = FEATURES.map((f, j) => ({ f, gap: Math.abs(centre[a]![j]! - centre[b]![j]!) }));
+      if (gaps.some(({ f, gap }) => gap > 2 * f.noiseFloor)) continue;
+      const widest = gaps.reduce((x, y) => (y.gap / y.f.noiseFloor > x.gap / x.f.noiseFloor ? y : x));
+      const names = (m: number[]) => m.map((i) => sorted[i]!.node).join(',');
+      return `groups [${names(members[a]!)}] and [${names(members[b]!)}] differ by no more than measurement noise on any feature (widest: ${widest.f.name} ${round(widest.gap, 3)} against ${round(2 * widest.f.noiseFloor, 3)})`;
+    }
+  }
+  return null;
 }
 
 // ---------------------------------------------------------------- k-means
@@ -337,7 +366,11 @@ export function silhouette(dist: readonly (readonly number[])[], assign: readonl
  * staleness. The upper end is clamped to n; the lower end to n/2 (but at
  * least 2), so a small cluster is not forced into groups of one: 4 nodes that
  * are 2 fast + 2 slow get k = 2 even with the default 3–5 (k = n still scores
- * 0, so it wins only when nothing else scores above 0). k = 1 has no silhouette: it is chosen
+ * 0, so it wins only when nothing else scores above 0). A k is not eligible
+ * when two of its groups differ by no more than measurement noise on every
+ * feature (`alikeGroups`): that split is of noise, however high it scores.
+ * When no k in the range is eligible, the best eligible k below it is taken,
+ * else one group. k = 1 has no silhouette: it is chosen
  * when there is one node, or when the nodes are alike (no feature's spread
  * exceeds its noise floor) — then any split would be a split of noise.
  *
@@ -372,18 +405,34 @@ export function groupNodes(profiles: readonly NodeProfile[], options: Partial<Gr
   const lo = Math.max(2, Math.min(opts.kRange[0], Math.floor(n / 2)));
   const hi = Math.min(opts.kRange[1], n);
   if (hi < 2) return finish(1, cluster(1), 'silhouette', null, `k range ${opts.kRange[0]}–${opts.kRange[1]} allows only one group`, []);
-  let best: { k: number; assign: number[]; score: number } | null = null;
   const candidates: Grouping['candidates'] = [];
-  for (let k = lo; k <= hi; k++) {
-    const assign = cluster(k);
-    const score = silhouette(dist, assign, k);
-    candidates.push({ k, score: round(score, 4) });
-    if (!best || score > best.score + 1e-9) best = { k, assign, score };
+  const search = (from: number, to: number) => {
+    let best: { k: number; assign: number[]; score: number } | null = null;
+    for (let k = from; k <= to; k++) {
+      const assign = cluster(k);
+      const score = silhouette(dist, assign, k);
+      const refused = alikeGroups(sorted, raw, assign, k);
+      candidates.push(refused === null ? { k, score: round(score, 4) } : { k, score: round(score, 4), refused });
+      if (refused === null && (!best || score > best.score + 1e-9)) best = { k, assign, score };
+    }
+    return best;
+  };
+  const best = search(lo, hi);
+  if (best) {
+    const refused = candidates.filter((c) => c.refused).map((c) => c.k);
+    const others = refused.length ? `; k=${refused.join(', ')} refused: groups within measurement noise of each other` : '';
+    const reason = lo === hi
+      ? `k=${best.k}: the only k tried for ${n} nodes (range ${opts.kRange[0]}–${opts.kRange[1]})`
+      : `k=${best.k}: highest mean silhouette (${round(best.score, 3)}) of k=${lo}..${hi}${others}`;
+    return finish(best.k, best.assign, 'silhouette', best.score, reason, candidates);
   }
-  const reason = lo === hi
-    ? `k=${best!.k}: the only k tried for ${n} nodes (range ${opts.kRange[0]}–${opts.kRange[1]})`
-    : `k=${best!.k}: highest mean silhouette (${round(best!.score, 3)}) of k=${lo}..${hi}`;
-  return finish(best!.k, best!.assign, 'silhouette', best!.score, reason, candidates);
+  // Every k in the range splits alike nodes apart: fewer groups than the range asks, down to one.
+  const below = lo > 2 ? search(2, lo - 1) : null;
+  if (below) {
+    return finish(below.k, below.assign, 'silhouette', below.score,
+      `k=${below.k}: every k in ${lo}..${hi} put two groups within measurement noise of each other, so fewer groups; highest mean silhouette (${round(below.score, 3)}) of k=2..${lo - 1}`, candidates);
+  }
+  return finish(1, cluster(1), 'silhouette', null, `every k tried (${candidates[0]!.k}..${candidates[candidates.length - 1]!.k}) put two groups within measurement noise of each other: one group`, candidates);
 }
 
 /** Groups named by speed: `g0` has the highest mean ln(matmul)+ln(gather); ties go to the smaller first node name. */

@@ -205,6 +205,48 @@ test('in-process nodes group on compute and emulated bandwidth, not on in-proces
   assert.deepEqual(groupNodes(links, { kRange: [2, 5] }).groups.map((g) => g.nodes), [['e0', 'e2', 'e3', 'e5'], ['e1', 'e4']]);
 });
 
+test('a split whose groups differ only by measurement noise is refused, however high it scores: the join probe\'s bandwidth on like links keeps one fast group', () => {
+  // The ten profiles hps_auto grouped in a run of bench:hetero on the mlp (hetero-explore.json block 15, run 1): like
+  // 20 Mbit/s tc links for the fast class, but the join probe measured fast-1 / fast-2 at 20.3 / 20.5 and fast-3 /
+  // fast-4 at 15.6; silhouette scored the two tight pairs (k = 4, 0.978) above the three classes (k = 3, 0.951),
+  // and the run, with two fast groups asynchronous to each other, diverged.
+  const recorded: [string, number, number, number, number][] = [
+    ['fast-1', 68.25, 39_410_881, 20.31, 0.4166], ['fast-2', 68.25, 39_410_881, 20.53, 0.2951], ['fast-3', 68.25, 39_410_881, 15.61, 0.4222], ['fast-4', 68.25, 39_410_881, 15.64, 0.4336],
+    ['medium-1', 40.95, 23_646_529, 4.077, 0.2255], ['medium-2', 40.95, 23_646_529, 3.959, 0.2225], ['medium-3', 40.95, 23_646_529, 3.925, 0.1674], ['medium-4', 40.95, 23_646_529, 4.315, 0.2316],
+    ['slow-1', 13.65, 7_882_176, 1.166, 0.2354], ['slow-2', 13.65, 7_882_176, 1.182, 0.1715],
+  ];
+  const ps = recorded.map(([node, matmul, gather, bw, rtt]): NodeProfile => ({
+    node, matmul_gflops: matmul, gather_rows_per_s: gather, bandwidth_mbps: bw, memory_gb: 23.54, cpus: 2, providers: ['cpu'],
+    variance: 0.2016, step_ms_variance: null, emulated: true, link: 'nats', rtt_ms: rtt,
+  }));
+  const g = groupNodes(ps, { kRange: [3, 5], seed: 0 });
+  assert.deepEqual(g.groups.map((x) => x.nodes), [['fast-1', 'fast-2', 'fast-3', 'fast-4'], ['medium-1', 'medium-2', 'medium-3', 'medium-4'], ['slow-1', 'slow-2']]);
+  const k4 = g.candidates.find((c) => c.k === 4)!;
+  assert.ok(k4.score > g.score!, `k=4 still scores higher (${k4.score} against ${g.score}): it is refused, not outscored`);
+  assert.match(k4.refused ?? '', /\[fast-1,fast-2\] and \[fast-3,fast-4\] differ by no more than measurement noise on any feature \(widest: bandwidth 0\.26\d against 0\.4\)/);
+  assert.equal(g.candidates.find((c) => c.k === 3)!.refused, undefined);
+  assert.match(g.reason, /^k=3: highest mean silhouette \(0\.951\) of k=3\.\.5; k=4, 5 refused: groups within measurement noise of each other$/);
+  // The same pairs on links a real factor apart (20 against 5 Mbit/s: ln 1.4) are two groups.
+  const apart = ps.map((p) => (p.node === 'fast-3' || p.node === 'fast-4' ? { ...p, bandwidth_mbps: p.bandwidth_mbps / 3 } : p));
+  assert.equal(groupNodes(apart, { kRange: [3, 5], seed: 0 }).groups.some((x) => x.nodes.join() === 'fast-3,fast-4'), true);
+});
+
+test('when every k in the range would split alike nodes, fewer groups: two classes of five give k = 2 under the default 3–5, alike-but-not-identical nodes one group', () => {
+  const rng = new SeededRandom(12);
+  const ps = [...['a1', 'a2', 'a3', 'a4', 'a5'].map((n) => profile(n, FAST, rng, 0.03)), ...['b1', 'b2', 'b3', 'b4', 'b5'].map((n) => profile(n, SLOW, rng, 0.03))];
+  const g = groupNodes(ps, { seed: 2 });
+  assert.deepEqual({ k: g.k, groups: membership(g) }, { k: 2, groups: { g0: ['a1', 'a2', 'a3', 'a4', 'a5'], g1: ['b1', 'b2', 'b3', 'b4', 'b5'] } });
+  assert.deepEqual(g.candidates.filter((c) => c.refused).map((c) => c.k), [3, 4, 5]);
+  assert.match(g.reason, /every k in 3\.\.5 put two groups within measurement noise of each other, so fewer groups/);
+  // Six like nodes whose probed bandwidth spreads just past the feature's noise floor (sd 0.205 in ln, floor 0.2):
+  // not "alike" as a whole, but any split's groups are within noise of each other, so one group.
+  const spread = [-0.3, -0.18, -0.06, 0.06, 0.18, 0.3].map((d, i): NodeProfile => ({ ...profile(`c${i}`, MEDIUM, rng, 0), bandwidth_mbps: MEDIUM.bw * Math.exp(d) }));
+  const one = groupNodes(spread, { kRange: [2, 5], seed: 2 });
+  assert.ok(one.features.find((f) => f.name === 'bandwidth')!.sd > 0.2, 'the spread is past the noise floor');
+  assert.equal(one.k, 1);
+  assert.match(one.reason, /every k tried \(2\.\.5\) put two groups within measurement noise of each other: one group/);
+});
+
 test('silhouette: singletons score 0, tight separated pairs near 1', () => {
   const d = [[0, 0.1, 10, 10], [0.1, 0, 10, 10], [10, 10, 0, 0.1], [10, 10, 0.1, 0]];
   assert.ok(silhouette(d, [0, 0, 1, 1], 2) > 0.98);
