@@ -42,6 +42,14 @@ function planted(seed = 7): NodeProfile[] {
 
 const membership = (g: { groups: { name: string; nodes: string[] }[] }) => Object.fromEntries(g.groups.map((x) => [x.name, x.nodes]));
 
+/** Profiles a bench:hetero run recorded on its 2-core machine: [node, matmul, gather, bandwidth, rtt] each, one variation for all. */
+function benchProfiles(recorded: readonly [string, number, number, number, number][], variance: number): NodeProfile[] {
+  return recorded.map(([node, matmul, gather, bw, rtt]) => ({
+    node, matmul_gflops: matmul, gather_rows_per_s: gather, bandwidth_mbps: bw, memory_gb: 23.54, cpus: 2, providers: ['cpu'],
+    variance, step_ms_variance: null, emulated: true, link: 'nats', rtt_ms: rtt,
+  }));
+}
+
 test('recovers planted fast/medium/slow clusters: k=3 by silhouette, exact membership, g0 fastest', () => {
   const g = groupNodes(planted(), { seed: 1 });
   assert.equal(g.criterion, 'silhouette');
@@ -170,10 +178,7 @@ test('round trips under 10 ms are one site: profiles measured on tc links (runs 
     ['medium-1', 11.15, 1_240_886, 4.34, 26.6514], ['medium-2', 11.15, 1_240_886, 4.369, 23.6936], ['medium-3', 11.15, 1_240_886, 3.631, 20.162], ['medium-4', 11.15, 1_240_886, 4.385, 17.5658],
     ['slow-1', 3.72, 413_629, 1.321, 11.0636], ['slow-2', 3.72, 413_629, 2.473, 23.5875],
   ];
-  const ps = recorded.map(([node, matmul, gather, bw, rtt]): NodeProfile => ({
-    node, matmul_gflops: matmul, gather_rows_per_s: gather, bandwidth_mbps: bw, memory_gb: 23.54, cpus: 2, providers: ['cpu'],
-    variance: 0.1765, step_ms_variance: null, emulated: true, link: 'nats', rtt_ms: rtt / 15,
-  }));
+  const ps = benchProfiles(recorded, 0.1765).map((p) => ({ ...p, rtt_ms: p.rtt_ms / 15 }));
   const g = groupNodes(ps, { kRange: [3, 5], seed: 0 });
   assert.deepEqual(g.groups.map((x) => x.nodes), [['fast-1', 'fast-2', 'fast-3', 'fast-4'], ['medium-1', 'medium-2', 'medium-3', 'medium-4'], ['slow-1', 'slow-2']]);
   assert.equal(g.features.find((f) => f.name === 'rtt')!.dropped, true, 'every rtt at the floor: the feature plays no part');
@@ -215,10 +220,7 @@ test('a split whose groups differ only by measurement noise is refused, however 
     ['medium-1', 40.95, 23_646_529, 4.077, 0.2255], ['medium-2', 40.95, 23_646_529, 3.959, 0.2225], ['medium-3', 40.95, 23_646_529, 3.925, 0.1674], ['medium-4', 40.95, 23_646_529, 4.315, 0.2316],
     ['slow-1', 13.65, 7_882_176, 1.166, 0.2354], ['slow-2', 13.65, 7_882_176, 1.182, 0.1715],
   ];
-  const ps = recorded.map(([node, matmul, gather, bw, rtt]): NodeProfile => ({
-    node, matmul_gflops: matmul, gather_rows_per_s: gather, bandwidth_mbps: bw, memory_gb: 23.54, cpus: 2, providers: ['cpu'],
-    variance: 0.2016, step_ms_variance: null, emulated: true, link: 'nats', rtt_ms: rtt,
-  }));
+  const ps = benchProfiles(recorded, 0.2016);
   const g = groupNodes(ps, { kRange: [3, 5], seed: 0 });
   assert.deepEqual(g.groups.map((x) => x.nodes), [['fast-1', 'fast-2', 'fast-3', 'fast-4'], ['medium-1', 'medium-2', 'medium-3', 'medium-4'], ['slow-1', 'slow-2']]);
   const k4 = g.candidates.find((c) => c.k === 4)!;
