@@ -42,6 +42,8 @@ function printText(g: Grouping): void {
     const centre = c ? `  ~${c.matmul_gflops} GFLOP/s, ${c.gather_rows_per_s} rows/s, ${c.bandwidth_mbps} Mbit/s, rtt ${c.rtt_ms} ms` : '';
     lines.push(`  ${grp.name}: ${grp.nodes.join(', ')}${centre}`);
   }
+  // Why a k that may have scored higher was passed over.
+  for (const c of g.candidates) if (c.refused !== undefined) lines.push(`  not k=${c.k} (silhouette ${c.score}): ${c.refused}`);
   process.stdout.write(`${lines.join('\n')}\n`);
 }
 

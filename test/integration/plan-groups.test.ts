@@ -39,6 +39,24 @@ async function withFile<T>(name: string, content: string, fn: (path: string) => 
   }
 }
 
+test('plan groups says which k it passed over as splits of alike nodes, and why', { timeout: 60_000 }, async () => {
+  // Four like A100s whose links probed 20.0 / 20.3 against 15.5 / 15.6 Gbit/s: k = 4 scores highest by silhouette, but
+  // its two A100 groups differ by no more than measurement noise (ln 0.26 against twice the bandwidth floor, 0.4).
+  const profiles = [
+    profile('a100-1', 400, 20_000), profile('a100-2', 400, 20_300), profile('a100-3', 400, 15_500), profile('a100-4', 400, 15_600),
+    profile('v100-1', 110, 5_000), profile('v100-2', 110, 5_100), profile('cpu-1', 15, 1_000), profile('cpu-2', 15, 1_010),
+  ];
+  await withFile('profiles.json', JSON.stringify(profiles), async (file) => {
+    const text = (await hetps(['plan', 'groups', '--profiles', file])).stdout;
+    assert.match(text, /^3 groups \(silhouette, silhouette 0\.95\d+\): k=3: highest mean silhouette .*; k=4, 5 refused: groups within measurement noise of each other\n/);
+    assert.match(text, /\n  g0: a100-1, a100-2, a100-3, a100-4 /);
+    assert.match(text, /\n  not k=4 \(silhouette 0\.97\d+\): groups \[a100-1,a100-2\] and \[a100-3,a100-4\] differ by no more than measurement noise on any feature \(widest: bandwidth 0\.259 against 0\.4\)\n/);
+    const out = JSON.parse((await hetps(['plan', 'groups', '--profiles', file, '--json'])).stdout) as { k: number; candidates: { k: number; score: number; refused?: string }[] };
+    assert.equal(out.k, 3);
+    assert.deepEqual(out.candidates.map((c) => [c.k, c.refused !== undefined]), [[3, false], [4, true], [5, true]]);
+  });
+});
+
 test('plan groups --json prints k, criterion, score and the groups, fastest first', { timeout: 60_000 }, async () => {
   await withFile('profiles.json', JSON.stringify(PROFILES), async (file) => {
     const { stdout } = await hetps(['plan', 'groups', '--profiles', file, '--json', '--seed', '3']);
