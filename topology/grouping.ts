@@ -432,7 +432,8 @@ export function groupNodes(profiles: readonly NodeProfile[], options: Partial<Gr
     return finish(below.k, below.assign, 'silhouette', below.score,
       `k=${below.k}: every k in ${lo}..${hi} put two groups within measurement noise of each other, so fewer groups; highest mean silhouette (${round(below.score, 3)}) of k=2..${lo - 1}`, candidates);
   }
-  return finish(1, cluster(1), 'silhouette', null, `every k tried (${candidates[0]!.k}..${candidates[candidates.length - 1]!.k}) put two groups within measurement noise of each other: one group`, candidates);
+  const tried = candidates.map((c) => c.k);
+  return finish(1, cluster(1), 'silhouette', null, `every k tried (${Math.min(...tried)}..${Math.max(...tried)}) put two groups within measurement noise of each other: one group`, candidates);
 }
 
 /** Groups named by speed: `g0` has the highest mean ln(matmul)+ln(gather); ties go to the smaller first node name. */

@@ -247,6 +247,11 @@ test('when every k in the range would split alike nodes, fewer groups: two class
   assert.ok(one.features.find((f) => f.name === 'bandwidth')!.sd > 0.2, 'the spread is past the noise floor');
   assert.equal(one.k, 1);
   assert.match(one.reason, /every k tried \(2\.\.5\) put two groups within measurement noise of each other: one group/);
+  // The same under the default 3–5: k = 2, below the range, is tried after it, then one group.
+  const byDefault = groupNodes(spread, { seed: 2 });
+  assert.equal(byDefault.k, 1);
+  assert.deepEqual(byDefault.candidates.map((c) => [c.k, c.refused !== undefined]), [[3, true], [4, true], [5, true], [2, true]]);
+  assert.match(byDefault.reason, /^every k tried \(2\.\.5\) put two groups within measurement noise of each other: one group$/);
 });
 
 test('silhouette: singletons score 0, tight separated pairs near 1', () => {
