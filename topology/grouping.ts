@@ -187,9 +187,24 @@ function standardise(raw: readonly number[][]): { points: number[][]; stats: Fea
   return { points, stats };
 }
 
+/** True when every feature's spread (an sd per feature, in the transformed unit) is within its measurement noise. */
+function withinNoise(sd: readonly number[]): boolean {
+  return FEATURES.every((f, j) => sd[j]! <= f.noiseFloor);
+}
+
 /** True when no feature differs across the nodes by more than its measurement noise. */
 function nodesAlike(stats: readonly FeatureStats[]): boolean {
-  return stats.every((s, j) => s.dropped || s.sd <= FEATURES[j]!.noiseFloor);
+  return withinNoise(stats.map((s) => (s.dropped ? 0 : s.sd)));
+}
+
+/** The node indices of each of the k clusters of `assign` (a cluster may be empty). */
+function membersOf(assign: readonly number[], k: number): number[][] {
+  return Array.from({ length: k }, (_, c) => assign.map((_, i) => i).filter((i) => assign[i] === c));
+}
+
+/** The mean of the raw feature rows `idx`, per feature. */
+function meanRow(raw: readonly number[][], idx: readonly number[]): number[] {
+  return FEATURES.map((_, j) => idx.reduce((a, i) => a + raw[i]![j]!, 0) / idx.length);
 }
 
 /**
@@ -203,12 +218,12 @@ function nodesAlike(stats: readonly FeatureStats[]): boolean {
  * bench:hetero on like 20 Mbit/s links) score above one group of four.
  */
 function alikeGroups(sorted: readonly NodeProfile[], raw: readonly number[][], assign: readonly number[], k: number): string | null {
-  const members = Array.from({ length: k }, (_, c) => raw.map((_, i) => i).filter((i) => assign[i] === c)).filter((m) => m.length > 0);
-  const centre = members.map((m) => FEATURES.map((_, j) => m.reduce((a, i) => a + raw[i]![j]!, 0) / m.length));
+  const members = membersOf(assign, k).filter((m) => m.length > 0);
+  const centre = members.map((m) => meanRow(raw, m));
   for (let a = 0; a < members.length; a++) {
     for (let b = a + 1; b < members.length; b++) {
       const gaps = FEATURES.map((f, j) => ({ f, gap: Math.abs(centre[a]![j]! - centre[b]![j]!) }));
-      if (gaps.some(({ f, gap }) => gap > 2 * f.noiseFloor)) continue;
+      if (!withinNoise(gaps.map(({ gap }) => gap / 2))) continue;
       const widest = gaps.reduce((x, y) => (y.gap / y.f.noiseFloor > x.gap / x.f.noiseFloor ? y : x));
       const names = (m: number[]) => m.map((i) => sorted[i]!.node).join(',');
       return `groups [${names(members[a]!)}] and [${names(members[b]!)}] differ by no more than measurement noise on any feature (widest: ${widest.f.name} ${round(widest.gap, 3)} against ${round(2 * widest.f.noiseFloor, 3)})`;
@@ -438,7 +453,7 @@ export function groupNodes(profiles: readonly NodeProfile[], options: Partial<Gr
 
 /** Groups named by speed: `g0` has the highest mean ln(matmul)+ln(gather); ties go to the smaller first node name. */
 function nameGroups(sorted: readonly NodeProfile[], raw: readonly number[][], assign: readonly number[], k: number): NodeGroup[] {
-  const parts = Array.from({ length: k }, (_, c) => sorted.map((_, i) => i).filter((i) => assign[i] === c));
+  const parts = membersOf(assign, k);
   const speed = (idx: number[]) => idx.reduce((a, i) => a + raw[i]![0]! + raw[i]![1]!, 0) / idx.length;
   const ordered = parts
     .filter((idx) => idx.length > 0)
@@ -447,20 +462,20 @@ function nameGroups(sorted: readonly NodeProfile[], raw: readonly number[][], as
   return ordered.map(({ idx }, g) => ({
     name: `g${g}`,
     nodes: idx.map((i) => sorted[i]!.node),
-    centroid: centroidOf(idx.map((i) => raw[i]!)),
+    centroid: centroidOf(meanRow(raw, idx)),
   }));
 }
 
-function centroidOf(rows: readonly number[][]): GroupCentroid {
-  const mean = (j: number) => rows.reduce((a, r) => a + r[j]!, 0) / rows.length;
-  const geo = (j: number) => round(Math.exp(mean(j)), 4, true);
+/** A group's centre in natural units from its mean feature row (geometric means for the logged features). */
+function centroidOf(mean: readonly number[]): GroupCentroid {
+  const geo = (j: number) => round(Math.exp(mean[j]!), 4, true);
   return {
     matmul_gflops: geo(0),
     gather_rows_per_s: geo(1),
     bandwidth_mbps: geo(2),
     memory_gb: geo(3),
     rtt_ms: geo(4),
-    variance: round(mean(5), 4),
+    variance: round(mean[5]!, 4),
   };
 }
 
