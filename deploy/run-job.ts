@@ -32,7 +32,7 @@ import { writeAuthFiles } from './auth.ts';
 import {
   ConfigError, HetpsError, JSON_CONTENT_TYPE, MissingDependencyError, controlSubject, systemClock, type Actor, type NatsAuth, type NatsTls,
 } from '../runtime/mod.ts';
-import { allWorkerNodes, groupsMeasuredAtStart, inactiveSettings, natsConnectionAs, tcLinkedNodes, type HetpsConfig, type NodeProfile, type ShardPlan } from '../topology/mod.ts';
+import { allWorkerNodes, describeMaxStaleness, groupsMeasuredAtStart, inactiveSettings, natsConnectionAs, tcLinkedNodes, type HetpsConfig, type NodeProfile, type ShardPlan } from '../topology/mod.ts';
 import type { Evaluation } from '../native-bridge/mod.ts';
 import { replicaId } from '../actors/shard/replica.ts';
 import { ackWaitFromConfig } from '../actors/store/batch-queue.ts';
@@ -518,7 +518,8 @@ async function evaluate(ctx: JobContext, shardClient: ShardClient, monitor: Trai
   const staleness = await shardStalenessSummary(shardClient, prepared.plan.shards, log);
   if (staleness.count > 0) {
     out.line(`push staleness (updates behind the shard): mean ${staleness.mean.toFixed(2)}, max ${staleness.max}`
-      + (staleness.max_staleness === null ? ' (measured only)' : `; ${staleness.scaled} applied at lr/(1+s), ${staleness.refused} refused beyond max_staleness ${staleness.max_staleness}`));
+      + (staleness.max_staleness === null ? ' (measured only)' : `; ${staleness.scaled} applied at lr/(1+s), ${staleness.refused} refused beyond max_staleness ${describeMaxStaleness(staleness.max_staleness, staleness.sparse_max_staleness)}`
+        + (staleness.dense_dropped + staleness.sparse_dropped === 0 ? '' : `, ${staleness.dense_dropped} applied without their dense part and ${staleness.sparse_dropped} without their rows (beyond that kind's bound)`)));
   }
   // A worker script may still be saving a checkpoint from the shards: let every live worker finish first.
   const gone = await monitor.waitForWorkers({ timeoutMs: 30_000, silenceMs: 5_000 });

@@ -142,12 +142,20 @@ export type StalenessToleranceSetting = StalenessToleranceValue | { dense?: Stal
 function isStalenessToleranceValue(v: unknown): v is StalenessToleranceValue {
   return v === 'auto' || (typeof v === 'number' && Number.isInteger(v) && v >= 0);
 }
-function isStalenessToleranceSetting(v: unknown): v is StalenessToleranceSetting {
-  if (isStalenessToleranceValue(v)) return true;
-  if (typeof v !== 'object' || v === null || Array.isArray(v)) return false;
-  const keys = Object.keys(v);
-  return keys.length > 0 && keys.every((k) => (k === 'dense' || k === 'sparse') && isStalenessToleranceValue((v as Record<string, unknown>)[k]));
+/** A setting that is one value, or a map { dense, sparse } of values (at least one key). */
+function perKind<T>(isValue: (v: unknown) => v is T) {
+  return (v: unknown): v is T | { dense?: T; sparse?: T } => {
+    if (isValue(v)) return true;
+    if (typeof v !== 'object' || v === null || Array.isArray(v)) return false;
+    const keys = Object.keys(v);
+    return keys.length > 0 && keys.every((k) => (k === 'dense' || k === 'sparse') && isValue((v as Record<string, unknown>)[k]));
+  };
 }
+const isStalenessToleranceSetting = perKind(isStalenessToleranceValue);
+
+/** training.max_staleness: one bound, or one for dense blocks and one for embedding rows. */
+export type MaxStalenessSetting = number | { dense?: number; sparse?: number };
+const isMaxStalenessSetting = perKind((v: unknown): v is number => typeof v === 'number' && Number.isInteger(v) && v >= 0);
 
 /** cluster.shards_per_server at most. */
 export const MAX_SHARDS_PER_SERVER = 64;
@@ -507,8 +515,12 @@ const configSchema = section({
     /**
      * Most versions a pushed gradient may lag the server (hps; the shard refuses
      * a push staler than this and scales the rest by 1/(1 + staleness)).
+     * `{ dense, sparse }`: a bound for the dense blocks and one for the
+     * embedding rows (an absent one is the default): a push beyond one bound
+     * but within the other has only the other kind applied
+     * (topology/staleness.ts).
      */
-    max_staleness: nonNegInt().default(DEFAULT_MAX_STALENESS),
+    max_staleness: z.custom<MaxStalenessSetting>(isMaxStalenessSetting, { error: mustBe('an integer ≥ 0, or a map { dense, sparse } of those') }).default(DEFAULT_MAX_STALENESS),
     /**
      * hps: staleness applied at the full learning rate. A push s updates
      * stale is applied at lr·(1 + t)/(1 + s) when s > t. `auto`: t is the

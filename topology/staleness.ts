@@ -15,10 +15,17 @@
  * parameter but only the few rows its batch touched, so an embedding row is
  * usually much less stale than the count says. A dense tower (the mlp)
  * trains best with the strict rule (t = 0), embedding rows with `auto`.
+ *
+ * For the same reason each kind may have its own bound: a push staler than
+ * the dense bound but within the rows' bound has its rows applied and its
+ * dense part dropped (and the other way round). A push is refused only when
+ * nothing it carries is within its kind's bound.
  */
 export interface StalenessPolicy {
-  /** Refuse pushes staler than this (null: never refuse). */
+  /** Refuse pushes staler than this (null: never refuse); with `sparseMaxStaleness`, the dense blocks' bound. */
   maxStaleness: number | null;
+  /** The embedding rows' bound; absent: `maxStaleness`. */
+  sparseMaxStaleness?: number | null;
   /** `inverse`: lr·(1 + t)/(1 + staleness) beyond the tolerance t; `none`: apply at full rate (measured only). */
   scaling: 'inverse' | 'none';
   /** Staleness applied at the full rate; `auto`: the median of recent pushes. Absent: 0. */
@@ -28,12 +35,32 @@ export interface StalenessPolicy {
 }
 
 export interface StalenessDecision {
+  /** Something the push carries is applied (false: refused whole). */
   admit: boolean;
-  /** Multiplier for the learning rate of this update's dense blocks (1 when fresh). */
+  /** Multiplier for the learning rate of this update's dense blocks (1 when fresh; 0: beyond the dense bound, not applied). */
   lrScale: number;
-  /** Multiplier for its embedding rows (the same as `lrScale` unless the policy has a sparseTolerance). */
+  /** Multiplier for its embedding rows (the same as `lrScale` unless the policy has a sparseTolerance or sparseMaxStaleness; 0: not applied). */
   sparseLrScale: number;
   staleness: number;
+  /** The push's dense part, or its rows, dropped as beyond their own bound while the rest is applied. */
+  dropped: 'dense' | 'sparse' | null;
+}
+
+/** What a push carries (a push for a shard may hold only dense blocks, or only rows). */
+export interface PushContent {
+  dense: boolean;
+  sparse: boolean;
+}
+
+/** The bound the policy holds embedding rows to (null: none). */
+export function rowsMaxStaleness(policy: StalenessPolicy): number | null {
+  return policy.sparseMaxStaleness === undefined ? policy.maxStaleness : policy.sparseMaxStaleness;
+}
+
+/** Bounds as training.max_staleness writes them: `4`, or `{ dense: 4, sparse: 32 }` where the rows' differs (none: never refused). */
+export function describeMaxStaleness(dense: number | null, sparse: number | null = dense): string {
+  const t = (b: number | null) => (b === null ? 'none' : String(b));
+  return sparse === dense ? t(dense) : `{ dense: ${t(dense)}, sparse: ${t(sparse)} }`;
 }
 
 export function stalenessOf(shardVersion: number, baseVersion: number): number {
@@ -51,14 +78,23 @@ export function stalenessScaledLearningRate(staleness: number, scaling: Stalenes
 /**
  * Admit or refuse, and at what rate. `typical`: the median staleness of
  * recent pushes, used when the policy's tolerance is `auto` (0 when none
- * was seen yet).
+ * was seen yet). `content`: what the push carries; a push is admitted when
+ * a part it carries is within its kind's bound (the other part then gets
+ * multiplier 0 and `dropped` names it).
  */
-export function decideStaleness(shardVersion: number, baseVersion: number, policy: StalenessPolicy, typical = 0): StalenessDecision {
+export function decideStaleness(
+  shardVersion: number, baseVersion: number, policy: StalenessPolicy, typical = 0, content: PushContent = { dense: true, sparse: true },
+): StalenessDecision {
   const staleness = stalenessOf(shardVersion, baseVersion);
-  const admit = policy.maxStaleness === null || staleness <= policy.maxStaleness;
-  const scale = (t: number | 'auto' | undefined): number => (admit ? stalenessScaledLearningRate(staleness, policy.scaling, t === 'auto' ? typical : t ?? 0) : 0);
-  const lrScale = scale(policy.tolerance);
-  return { admit, lrScale, sparseLrScale: policy.sparseTolerance === undefined ? lrScale : scale(policy.sparseTolerance), staleness };
+  const within = (bound: number | null): boolean => bound === null || staleness <= bound;
+  const denseIn = within(policy.maxStaleness);
+  const sparseIn = within(rowsMaxStaleness(policy));
+  const admit = (content.dense && denseIn) || (content.sparse && sparseIn);
+  const scale = (inBound: boolean, t: number | 'auto' | undefined): number => (admit && inBound ? stalenessScaledLearningRate(staleness, policy.scaling, t === 'auto' ? typical : t ?? 0) : 0);
+  const lrScale = scale(denseIn, policy.tolerance);
+  const sparseLrScale = scale(sparseIn, policy.sparseTolerance === undefined ? policy.tolerance : policy.sparseTolerance);
+  const dropped = !admit ? null : content.dense && !denseIn ? 'dense' : content.sparse && !sparseIn ? 'sparse' : null;
+  return { admit, lrScale, sparseLrScale, staleness, dropped };
 }
 
 /** The median of the last `size` staleness values (a ring; the median is recomputed on demand, O(size)). */

@@ -9,7 +9,7 @@
  * those profiles before it writes the job info.
  */
 import { ConfigError, TimeoutError, type ActorSystem, type Clock, type Logger } from '../../runtime/mod.ts';
-import { allWorkerNodes, heldBandwidthMbps, nodeOverrides, replicasOn, standbyWorkerNodes, type GradientCompressionSetting, type GroupLrRule, type HetpsConfig, type ShardPlan, type StalenessPolicy, type WorkerNode } from '../../topology/mod.ts';
+import { DEFAULT_MAX_STALENESS, allWorkerNodes, describeMaxStaleness, heldBandwidthMbps, rowsMaxStaleness, nodeOverrides, replicasOn, standbyWorkerNodes, type GradientCompressionSetting, type GroupLrRule, type HetpsConfig, type ShardPlan, type StalenessPolicy, type WorkerNode } from '../../topology/mod.ts';
 import { initDenseParams, type CtrModel, type DataSource, type DeviceProfile, type ExecutionProvider, type MlpModel } from '../../native-bridge/mod.ts';
 import type { BatchQueue } from '../store/batch-queue.ts';
 import {
@@ -79,9 +79,13 @@ export function modelAndData(config: HetpsConfig): ModelAndData {
 export function stalenessPolicyFromConfig(config: HetpsConfig): StalenessPolicy | null {
   if (config.training.mode !== 'hps') return null;
   const t = config.training.staleness_tolerance;
+  const m = config.training.max_staleness;
+  const bounds = typeof m === 'object'
+    ? { maxStaleness: m.dense ?? DEFAULT_MAX_STALENESS, sparseMaxStaleness: m.sparse ?? DEFAULT_MAX_STALENESS }
+    : { maxStaleness: m };
   return typeof t === 'object'
-    ? { maxStaleness: config.training.max_staleness, scaling: 'inverse', tolerance: t.dense ?? 'auto', sparseTolerance: t.sparse ?? 'auto' }
-    : { maxStaleness: config.training.max_staleness, scaling: 'inverse', tolerance: t };
+    ? { ...bounds, scaling: 'inverse', tolerance: t.dense ?? 'auto', sparseTolerance: t.sparse ?? 'auto' }
+    : { ...bounds, scaling: 'inverse', tolerance: t };
 }
 
 /** hps: the learning-rate rule for a group's updates (topology/group-lr.ts); null in asp and bsp, or when `none`. */
@@ -155,9 +159,9 @@ export async function startServerNode(o: {
   });
   await host.start(plan);
   const held = replicasOn(plan.placement, server);
-  o.log.info({ node: server, plan_version: plan.version, replicas: held, replication: config.fault_tolerance.replication, max_staleness: policy?.maxStaleness ?? null },
+  o.log.info({ node: server, plan_version: plan.version, replicas: held, replication: config.fault_tolerance.replication, max_staleness: policy === null ? null : describeMaxStaleness(policy.maxStaleness, rowsMaxStaleness(policy)) },
     `server ${server} holds ${held.map((r) => `${r.shard} (${r.role})`).join(', ') || 'no replica yet'}`
-    + (policy === null ? '' : ` (hps: stale pushes at lr/(1+s), refused beyond ${policy.maxStaleness})`));
+    + (policy === null ? '' : ` (hps: stale pushes at lr/(1+s), refused beyond max_staleness ${describeMaxStaleness(policy.maxStaleness, rowsMaxStaleness(policy))})`));
   return { plan, host };
 }
 

@@ -20,7 +20,7 @@ import {
   ActorStoppedError, ConfigError, DeferredReply, InvalidTensorError, ValidationError, zf32, zu32,
   type ActorDefinition, type Clock,
 } from '../../runtime/mod.ts';
-import { RecentStaleness, decideStaleness, partitionOf, type DenseBlock, type ShardPlan, type StalenessPolicy } from '../../topology/mod.ts';
+import { RecentStaleness, decideStaleness, describeMaxStaleness, rowsMaxStaleness, partitionOf, type DenseBlock, type PushContent, type ShardPlan, type StalenessPolicy } from '../../topology/mod.ts';
 import {
   createOptimizer, firstNonFinite, ROW_CHUNK, SparseTable, type Optimizer, type OptimizerConfigInput, type SparseTableSnapshot,
 } from '../../native-bridge/mod.ts';
@@ -184,6 +184,9 @@ export class ShardState {
   private stalenessMax = 0;
   private staleRefused = 0;
   private staleScaled = 0;
+  /** Admitted async pushes whose dense part, or rows, were dropped as beyond that kind's bound. */
+  private staleDenseDropped = 0;
+  private staleSparseDropped = 0;
   /** Staleness of recent async pushes (the `auto` tolerance). */
   private readonly recentStaleness = new RecentStaleness();
 
@@ -325,18 +328,19 @@ export class ShardState {
       let sparseLrScale = 1;
       const policy = this.stalenessPolicy;
       if (policy !== null) {
-        const d = decideStaleness(this.versionValue, m.base_version, policy, this.recentStaleness.median());
+        const d = decideStaleness(this.versionValue, m.base_version, policy, this.recentStaleness.median(), pushContent(m));
         this.recentStaleness.add(d.staleness);
         if (!d.admit) {
           this.staleRefused++;
           throw new StaleUpdateError(
             `shard ${this.shard}: push is ${d.staleness} updates stale (computed from version ${m.base_version}, the shard is at ${this.versionValue}); `
-            + `training.max_staleness is ${policy.maxStaleness}: nothing was applied — pull fresh parameters`,
-            { data: { shard: this.shard, staleness: d.staleness, max_staleness: policy.maxStaleness, version: this.versionValue, base_version: m.base_version } },
+            + `training.max_staleness is ${describeMaxStaleness(policy.maxStaleness, rowsMaxStaleness(policy))}: nothing was applied — pull fresh parameters`,
+            { data: { shard: this.shard, staleness: d.staleness, max_staleness: policy.maxStaleness, ...sparseBound(policy), version: this.versionValue, base_version: m.base_version } },
           );
         }
         lrScale = d.lrScale;
         sparseLrScale = d.sparseLrScale;
+        if (d.dropped !== null) this.noteDropped(d.dropped);
         if (lrScale < 1 || sparseLrScale < 1) this.staleScaled++;
       }
       // A group's update at its learning-rate rule (1 for one worker's push).
@@ -362,8 +366,11 @@ export class ShardState {
     this.pushes++;
     if (m.round === null) {
       if (this.stalenessPolicy !== null) this.recentStaleness.add(Math.max(0, this.versionValue - m.base_version));
-      // Scaled down for staleness by the primary (lr_scale is that scale times the group's lr_mult).
+      // Scaled down for staleness by the primary (lr_scale is that scale times the group's lr_mult; 0: that kind dropped).
       if (lrScale < m.lr_mult || sparseLrScale < m.lr_mult) this.staleScaled++;
+      const content = pushContent(m);
+      if (content.dense && lrScale === 0) this.noteDropped('dense');
+      else if (content.sparse && sparseLrScale === 0) this.noteDropped('sparse');
       this.applyAsync(m, lrScale, sparseLrScale);
     } else {
       this.contribute(m);
@@ -398,6 +405,11 @@ export class ShardState {
     if (this.stalenessPolicy !== null) this.recentStaleness.add(staleness);
     this.pushes++;
     this.staleRefused++;
+  }
+
+  private noteDropped(kind: 'dense' | 'sparse'): void {
+    if (kind === 'dense') this.staleDenseDropped++;
+    else this.staleSparseDropped++;
   }
 
   private applyAsync(m: PushRequest, lrScale: number, sparseLrScale: number): void {
@@ -497,14 +509,16 @@ export class ShardState {
   private applyGradients(dense: PushRequest['dense'], sparse: PushRequest['sparse'], lrScale: number, sparseLrScale = lrScale): void {
     // The schedule of sparse rows follows the shard's update count (one per push or round).
     const scheduleStep = this.versionValue + 1;
-    for (let k = 0; k < dense.length; k++) {
+    // A multiplier of 0 is a part dropped as beyond its kind's max_staleness: the
+    // optimizer is not run at all (Adam's moments and step would move at lr 0).
+    if (lrScale !== 0) for (let k = 0; k < dense.length; k++) {
       const e = dense[k]!;
       const b = this.blocks[e.block]!;
       b.step++;
       // Checked by checkPushTensors already: skip the optimizer's own pass over the gradient.
       this.denseOptimizer.updateDenseChecked(b.values, e.grad, b.state, b.step, lrScale, b.name);
     }
-    for (let k = 0; k < sparse.length; k++) {
+    if (sparseLrScale !== 0) for (let k = 0; k < sparse.length; k++) {
       const e = sparse[k]!;
       this.tables.get(e.table)!.table.applyGradients(e.ids, e.grads, this.sparseOptimizer, scheduleStep, sparseLrScale, VALIDATED);
     }
@@ -764,7 +778,10 @@ export class ShardState {
       shard: this.shard, plan_version: this.epochValue, version: this.versionValue, round: this.roundValue,
       pushes: this.pushes, pulls: this.pulls, duplicates, sparse_rows: sparseRows, dense_blocks: this.ownedBlocks.length, bytes,
       waiting_pulls: this.waiting.length, pending_contributions: pending, staleness,
-      max_staleness: this.stalenessPolicy?.maxStaleness ?? null, stale_refused: this.staleRefused, stale_scaled: this.staleScaled, apply_ms: this.applyMs,
+      max_staleness: this.stalenessPolicy?.maxStaleness ?? null,
+      sparse_max_staleness: this.stalenessPolicy === null ? null : rowsMaxStaleness(this.stalenessPolicy),
+      stale_refused: this.staleRefused, stale_scaled: this.staleScaled,
+      stale_dense_dropped: this.staleDenseDropped, stale_sparse_dropped: this.staleSparseDropped, apply_ms: this.applyMs,
     };
   }
 
@@ -843,6 +860,22 @@ export class ShardState {
     this.stalenessSum += s;
     if (s > this.stalenessMax) this.stalenessMax = s;
   }
+}
+
+/** What an async push carries, its later steps included (a push for one shard may hold only dense blocks, or only rows). */
+function pushContent(m: PushRequest): PushContent {
+  let dense = m.dense.length > 0;
+  let sparse = m.sparse.length > 0;
+  for (const l of m.later_steps) {
+    dense ||= l.dense.length > 0;
+    sparse ||= l.sparse.length > 0;
+  }
+  return { dense, sparse };
+}
+
+/** The embedding rows' bound where the policy gives them their own (training.max_staleness { dense, sparse }). */
+function sparseBound(policy: StalenessPolicy): { sparse_max_staleness?: number | null } {
+  return policy.sparseMaxStaleness === undefined ? {} : { sparse_max_staleness: policy.sparseMaxStaleness };
 }
 
 function parityOf(round: number): 0 | 1 {

@@ -382,12 +382,18 @@ export interface ShardStats {
   pending_contributions: number;
   /** Staleness of every push received (refused ones included). */
   staleness: StalenessHistogram;
-  /** The policy's bound (hps); null: staleness is only measured. */
+  /** The policy's bound (hps; the dense blocks' where each kind has its own); null: staleness is only measured. */
   max_staleness: number | null;
+  /** The embedding rows' bound (the same as `max_staleness` unless training.max_staleness is { dense, sparse }). */
+  sparse_max_staleness: number | null;
   /** Async pushes refused as staler than `max_staleness` (StaleUpdateError). */
   stale_refused: number;
   /** Async pushes applied at a reduced learning rate (staleness > 0 under the policy). */
   stale_scaled: number;
+  /** Admitted async pushes whose dense part was dropped as beyond the dense bound (their rows applied). */
+  stale_dense_dropped: number;
+  /** Admitted async pushes whose rows were dropped as beyond the rows' bound (their dense part applied). */
+  stale_sparse_dropped: number;
   /** Time spent applying updates (optimizer steps), in milliseconds. */
   apply_ms: number;
 }

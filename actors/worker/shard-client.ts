@@ -240,9 +240,14 @@ export interface StalenessSummary {
   /** hps: pushes refused as staler than max_staleness, and applied at a reduced rate. */
   refused: number;
   scaled: number;
-  /** The bound the shards enforce; null: measured only (asp, bsp). */
+  /** Admitted pushes whose dense part, or rows, were dropped as beyond that kind's bound (training.max_staleness { dense, sparse }). */
+  dense_dropped: number;
+  sparse_dropped: number;
+  /** The bound the shards enforce (the dense blocks' where each kind has its own); null: measured only (asp, bsp). */
   max_staleness: number | null;
-  per_shard: Record<string, { count: number; mean: number; max: number; refused: number; scaled: number }>;
+  /** The embedding rows' bound (the same as max_staleness unless each kind has its own). */
+  sparse_max_staleness: number | null;
+  per_shard: Record<string, { count: number; mean: number; max: number; refused: number; scaled: number; dense_dropped: number; sparse_dropped: number }>;
 }
 
 /**
@@ -255,7 +260,9 @@ export async function shardStalenessSummary(client: ShardClient, shards: readonl
     log?.warn({ shard: s, err: (e as Error).message }, 'shard stats not available for the staleness summary');
     return null;
   })));
-  const out: StalenessSummary = { le: [], counts: [], count: 0, mean: 0, max: 0, refused: 0, scaled: 0, max_staleness: null, per_shard: {} };
+  const out: StalenessSummary = {
+    le: [], counts: [], count: 0, mean: 0, max: 0, refused: 0, scaled: 0, dense_dropped: 0, sparse_dropped: 0, max_staleness: null, sparse_max_staleness: null, per_shard: {},
+  };
   let sum = 0;
   stats.forEach((st, i) => {
     if (st === null) return;
@@ -267,8 +274,14 @@ export async function shardStalenessSummary(client: ShardClient, shards: readonl
     out.max = Math.max(out.max, h.max);
     out.refused += st.stale_refused;
     out.scaled += st.stale_scaled;
+    out.dense_dropped += st.stale_dense_dropped;
+    out.sparse_dropped += st.stale_sparse_dropped;
     out.max_staleness = st.max_staleness;
-    out.per_shard[shards[i]!] = { count: h.count, mean: h.count ? h.sum / h.count : 0, max: h.max, refused: st.stale_refused, scaled: st.stale_scaled };
+    out.sparse_max_staleness = st.sparse_max_staleness;
+    out.per_shard[shards[i]!] = {
+      count: h.count, mean: h.count ? h.sum / h.count : 0, max: h.max, refused: st.stale_refused, scaled: st.stale_scaled,
+      dense_dropped: st.stale_dense_dropped, sparse_dropped: st.stale_sparse_dropped,
+    };
   });
   out.mean = out.count ? sum / out.count : 0;
   return out;

@@ -536,6 +536,23 @@ describe('cross-field rules', () => {
       expectIssue(text, { path: 'training.staleness_tolerance', words: ['must be auto or an integer ≥ 0, or a map { dense, sparse } of those'], line: lineOf(text, 'staleness_tolerance') });
     }
   });
+
+  test('max_staleness { dense, sparse }: a bound for the dense blocks and one for the embedding rows; an absent one is the default', () => {
+    const c = parseConfig(BASE + 'training: { max_staleness: { dense: 4, sparse: 16 } }\n', FILE);
+    assert.deepEqual(c.training.max_staleness, { dense: 4, sparse: 16 });
+    assert.deepEqual(stalenessPolicyFromConfig(c), { maxStaleness: 4, sparseMaxStaleness: 16, scaling: 'inverse', tolerance: 'auto' });
+    assert.deepEqual(stalenessPolicyFromConfig(parseConfig(BASE + 'training: { max_staleness: { dense: 4 } }\n', FILE)),
+      { maxStaleness: 4, sparseMaxStaleness: 32, scaling: 'inverse', tolerance: 'auto' });
+    assert.deepEqual(stalenessPolicyFromConfig(parseConfig(BASE + 'training: { max_staleness: { sparse: 0 }, staleness_tolerance: { dense: 0 } }\n', FILE)),
+      { maxStaleness: 32, sparseMaxStaleness: 0, scaling: 'inverse', tolerance: 0, sparseTolerance: 'auto' });
+    assert.deepEqual(stalenessPolicyFromConfig(parseConfig(BASE + 'training: { max_staleness: 8 }\n', FILE)), { maxStaleness: 8, scaling: 'inverse', tolerance: 'auto' }, 'one number: one bound');
+    for (const bad of ['{ dense: -1 }', '{ rows: 4 }', '{}', '{ dense: 2.5, sparse: 8 }', '[4, 32]', 'auto']) {
+      const text = BASE + `training: { max_staleness: ${bad} }\n`;
+      expectIssue(text, { path: 'training.max_staleness', words: ['must be an integer ≥ 0, or a map { dense, sparse } of those'], line: lineOf(text, 'max_staleness') });
+    }
+    const bsp = BASE + 'training:\n  mode: bsp\n  max_staleness: { dense: 4 }\n';
+    expectIssue(bsp, { path: 'training.max_staleness', words: ['only applies to training.mode asp or hps'], line: 10 });
+  });
 });
 
 // ---------------------------------------------------------------- all together

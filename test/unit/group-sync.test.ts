@@ -23,7 +23,7 @@ import type { LocalOptimizers } from '../../actors/worker/local-updates.ts';
 
 const BATCH = 16;
 
-function configText(maxStaleness: number): string {
+function configText(maxStaleness: number | string): string {
   return `cluster:
   worker_groups: [{ name: g, nodes: [a, b, c] }]
   server_nodes: [s1, s2]
@@ -579,34 +579,55 @@ for (const streamSlices of [false, true]) test(`adaptive group: members step fre
   }
 });
 
+/** A sync group of one (a) whose window is overtaken by an async group's (b) update before it pushes. */
+async function overtakenWindow(c: Awaited<ReturnType<typeof cluster>>) {
+  const [b1, b2, b3] = batches;
+  let otherPushed!: () => void;
+  const pushed = new Promise<void>((r) => { otherPushed = r; });
+  const slow = await member(c, group('sync', ['a'], 2), 'a', sessions[0]!);
+  const fast = await member(c, { ...group('async', ['b']), name: 'h' }, 'b', sessions[1]!);
+  // a computes its first step, then another group's update lands before a's window closes.
+  let given = 0;
+  const slowSource: WindowSource = {
+    next: async () => {
+      if (given++ === 0) return b1!;
+      await pushed;
+      return null;
+    },
+    drained: async () => false,
+  };
+  const window = slow.runWindow(slowSource);
+  await new Promise((r) => setTimeout(r, 50));
+  await fast.runWindow(source([b2!]));
+  otherPushed();
+  return { o: await window, next: () => slow.runWindow(source([b3!])) };
+}
+
+test('max_staleness { dense, sparse }: a group update past the dense bound has its rows applied and its dense part dropped; the window is not dropped', async () => {
+  const c = await cluster('split', parseConfig(configText('{ dense: 0, sparse: 8 }'), 'split.yaml'));
+  try {
+    const { o } = await overtakenWindow(c);
+    assert.equal(o.droppedStale, false, 'rows within their bound: applied, the batches count');
+    assert.ok(o.staleness >= 1);
+    const reader = c.client(await c.system('reader'));
+    const st = await Promise.all(['s1', 's2'].map((s) => reader.stats(s)));
+    assert.equal(st.reduce((n, x) => n + x.stale_refused, 0), 0);
+    assert.ok(st.reduce((n, x) => n + x.stale_dense_dropped, 0) >= 1, 'the dense part was dropped where it was one update behind');
+    assert.deepEqual(st.map((x) => [x.max_staleness, x.sparse_max_staleness]), [[0, 8], [0, 8]]);
+  } finally {
+    await c.close();
+  }
+});
+
 test('a group update staler than max_staleness is refused and dropped; the member goes on from fresh parameters', async () => {
   const strict = parseConfig(configText(0), 'strict.yaml');
   const c = await cluster('strict', strict);
   try {
-    const [b1, b2, b3] = batches;
-    let otherPushed!: () => void;
-    const pushed = new Promise<void>((r) => { otherPushed = r; });
-    const slow = await member(c, group('sync', ['a'], 2), 'a', sessions[0]!);
-    const fast = await member(c, { ...group('async', ['b']), name: 'h' }, 'b', sessions[1]!);
-    // a computes its first step, then another group's update lands before a's window closes.
-    let given = 0;
-    const slowSource: WindowSource = {
-      next: async () => {
-        if (given++ === 0) return b1!;
-        await pushed;
-        return null;
-      },
-      drained: async () => false,
-    };
-    const window = slow.runWindow(slowSource);
-    await new Promise((r) => setTimeout(r, 50));
-    await fast.runWindow(source([b2!]));
-    otherPushed();
-    const o = await window;
+    const { o, next: nextWindow } = await overtakenWindow(c);
     assert.equal(o.steps.length, 1);
     assert.equal(o.droppedStale, true, 'one update behind with max_staleness 0: refused');
     assert.ok(o.staleness >= 1);
-    const next = await slow.runWindow(source([b3!]));
+    const next = await nextWindow();
     assert.equal(next.droppedStale, false, 'the next window pulled fresh parameters');
     const st = await c.client(await c.system('reader')).stats('s1');
     assert.ok(st.stale_refused >= 1);

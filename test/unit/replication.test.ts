@@ -202,6 +202,23 @@ describe('replicated shards', () => {
     }
   });
 
+  test('max_staleness { dense, sparse }: pushes whose dense part the primary dropped reach the backup with lr_scale 0, which drops it too, and both end bit-identical', async () => {
+    const lab = new Lab(plan(), systemClock, { maxStaleness: 1, sparseMaxStaleness: 32, scaling: 'inverse', tolerance: 0 });
+    try {
+      await lab.start('n1'); await lab.start('n2');
+      const replies: PushReply[] = [];
+      for (let k = 0; k < 6; k++) replies.push(await lab.ask<PushReply>('n1', 'push', push(lab.plan, { grad: k + 1, batches: [`b${k}`] }) as unknown as Record<string, unknown>));
+      assert.deepEqual(replies.map((r) => r.lr_scale), [1, 1 / 2, 0, 0, 0, 0], 'dense dropped from staleness 2 on');
+      assert.deepEqual(replies.map((r) => r.sparse_lr_scale ?? r.lr_scale), [1, 1 / 2, 1 / 3, 1 / 4, 1 / 5, 1 / 6], 'rows applied throughout');
+      const [a, b] = await Promise.all(['n1', 'n2'].map((n) => lab.ask<IntegrityReply>(n, 'integrity')));
+      assert.equal(a!.hash, b!.hash);
+      const [sa, sb] = await Promise.all(['n1', 'n2'].map((n) => lab.ask<ShardStats>(n, 'stats')));
+      assert.deepEqual([sa!.stale_dense_dropped, sb!.stale_dense_dropped], [4, 4]);
+    } finally {
+      await lab.close();
+    }
+  });
+
   test('a push retried at the promoted backup (same from, seq) gets the first reply and is not applied again', async () => {
     const lab = new Lab(plan());
     try {

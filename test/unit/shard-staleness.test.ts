@@ -13,7 +13,7 @@ function plan(): ShardPlan {
   });
 }
 
-async function shard(staleness: StalenessPolicy | null) {
+async function shard(staleness: StalenessPolicy | null, optimizer: { type: 'sgd' | 'adam'; learningRate: number } = { type: 'sgd', learningRate: LR }) {
   const p = plan();
   const broker = new InProcessBroker();
   const mk = (node: string) => new ActorSystem({
@@ -23,7 +23,7 @@ async function shard(staleness: StalenessPolicy | null) {
   const client = mk('client');
   await server.spawn(createShardActor({
     shard: 's0', plan: p, initialDense: new Map([['w', Float32Array.from([1, 2, 3, 4])]]),
-    denseOptimizer: { type: 'sgd', learningRate: LR }, sparseOptimizer: { type: 'sgd', learningRate: LR },
+    denseOptimizer: optimizer, sparseOptimizer: optimizer,
     sparseInitScale: 0.1, seed: 3, clock: systemClock, staleness,
   }));
   const ref = client.ref('shard', 's0@s0');
@@ -202,5 +202,72 @@ test('a group update\'s lr_mult (training.group_lr_scaling) multiplies the stale
     assert.equal((await s.stats()).version, 2);
   } finally {
     await s.stop();
+  }
+});
+
+test('max_staleness { dense, sparse }: a push past the dense bound has its rows applied and its dense part dropped; past both, or carrying only the dropped kind, it is refused', async () => {
+  const s = await shard({ maxStaleness: 1, sparseMaxStaleness: 3, scaling: 'inverse', tolerance: 0 });
+  try {
+    await s.push(0, 0.1);
+    await s.push(1, 0.1);
+    let before = await s.pull();
+    // Two updates stale: past the dense bound (1), within the rows' (3).
+    assert.deepEqual(await s.push(0, 1), { version: 3, applied: true, staleness: 2, lr_scale: 0, sparse_lr_scale: 1 / 3 });
+    let after = await s.pull();
+    assert.deepEqual([...after.dense[0]!], [...before.dense[0]!], 'the dense part was dropped');
+    assert.deepEqual([...after.sparse[0]!], [...before.sparse[0]!].map((w, i) => sgd(w, [1, 2][i]!, 1 / 3)), 'the rows applied at lr/(1+s)');
+    // Within both: both applied.
+    before = after;
+    assert.deepEqual(await s.push(2, 0.5), { version: 4, applied: true, staleness: 1, lr_scale: 0.5 });
+    after = await s.pull();
+    expectStep(before, after, 0.5, 0.5);
+    // Dense only, past the dense bound: nothing it carries may be applied, so it is refused.
+    before = after;
+    await assert.rejects(s.rawPush({
+      plan_version: 1, round: null, expected: null, weight: 16, base_version: 1,
+      dense: [{ block: 0, grad: Float32Array.from([1, 1, 1, 1]) }], sparse: [], later_steps: [],
+    }), (e: unknown) => {
+      assert.ok(e instanceof StaleUpdateError, `got ${(e as Error).name}`);
+      assert.deepEqual(e.data, { shard: 's0', staleness: 3, max_staleness: 1, sparse_max_staleness: 3, version: 4, base_version: 1 });
+      assert.match(e.message, /3 updates stale.*max_staleness is \{ dense: 1, sparse: 3 \}/);
+      return true;
+    });
+    // Past both bounds: refused.
+    await assert.rejects(s.push(0, 9), (e: unknown) => e instanceof StaleUpdateError && e.data?.staleness === 4);
+    after = await s.pull();
+    assert.equal(after.version, 4, 'a refused push is no update');
+    assert.deepEqual(after.dense, before.dense);
+    assert.deepEqual(after.sparse, before.sparse);
+
+    const st = await s.stats();
+    assert.deepEqual([st.max_staleness, st.sparse_max_staleness], [1, 3]);
+    assert.deepEqual([st.stale_refused, st.stale_dense_dropped, st.stale_sparse_dropped], [2, 1, 0]);
+  } finally {
+    await s.stop();
+  }
+});
+
+test('a dense part dropped as too stale does not run the optimizer: Adam\'s moments and step are as if the push never carried it', async () => {
+  const adam = { type: 'adam', learningRate: 0.01 } as const;
+  const policy = { maxStaleness: 0, sparseMaxStaleness: 8, scaling: 'inverse', tolerance: 0 } as const;
+  const dropped = await shard(policy, adam);
+  const clean = await shard(policy, adam);
+  try {
+    // Both shards take the same fresh push; one of them then a push whose dense part is dropped (one stale).
+    for (const s of [dropped, clean]) await s.push(0, 1);
+    assert.equal((await dropped.push(0, 5)).lr_scale, 0);
+    // The same fresh dense push on both: equal results only if the dropped part left Adam's state alone.
+    const fresh = (s: typeof dropped, base: number) => s.rawPush({
+      plan_version: 1, round: null, expected: null, weight: 16, base_version: base,
+      dense: [{ block: 0, grad: Float32Array.from([0.3, -0.2, 0.1, 0.4]) }], sparse: [], later_steps: [],
+    });
+    await fresh(dropped, 2);
+    await fresh(clean, 1);
+    assert.deepEqual([...(await dropped.pull()).dense[0]!], [...(await clean.pull()).dense[0]!]);
+    const st = await dropped.stats();
+    assert.equal(st.stale_dense_dropped, 1);
+  } finally {
+    await dropped.stop();
+    await clean.stop();
   }
 });
