@@ -337,6 +337,8 @@ interface UpSummary {
   batches: number; batches_acked: number; duplicate_acks: number; curve: CurvePoint[];
   cpu: { cpu_busy_fraction: number; machine_busy_fraction: number | null } | null;
   grouping?: { groups: { name: string; nodes: string[]; sync_mode: string; sync_steps: number | null }[] } | null;
+  integrity?: { applied: number; dropped_stale: number } | null;
+  staleness?: { count: number; mean: number; max: number; refused: number; scaled: number; dense_dropped?: number; sparse_dropped?: number } | null;
 }
 
 /** `--collect DIR`: the runs of an earlier invocation, read back from its directory instead of run again (same protocol, same order). */
@@ -404,6 +406,10 @@ interface RunRecord {
   time_to_target_s: number | null; batches_acked: number; batches: number; duplicate_acks: number;
   cpu_busy_fraction: number | null; machine_busy_fraction: number | null;
   groups: { name: string; nodes: string[]; sync_mode: string; sync_steps: number | null }[] | null;
+  /** Batches whose update the shards applied, and those refused as too stale (acknowledged, counted in samples/s, not learned from). */
+  batches_applied: number | null; batches_dropped_stale: number | null;
+  /** The shards' pushes (one per shard a push reached): how many, refused, and applied without their dense part or their rows. */
+  stale_pushes: { count: number; mean: number; max: number; refused: number; dense_dropped: number; sparse_dropped: number } | null;
   curve: CurvePoint[];
 }
 
@@ -415,6 +421,11 @@ function record(s: UpSummary, lrMult: number, rule: Rule | null): RunRecord {
     batches_acked: s.batches_acked, batches: s.batches, duplicate_acks: s.duplicate_acks,
     cpu_busy_fraction: roundOrNull(s.cpu?.cpu_busy_fraction, 3), machine_busy_fraction: roundOrNull(s.cpu?.machine_busy_fraction, 3),
     groups: s.grouping?.groups.map((g) => ({ name: g.name, nodes: g.nodes, sync_mode: g.sync_mode, sync_steps: g.sync_steps })) ?? null,
+    batches_applied: s.integrity?.applied ?? null, batches_dropped_stale: s.integrity?.dropped_stale ?? null,
+    stale_pushes: s.staleness ? {
+      count: s.staleness.count, mean: round(s.staleness.mean, 2), max: s.staleness.max, refused: s.staleness.refused,
+      dense_dropped: s.staleness.dense_dropped ?? 0, sparse_dropped: s.staleness.sparse_dropped ?? 0,
+    } : null,
     curve: s.curve.map((p) => ({ t_s: round(p.t_s, 2), samples: p.samples, test_loss: round(p.test_loss, 5), test_auc: roundOrNull(p.test_auc, 5), test_accuracy: roundOrNull(p.test_accuracy, 5) })),
   };
 }
@@ -478,11 +489,12 @@ async function runWorkload(w: Workload, dir: string) {
       final_auc: stat(rs.map((r) => r.final_auc), 4),
       final_accuracy: stat(rs.map((r) => r.final_accuracy), 4),
       final_loss: stat(rs.map((r) => r.final_loss), 4),
+      applied_fraction: stat(rs.map((r) => (r.batches_applied === null || r.batches_acked === 0 ? null : r.batches_applied / r.batches_acked)), 3),
       lr: { mult: c.lr_mult, ...(w.key === 'ctr' ? { dense: +(0.002 * c.lr_mult).toFixed(6), sparse: +(0.05 * c.lr_mult).toFixed(6) } : { dense: +(0.002 * c.lr_mult).toFixed(6) }), group_lr_scaling: c.rule },
       runs: rs,
     }];
   })) as Record<PeerKey, {
-    samples_per_s: ReturnType<typeof stat>; time_to_target_s: ReturnType<typeof targetStat>; final_auc: ReturnType<typeof stat>; final_accuracy: ReturnType<typeof stat>; final_loss: ReturnType<typeof stat>;
+    samples_per_s: ReturnType<typeof stat>; time_to_target_s: ReturnType<typeof targetStat>; final_auc: ReturnType<typeof stat>; final_accuracy: ReturnType<typeof stat>; final_loss: ReturnType<typeof stat>; applied_fraction: ReturnType<typeof stat>;
     lr: { mult: number; dense: number; sparse?: number; group_lr_scaling: Rule | null }; runs: RunRecord[];
   }>;
   return { target, targets: targets.map((t) => round(t, 5)), grid, gridSamples, peers };
@@ -670,6 +682,7 @@ async function main(): Promise<void> {
       repeats: REPEATS,
       evaluation: { every_s: EVAL_EVERY_S, subset: EVAL_SAMPLES, final: 'final_auc / final_accuracy / final_loss on the whole test split after training' },
       samples_per_s: 'acknowledged samples / (first worker loop → last acknowledgement)',
+      applied_fraction: 'batches whose update the shards applied / batches acknowledged (hps acknowledges a batch whose push a shard refused as staler than training.max_staleness: counted in samples/s, not learned from)',
       bench_wall_s: COLLECT === null ? Math.round((Date.now() - started) / 1000) : null,
       collected_from: COLLECT === null ? null : 'the runs were made by an earlier invocation of this protocol and aggregated from its directory (--collect)',
       workloads_run: Object.keys(results),
@@ -681,7 +694,7 @@ async function main(): Promise<void> {
     say(`\n${k}: target ${r.target}`);
     for (const [p, v] of Object.entries(r.peers)) {
       say(`${p.padEnd(11)} ${String(v.samples_per_s.median).padStart(6)} samples/s [${v.samples_per_s.min}–${v.samples_per_s.max}]  to target ${v.time_to_target_s.median} s [${v.time_to_target_s.min}–${v.time_to_target_s.max}]  `
-        + `AUC ${v.final_auc.median} acc ${v.final_accuracy.median} loss ${v.final_loss.median}  lr ×${v.lr.mult}${v.lr.group_lr_scaling ? ` ${v.lr.group_lr_scaling}` : ''}`);
+        + `AUC ${v.final_auc.median} acc ${v.final_accuracy.median} loss ${v.final_loss.median}  applied ${v.applied_fraction.median}  lr ×${v.lr.mult}${v.lr.group_lr_scaling ? ` ${v.lr.group_lr_scaling}` : ''}`);
     }
     say(JSON.stringify(out.workloads[k]!.goals));
   }
