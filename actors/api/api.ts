@@ -255,7 +255,7 @@ export class HeterogeneousParameterServer {
       if (confirmed) this.stats.acked++;
       publishTelemetry(this.transport!, this.job.job, 'batch', this.node, {
         node: this.node, batch_id: item.desc.batch_id, samples: s.samples, loss: s.loss, redelivered: item.redelivered, ack_confirmed: confirmed,
-        staleness: outcome.staleness, round: null, busy_ms: s.computeMs, emulated_step_ms: s.stepMs, dropped_stale: outcome.droppedStale, window: outcome.window, group,
+        staleness: outcome.staleness, round: null, busy_ms: s.computeMs, emulated_step_ms: s.stepMs, dropped_stale: outcome.droppedStale, part_dropped: outcome.partDropped, window: outcome.window, group,
       });
     }));
   }

@@ -104,6 +104,8 @@ export const groupSyncMessages = {
     applied: z.array(z.string()),
     /** Shards that refused it as too stale (StaleUpdateError): that part of the group's gradient is dropped. */
     refused: z.array(z.string()),
+    /** Shards that applied it without its dense blocks or its rows (past that kind's training.max_staleness); absent from older members: none. */
+    part_dropped: z.array(z.string()).default([]),
     /** Largest staleness the sender's shards reported. */
     staleness: z.number().int().nonnegative(),
     /** The newest job-info groups_version the sender had seen when it reported (a pause noticed during the round's pushes). */

@@ -63,7 +63,7 @@ import { groupLrMultiplier, splitIdsByShard, type GroupLrRule, type ShardPlan, t
 import type { Batch } from '../../native-bridge/mod.ts';
 import { wireTensorBytes, type GradientTensors, type PushRequest } from '../shard/shard.messages.ts';
 import { StopRequestedError } from '../worker/shard-client.ts';
-import { maxPushStaleness, type ComputedStep, type PreparedStep, type PushResult, type WorkerStepper } from '../worker/step.ts';
+import { anyPartDropped, maxPushStaleness, type ComputedStep, type PreparedStep, type PushResult, type WorkerStepper } from '../worker/step.ts';
 import { groupSyncMessages, type GroupSyncMessages, type PartMessage, type PartWire, type PushedMessage, type SliceMessage, type SliceWire } from './group-sync.messages.ts';
 import { groupEvents } from './group.events.ts';
 import { createGroupActor, groupStateOf, type GroupActor, type GroupState } from './group.machine.ts';
@@ -433,6 +433,8 @@ export interface WindowOutcome {
   steps: WindowStep[];
   /** Part of the window's (group's) update was refused as too stale and dropped. */
   droppedStale: boolean;
+  /** Some shard applied the update without its dense blocks or its rows, past that kind's max_staleness. */
+  partDropped: boolean;
   /** Largest staleness of the update's pushes (the group's, for the reducing modes). */
   staleness: number;
   /** No window follows: the job has no batch left (reducing modes: every member saw that, together). */
@@ -906,8 +908,8 @@ export class GroupMember {
   }
 
   /** This member's gradient to every shard it touched. */
-  private async pushOwn(idle: boolean, drained: boolean, phases: WindowPhases): Promise<Pick<WindowOutcome, 'droppedStale' | 'staleness' | 'done'> & { version: number }> {
-    if (idle) return { droppedStale: false, staleness: 0, done: drained, version: 0 };
+  private async pushOwn(idle: boolean, drained: boolean, phases: WindowPhases): Promise<Pick<WindowOutcome, 'droppedStale' | 'partDropped' | 'staleness' | 'done'> & { version: number }> {
+    if (idle) return { droppedStale: false, partDropped: false, staleness: 0, done: drained, version: 0 };
     const t0 = this.clock.monotonic();
     const acc = this.acc;
     const parts = acc.parts().map((p) => ({ tensors: p.sums.byShard(new Set(this.o.plan.shards), 1 / p.weight) }));
@@ -917,7 +919,7 @@ export class GroupMember {
     }));
     phases.push += this.clock.monotonic() - t0;
     return {
-      droppedStale: results.some((r) => r.refused), staleness: maxPushStaleness(results), done: false,
+      droppedStale: results.some((r) => r.refused), partDropped: anyPartDropped(results), staleness: maxPushStaleness(results), done: false,
       version: Math.max(0, ...results.flatMap((r) => (r.refused ? [] : [r.reply.version]))),
     };
   }
@@ -1056,6 +1058,7 @@ export class GroupMember {
       run_id: this.o.runId, window: w, member,
       applied: results.filter((x) => !x.r.refused).map((x) => x.shard),
       refused: results.filter((x) => x.r.refused).map((x) => x.shard),
+      part_dropped: results.filter((x) => anyPartDropped([x.r])).map((x) => x.shard),
       staleness: maxPushStaleness(results.map((x) => x.r)),
       groups_version: this.seenVersion(),
     };
@@ -1088,6 +1091,7 @@ export class GroupMember {
     }
     return {
       droppedStale: reports.some((p) => p.refused.length > 0),
+      partDropped: reports.some((p) => p.part_dropped.length > 0),
       staleness: Math.max(0, ...reports.map((p) => p.staleness)),
       done: slices.every((s) => s.drained),
       // Only what the round's slices and push reports say (this member's own among them): every member of the round

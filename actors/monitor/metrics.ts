@@ -30,6 +30,7 @@ export class JobMetrics {
   private readonly staleness: Histogram;
   private readonly redelivered: Counter;
   private readonly droppedStale: Counter;
+  private readonly partDropped: Counter;
   private readonly loss: Gauge;
   private readonly workerRate: Gauge<'node'>;
   private readonly wireBytes: Gauge<'node' | 'direction'>;
@@ -69,6 +70,9 @@ export class JobMetrics {
     this.staleness = new Histogram({ name: 'hetps_push_staleness', help: 'Updates a batch\'s push lagged the shard (versions).', buckets: STALENESS_BUCKETS, registers: r });
     this.redelivered = new Counter({ name: 'hetps_batches_redelivered_total', help: 'Batches trained again after their worker died or was too slow.', registers: r });
     this.droppedStale = new Counter({ name: 'hetps_batches_dropped_stale_total', help: 'hps: batches whose update a shard refused as too stale.', registers: r });
+    this.partDropped = new Counter({
+      name: 'hetps_batches_part_dropped_total', help: 'hps: batches whose update a shard applied without its dense blocks or its rows (past that kind\'s max_staleness).', registers: r,
+    });
     this.loss = new Gauge({ name: 'hetps_train_loss', help: 'Training loss of the latest acknowledged batch.', registers: r });
     this.workerRate = new Gauge({ name: 'hetps_worker_samples_per_second', help: 'Each worker\'s samples per second over its last progress interval.', labelNames: ['node'], registers: r });
     this.wireBytes = new Gauge({ name: 'hetps_wire_bytes', help: 'Payload bytes a worker process sent (out) and received (in) so far.', labelNames: ['node', 'direction'], registers: r });
@@ -102,6 +106,7 @@ export class JobMetrics {
     this.stalenessCounts.set(bucket, (this.stalenessCounts.get(bucket) ?? 0) + 1);
     if (t.redelivered) this.redelivered.inc();
     if (t.dropped_stale) this.droppedStale.inc();
+    if (t.part_dropped) this.partDropped.inc();
     if (Number.isFinite(t.loss)) this.loss.set(t.loss);
   }
 

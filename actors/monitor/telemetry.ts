@@ -40,6 +40,8 @@ export const batchTelemetrySchema = z.object({
   emulated_step_ms: msOrNull(),
   /** hps: (part of) the update this batch went into was refused by a shard as too stale and dropped; the batch still counts as trained. */
   dropped_stale: z.boolean().default(false),
+  /** hps: a shard applied that update without its dense blocks or its rows (past that kind's training.max_staleness { dense, sparse }). */
+  part_dropped: z.boolean().default(false),
   /** hps: the worker's sync window the batch was trained in; null otherwise. */
   window: z.number().int().nonnegative().nullable().default(null),
   /** hps: the group the batch was trained in (it changes when the job regroups); null otherwise. */
@@ -105,6 +107,8 @@ export const doneTelemetrySchema = z.object({
   emulated_speed: z.number().nullable().default(null),
   /** hps: batches whose update was (partly) refused as too stale and dropped. */
   dropped_stale_batches: z.number().int().nonnegative().default(0),
+  /** hps: batches whose update a shard applied without its dense blocks or its rows. */
+  part_dropped_batches: z.number().int().nonnegative().default(0),
   /** hps: sync windows the worker went through. */
   windows: z.number().int().nonnegative().default(0),
   /** Times the worker left the queue's last batches to faster workers (training.tail_dispatch). */

@@ -55,6 +55,8 @@ export interface NodeUtilisation {
   emulated_speed: number | null;
   /** hps: batches whose update a shard refused as too stale. */
   dropped_stale: number;
+  /** hps: batches whose update a shard applied without its dense blocks or its rows (training.max_staleness { dense, sparse }). */
+  part_dropped: number;
   /** hps: where the worker's windows spent their time, seconds by phase (from its done telemetry); null otherwise. */
   window_phases_s: Record<string, number> | null;
   /** hps: windows the worker went through (done telemetry); null otherwise. */
@@ -148,13 +150,14 @@ interface WorkerActivity {
   /** Sum of the real compute it reported; null while it reports none. */
   computeMs: number | null;
   droppedStale: number;
+  partDropped: number;
   windowPhasesS: Record<string, number> | null;
   windows: number | null;
   tailDeclined: number;
 }
 
 function newActivity(): WorkerActivity {
-  return { steps: 0, samples: 0, emulatedSpeed: null, stepMs: null, computeMs: null, droppedStale: 0, windowPhasesS: null, windows: null, tailDeclined: 0 };
+  return { steps: 0, samples: 0, emulatedSpeed: null, stepMs: null, computeMs: null, droppedStale: 0, partDropped: 0, windowPhasesS: null, windows: null, tailDeclined: 0 };
 }
 
 /**
@@ -210,6 +213,7 @@ export class TrainingMonitor {
         if (stepMs !== null) a.stepMs = (a.stepMs ?? 0) + stepMs;
         if (t.busy_ms !== null) a.computeMs = (a.computeMs ?? 0) + t.busy_ms;
         if (t.dropped_stale) a.droppedStale++;
+        if (t.part_dropped) a.partDropped++;
         if (t.redelivered) this.redelivered++;
         if (!t.ack_confirmed) { this.unconfirmed++; return; }
         const n = (this.acks.get(t.batch_id) ?? 0) + 1;
@@ -435,7 +439,7 @@ export class TrainingMonitor {
       const busyS = (a.stepMs ?? (nominal !== null ? a.steps * nominal : 0)) / 1000;
       perNode[w] = {
         busy_s: busyS, utilisation: wallS > 0 ? busyS / wallS : 0, compute_s: a.computeMs === null ? null : a.computeMs / 1000,
-        steps: a.steps, samples: a.samples, emulated_speed: a.emulatedSpeed, dropped_stale: a.droppedStale, busy_from: busyFrom,
+        steps: a.steps, samples: a.samples, emulated_speed: a.emulatedSpeed, dropped_stale: a.droppedStale, part_dropped: a.partDropped, busy_from: busyFrom,
         window_phases_s: a.windowPhasesS, windows: a.windows, tail_declined: a.tailDeclined,
       };
     }

@@ -326,6 +326,7 @@ export class ShardState {
     if (m.round === null) {
       let lrScale = 1;
       let sparseLrScale = 1;
+      let dropped: 'dense' | 'sparse' | null = null;
       const policy = this.stalenessPolicy;
       if (policy !== null) {
         const d = decideStaleness(this.versionValue, m.base_version, policy, this.recentStaleness.median(), pushContent(m));
@@ -341,16 +342,20 @@ export class ShardState {
         lrScale = d.lrScale;
         sparseLrScale = d.sparseLrScale;
         if (d.dropped !== null) this.noteDropped(d.dropped);
+        dropped = d.dropped;
         if (lrScale < 1 || sparseLrScale < 1) this.staleScaled++;
       }
       // A group's update at its learning-rate rule (1 for one worker's push).
       lrScale *= m.lr_mult;
       sparseLrScale *= m.lr_mult;
       this.applyAsync(m, lrScale, sparseLrScale);
-      // sparse_lr_scale only where rows got a rate of their own (training.staleness_tolerance { dense, sparse }).
-      return sparseLrScale === lrScale
+      // sparse_lr_scale only where rows got a rate of their own (training.staleness_tolerance { dense, sparse }),
+      // dropped only where a part was left out (training.max_staleness { dense, sparse }).
+      const reply: PushReply = sparseLrScale === lrScale
         ? { version: this.versionValue, applied: true, staleness, lr_scale: lrScale }
         : { version: this.versionValue, applied: true, staleness, lr_scale: lrScale, sparse_lr_scale: sparseLrScale };
+      if (dropped !== null) reply.dropped = dropped;
+      return reply;
     }
     const applied = this.contribute(m);
     return { version: this.versionValue, applied, staleness, lr_scale: 1 };

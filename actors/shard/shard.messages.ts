@@ -163,6 +163,8 @@ const pushReplySchema = z.object({
   version: z.number().int().nonnegative(), applied: z.boolean(), staleness: z.number().int().nonnegative(), lr_scale: z.number(),
   // Embedding rows' multiplier when training.staleness_tolerance gives them their own; absent from older primaries: lr_scale.
   sparse_lr_scale: z.number().optional(),
+  // The part left out as past its kind's bound (training.max_staleness { dense, sparse }); absent: nothing left out.
+  dropped: z.enum(['dense', 'sparse']).optional(),
 });
 
 /**
@@ -305,6 +307,8 @@ export interface PushReply {
   lr_scale: number;
   /** Its embedding rows' multiplier (the same as `lr_scale` unless training.staleness_tolerance gives rows their own). */
   sparse_lr_scale?: number;
+  /** The part of the push not applied as staler than its kind's bound (training.max_staleness { dense, sparse }); absent: all of it applied. */
+  dropped?: 'dense' | 'sparse';
 }
 
 /** One dense block in a snapshot, with its optimizer state. */

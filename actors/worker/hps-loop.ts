@@ -201,7 +201,7 @@ export class HpsLoop {
       const s = outcome.steps[i]!;
       return ledger.account(item, {
         loss: s.loss, samples: s.samples, computeMs: s.computeMs, stepMs: s.stepMs, staleness: outcome.staleness,
-        droppedStale: outcome.droppedStale, round: null, window: outcome.window,
+        droppedStale: outcome.droppedStale, partDropped: outcome.partDropped, round: null, window: outcome.window,
       });
     }));
     const soloAlive = ledger.keepAlive(() => solo);

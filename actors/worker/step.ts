@@ -67,6 +67,8 @@ export interface StepOutcome {
   stepMs: number;
   /** Some shard refused its push as too stale (hps policy): that part of the gradient was dropped. */
   droppedStale: boolean;
+  /** Some shard applied its push without its dense blocks or its rows, past that kind's max_staleness. */
+  partDropped: boolean;
 }
 
 /** A step's gradients before they go anywhere (hps group members hand them to their sync strategy). */
@@ -246,7 +248,7 @@ export class WorkerStepper {
       const pushes = await Promise.all(exchanges.map((ex) => this.push(ex.shard, pushRequest(plan, ex, tables, null, null, {
         round: sync?.round ?? null, expected: sync?.expected ?? null, weight: 0, baseVersion: versions.get(ex.shard)!,
       }))));
-      return { loss: null, samples: 0, staleness: maxPushStaleness(pushes), computeMs: 0, stepMs: 0, droppedStale: pushes.some((p) => p.refused) };
+      return { loss: null, samples: 0, staleness: maxPushStaleness(pushes), computeMs: 0, stepMs: 0, droppedStale: pushes.some((p) => p.refused), partDropped: anyPartDropped(pushes) };
     }
 
     const U = index?.uniqueIds.length ?? 0;
@@ -259,7 +261,7 @@ export class WorkerStepper {
     }))));
     return {
       loss: result.loss, samples: batch.size, staleness: maxPushStaleness(pushes), computeMs: timing.computeMs, stepMs: timing.stepMs,
-      droppedStale: pushes.some((p) => p.refused),
+      droppedStale: pushes.some((p) => p.refused), partDropped: anyPartDropped(pushes),
     };
   }
 
@@ -426,6 +428,11 @@ export class WorkerStepper {
 }
 
 /** The largest staleness among a step's pushes (a refused push reports it in its error). */
+/** Some push was applied without its dense blocks or its rows (training.max_staleness { dense, sparse }). */
+export function anyPartDropped(pushes: readonly PushResult[]): boolean {
+  return pushes.some((p) => !p.refused && p.reply.dropped !== undefined);
+}
+
 export function maxPushStaleness(pushes: readonly PushResult[]): number {
   let s = 0;
   for (const p of pushes) {

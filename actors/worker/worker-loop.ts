@@ -38,6 +38,8 @@ export interface TrainedBatch {
   stepMs: number;
   staleness: number;
   droppedStale: boolean;
+  /** The update was applied without its dense blocks or its rows somewhere (training.max_staleness { dense, sparse }). */
+  partDropped: boolean;
   round: number | null;
   window: number | null;
 }
@@ -114,6 +116,7 @@ export class TrainingLedger {
     this.since.busy += t.computeMs; this.since.stepMs += t.stepMs;
     stats.mean_loss = this.lossSum / stats.samples;
     if (t.droppedStale) stats.dropped_stale_batches++;
+    if (t.partDropped) stats.part_dropped_batches++;
     if (confirmed) stats.batches_acked++;
     else {
       stats.ack_failures++;
@@ -122,7 +125,7 @@ export class TrainingLedger {
     const tel: BatchTelemetry = {
       node: this.o.node, batch_id: item.desc.batch_id, samples: t.samples, loss: t.loss, redelivered: item.redelivered,
       ack_confirmed: confirmed, staleness: t.staleness, round: t.round, busy_ms: t.computeMs, emulated_step_ms: t.stepMs,
-      dropped_stale: t.droppedStale, window: t.window, group: this.o.batchGroup(),
+      dropped_stale: t.droppedStale, part_dropped: t.partDropped, window: t.window, group: this.o.batchGroup(),
     };
     publishTelemetry(this.o.transport, this.o.job, 'batch', this.o.node, tel);
     this.o.onBatchTrained?.(tel);
@@ -150,7 +153,7 @@ export async function trainQueued(env: WorkerLoopEnv, item: QueuedBatch | null, 
     if (item === null || out.loss === null) { stats.empty_rounds++; return; }
     await ledger.account(item, {
       loss: out.loss, samples: out.samples, computeMs: out.computeMs, stepMs: out.stepMs, staleness: out.staleness,
-      droppedStale: out.droppedStale, round: sync?.round ?? null, window: null,
+      droppedStale: out.droppedStale, partDropped: out.partDropped, round: sync?.round ?? null, window: null,
     });
   } catch (e) {
     keepAlive?.cancel();

@@ -119,7 +119,7 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
   const requestTimeoutMs = o.requestTimeoutMs ?? 10_000;
   const stats: WorkerStats = {
     node: o.node, group: o.group, state: 'starting', mode, sync_mode: groupSync?.sync_mode ?? null, windows: 0, group_state: null, lost_shard_updates: 0,
-    window_phases_ms: groupSync !== null ? { steps: 0, inputs: 0, slices: 0, round: 0, gather: 0, push: 0, reports: 0 } : null, dropped_stale_batches: 0,
+    window_phases_ms: groupSync !== null ? { steps: 0, inputs: 0, slices: 0, round: 0, gather: 0, push: 0, reports: 0 } : null, dropped_stale_batches: 0, part_dropped_batches: 0,
     busy_ms: 0, emulated_step_ms: 0, steps: 0, samples: 0, batches_acked: 0, ack_failures: 0,
     redelivered_taken: 0, empty_rounds: 0, tail_declined: 0, round: null, mean_loss: null, emulated_speed: o.emulateSpeed, emulated, error: null,
   };
@@ -206,7 +206,7 @@ export function createWorkerActor(o: WorkerActorOptions): WorkerActorDefinition 
       const body: DoneTelemetry = {
         node: o.node, steps: stats.steps, samples: stats.samples, batches_acked: stats.batches_acked, empty_rounds: stats.empty_rounds, reason: stats.state,
         busy_ms: stats.busy_ms, emulated_step_ms: stats.emulated_step_ms, wall_ms: Math.max(0, clock.monotonic() - ledger.startedAt),
-        emulated, emulated_speed: o.emulateSpeed, dropped_stale_batches: stats.dropped_stale_batches, windows: stats.windows, tail_declined: stats.tail_declined,
+        emulated, emulated_speed: o.emulateSpeed, dropped_stale_batches: stats.dropped_stale_batches, part_dropped_batches: stats.part_dropped_batches, windows: stats.windows, tail_declined: stats.tail_declined,
         window_phases_ms: stats.window_phases_ms === null ? null : { ...stats.window_phases_ms },
       };
       publishTelemetry(system.transport, job, 'done', o.node, body);

@@ -62,6 +62,8 @@ export interface WorkerStats {
   window_phases_ms: WindowPhases | null;
   /** hps: batches whose update was (partly) refused as too stale and dropped (still acknowledged). */
   dropped_stale_batches: number;
+  /** hps: batches whose update a shard applied without its dense blocks or its rows (past that kind's training.max_staleness). */
+  part_dropped_batches: number;
   /** Real compute of the step graphs so far. */
   busy_ms: number;
   /** The steps as the (emulated) device took them; = busy_ms when not emulated. */

@@ -39,3 +39,25 @@ ${smallHpsJobTail()}`);
   assert.match(r.stderr, /hps: sync inside group fast \(w1, w2\)/);
   assert.match(r.stderr, /EMULATED heterogeneity \(not real hardware\)/);
 });
+
+test('hetps up --embedded (hps), max_staleness { dense: 0, sparse: 8 }: pushes behind the shard apply their rows without their dense part; the summary, the workers and the end-of-job line count them', { timeout: 90_000 }, async () => {
+  const cfg = join(tempDir(), 'split.yaml');
+  await writeFile(cfg, `job: { name: embsplit, run_dir: ${JSON.stringify(join(tempDir(), 'runs'))} }
+${FAST_AND_LOOSE_CLUSTER}nodes:
+  w4: { emulate: { speed: 0.5 } }
+${smallHpsJobTail({ maxStaleness: '{ dense: 0, sparse: 8 }' })}`);
+  const summaryFile = join(tempDir(), 'split.json');
+  const r = await hetps(['up', '--config', cfg, '--embedded', '--summary', summaryFile], { timeoutMs: 80_000 }).exited;
+  assert.equal(r.code, 0, r.stderr.slice(-4000));
+  const s = JSON.parse(await readFile(summaryFile, 'utf8')) as Record<string, unknown>;
+  assert.equal(s.batches_acked, 20, 'every batch acknowledged');
+  assert.equal(s.duplicate_acks, 0);
+  const st = s.staleness as { count: number; refused: number; dense_dropped: number; sparse_dropped: number; max_staleness: number; sparse_max_staleness: number };
+  assert.deepEqual([st.max_staleness, st.sparse_max_staleness], [0, 8]);
+  assert.ok(st.dense_dropped > 0, `some pushes were behind the shard and lost their dense part (${JSON.stringify(st)})`);
+  assert.equal(st.sparse_dropped, 0);
+  const perNode = (s.utilisation as { per_node: Record<string, { part_dropped: number; dropped_stale: number }> }).per_node;
+  const partDropped = Object.values(perNode).reduce((n, w) => n + w.part_dropped, 0);
+  assert.ok(partDropped > 0, `the workers' telemetry names the batches applied in part: ${JSON.stringify(perNode)}`);
+  assert.match(r.stdout + r.stderr, /\d+ applied without their dense part and 0 without their rows/);
+});

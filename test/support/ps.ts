@@ -142,7 +142,7 @@ export const FAST_AND_LOOSE_CLUSTER = `cluster:
  * jobs (Wide & Deep on 640 Spam Assassin mails by default): one tail for the
  * `hetps up --embedded` tests, which differ in their cluster and nodes.
  */
-export function smallHpsJobTail(o: { hidden?: string; samples?: number; maxTokens?: number; seed?: number; referenceStepMs?: number } = {}): string {
+export function smallHpsJobTail(o: { hidden?: string; samples?: number; maxTokens?: number; seed?: number; referenceStepMs?: number; maxStaleness?: string } = {}): string {
   return `model:
   type: ctr
   ctr: { embedding_dim: 8, hidden: ${o.hidden ?? '[32, 16]'}, pooling: mean, wide: true, hash_buckets: 65536 }
@@ -151,7 +151,7 @@ optimizer:
   type: adam
   learning_rate: 0.003
   sparse: { type: adagrad, learning_rate: 0.05 }
-training: { mode: hps, random_seed: ${o.seed ?? 42}, max_staleness: 8, emulation_reference_step_ms: ${o.referenceStepMs ?? 30} }
+training: { mode: hps, random_seed: ${o.seed ?? 42}, max_staleness: ${o.maxStaleness ?? '8'}, emulation_reference_step_ms: ${o.referenceStepMs ?? 30} }
 fault_tolerance: { worker_recovery_timeout: 10 }
 logging: { level: info }
 `;

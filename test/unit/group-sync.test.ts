@@ -608,6 +608,7 @@ test('max_staleness { dense, sparse }: a group update past the dense bound has i
   try {
     const { o } = await overtakenWindow(c);
     assert.equal(o.droppedStale, false, 'rows within their bound: applied, the batches count');
+    assert.equal(o.partDropped, true, 'the window knows its update was applied without its dense part (the owner\'s report says which shards)');
     assert.ok(o.staleness >= 1);
     const reader = c.client(await c.system('reader'));
     const st = await Promise.all(['s1', 's2'].map((s) => reader.stats(s)));
@@ -626,6 +627,7 @@ test('a group update staler than max_staleness is refused and dropped; the membe
     const { o, next: nextWindow } = await overtakenWindow(c);
     assert.equal(o.steps.length, 1);
     assert.equal(o.droppedStale, true, 'one update behind with max_staleness 0: refused');
+    assert.equal(o.partDropped, false, 'refused whole, not applied in part');
     assert.ok(o.staleness >= 1);
     const next = await nextWindow();
     assert.equal(next.droppedStale, false, 'the next window pulled fresh parameters');

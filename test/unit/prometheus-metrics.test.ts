@@ -31,7 +31,7 @@ test('JobMetrics: batch, progress, event, verdict and status figures come out in
   const m = new JobMetrics({ status: async () => st });
   const batch = (node: string, staleness: number) => ({
     node, batch_id: `b-${node}-${staleness}`, samples: 32, loss: 0.5, redelivered: staleness === 9, ack_confirmed: true, staleness, round: null,
-    busy_ms: 3, emulated_step_ms: 40, dropped_stale: false, window: null, group: null,
+    busy_ms: 3, emulated_step_ms: 40, dropped_stale: staleness === 0, part_dropped: staleness === 3, window: null, group: null,
   });
   m.batch(batch('f1', 0));
   m.batch(batch('f2', 3));
@@ -67,6 +67,8 @@ test('JobMetrics: batch, progress, event, verdict and status figures come out in
   assert.equal(Number(stale.buckets?.['0']), 1, 'one push at staleness 0');
   assert.equal(Number(stale.buckets?.['4']), 2, 'and one at 3 (≤ 4)');
   assert.equal(value(first, 'hetps_wire_bytes', { node: 'f1', direction: 'in' }), 5000);
+  assert.equal(value(first, 'hetps_batches_dropped_stale_total'), 1);
+  assert.equal(value(first, 'hetps_batches_part_dropped_total'), 1, 'a batch applied without its dense part or its rows');
   assert.equal(value(first, 'hetps_events_total', { kind: 'checkpoint' }), 1);
   assert.equal(value(first, 'hetps_failovers_total'), 1);
   assert.equal(value(first, 'hetps_checkpoints_total'), 1);

@@ -212,7 +212,7 @@ test('max_staleness { dense, sparse }: a push past the dense bound has its rows 
     await s.push(1, 0.1);
     let before = await s.pull();
     // Two updates stale: past the dense bound (1), within the rows' (3).
-    assert.deepEqual(await s.push(0, 1), { version: 3, applied: true, staleness: 2, lr_scale: 0, sparse_lr_scale: 1 / 3 });
+    assert.deepEqual(await s.push(0, 1), { version: 3, applied: true, staleness: 2, lr_scale: 0, sparse_lr_scale: 1 / 3, dropped: 'dense' });
     let after = await s.pull();
     assert.deepEqual([...after.dense[0]!], [...before.dense[0]!], 'the dense part was dropped');
     assert.deepEqual([...after.sparse[0]!], [...before.sparse[0]!].map((w, i) => sgd(w, [1, 2][i]!, 1 / 3)), 'the rows applied at lr/(1+s)');
