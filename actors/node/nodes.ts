@@ -159,9 +159,10 @@ export async function startServerNode(o: {
   });
   await host.start(plan);
   const held = replicasOn(plan.placement, server);
-  o.log.info({ node: server, plan_version: plan.version, replicas: held, replication: config.fault_tolerance.replication, max_staleness: policy === null ? null : describeMaxStaleness(policy.maxStaleness, rowsMaxStaleness(policy)) },
+  const bounds = policy === null ? null : describeMaxStaleness(policy.maxStaleness, rowsMaxStaleness(policy));
+  o.log.info({ node: server, plan_version: plan.version, replicas: held, replication: config.fault_tolerance.replication, max_staleness: bounds },
     `server ${server} holds ${held.map((r) => `${r.shard} (${r.role})`).join(', ') || 'no replica yet'}`
-    + (policy === null ? '' : ` (hps: stale pushes at lr/(1+s), refused beyond max_staleness ${describeMaxStaleness(policy.maxStaleness, rowsMaxStaleness(policy))})`));
+    + (bounds === null ? '' : ` (hps: stale pushes at lr/(1+s), refused beyond max_staleness ${bounds})`));
   return { plan, host };
 }
 

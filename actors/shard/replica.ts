@@ -587,7 +587,7 @@ export class Replica {
       for (const b of e.push.batches) this.refused.add(b);
       return;
     }
-    this.o.state.applyReplicated(e.push, e.lr_scale, e.sparse_lr_scale ?? e.lr_scale);
+    this.o.state.applyReplicated(e.push, e.lr_scale, e.sparse_lr_scale ?? e.lr_scale, e.reply?.dropped ?? null);
     if (e.reply !== null) this.dedup.record(e.from, e.seq, e.reply);
     this.noteApplied(e.push.batches);
     if (e.push.round !== null) this.trackRound(e);
@@ -605,7 +605,7 @@ export class Replica {
     for (const b of m.refused) this.refused.add(b);
     this.openRounds = [];
     for (const e of m.open_rounds) {
-      this.o.state.applyReplicated(e.push, e.lr_scale, e.sparse_lr_scale ?? e.lr_scale);
+      this.o.state.applyReplicated(e.push, e.lr_scale, e.sparse_lr_scale ?? e.lr_scale, e.reply?.dropped ?? null);
       this.trackRound(e);
     }
     this.rseq = m.base_rseq;

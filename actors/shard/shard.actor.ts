@@ -363,19 +363,19 @@ export class ShardState {
 
   /**
    * A push its primary already validated and applied, applied the same way
-   * here (a backup): the primary's staleness decision (`lrScale`) is taken as
-   * it is, so primary and backup stay bit-identical.
+   * here (a backup): the primary's staleness decision (`lrScale`, and the part
+   * it left out, `dropped`) is taken as it is, so primary and backup stay
+   * bit-identical.
    */
-  applyReplicated(m: PushRequest, lrScale: number, sparseLrScale = lrScale): void {
+  applyReplicated(m: PushRequest, lrScale: number, sparseLrScale = lrScale, dropped: 'dense' | 'sparse' | null = null): void {
     this.recordStaleness(Math.max(0, this.versionValue - m.base_version));
     this.pushes++;
     if (m.round === null) {
       if (this.stalenessPolicy !== null) this.recentStaleness.add(Math.max(0, this.versionValue - m.base_version));
-      // Scaled down for staleness by the primary (lr_scale is that scale times the group's lr_mult; 0: that kind dropped).
+      // Scaled down for staleness by the primary (lr_scale is that scale times the group's lr_mult; 0: that kind dropped,
+      // which the primary's reply names as `dropped`).
       if (lrScale < m.lr_mult || sparseLrScale < m.lr_mult) this.staleScaled++;
-      const content = pushContent(m);
-      if (content.dense && lrScale === 0) this.noteDropped('dense');
-      else if (content.sparse && sparseLrScale === 0) this.noteDropped('sparse');
+      if (dropped !== null) this.noteDropped(dropped);
       this.applyAsync(m, lrScale, sparseLrScale);
     } else {
       this.contribute(m);

@@ -427,12 +427,12 @@ export class WorkerStepper {
   idle(): Promise<void> { return this.sessionFree; }
 }
 
-/** The largest staleness among a step's pushes (a refused push reports it in its error). */
 /** Some push was applied without its dense blocks or its rows (training.max_staleness { dense, sparse }). */
 export function anyPartDropped(pushes: readonly PushResult[]): boolean {
   return pushes.some((p) => !p.refused && p.reply.dropped !== undefined);
 }
 
+/** The largest staleness among a step's pushes (a refused push reports it in its error). */
 export function maxPushStaleness(pushes: readonly PushResult[]): number {
   let s = 0;
   for (const p of pushes) {
