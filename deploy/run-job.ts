@@ -32,7 +32,7 @@ import { writeAuthFiles } from './auth.ts';
 import {
   ConfigError, HetpsError, JSON_CONTENT_TYPE, MissingDependencyError, controlSubject, systemClock, type Actor, type NatsAuth, type NatsTls,
 } from '../runtime/mod.ts';
-import { allWorkerNodes, describeMaxStaleness, groupsMeasuredAtStart, inactiveSettings, natsConnectionAs, tcLinkedNodes, type HetpsConfig, type NodeProfile, type ShardPlan } from '../topology/mod.ts';
+import { allWorkerNodes, balancerActs, describeMaxStaleness, groupsMeasuredAtStart, inactiveSettings, natsConnectionAs, tcLinkedNodes, type HetpsConfig, type NodeProfile, type ShardPlan } from '../topology/mod.ts';
 import type { Evaluation } from '../native-bridge/mod.ts';
 import { replicaId } from '../actors/shard/replica.ts';
 import { ackWaitFromConfig } from '../actors/store/batch-queue.ts';
@@ -62,6 +62,7 @@ import { connectDriver, natsBackend, natsStandbyBackend } from './nats-backend.t
 import { embeddedBackend } from './embedded-backend.ts';
 import { setupStep } from './setup-step.ts';
 import { Checkpointer, type CheckpointTaken } from '../actors/scheduler/checkpointer.ts';
+import { LoadBalancer, type LoadBalancingReport } from '../actors/scheduler/load-balancer.ts';
 import { CutMoment } from '../actors/scheduler/cut-moment.ts';
 import { checkpointRoot, readManifest, type CheckpointManifest, type ResumePoint } from '../actors/store/checkpoint.ts';
 import { layoutMatches, reshard } from '../actors/store/checkpoint-reshard.ts';
@@ -203,6 +204,12 @@ export interface UpSummary {
     /** Requests the driver's client re-sent after a stale plan or silence. */
     client_reroutes: number;
   };
+  /**
+   * load_balancing: the shards' primaries moved between server nodes while
+   * training ran, and the last loads measured; null where it did not run
+   * (load_balancing.enabled false, or the embedded mode's one process).
+   */
+  load_balancing: LoadBalancingReport | null;
   /** The scheduler lease and the takeovers of the run. */
   scheduler: SchedulerReport;
 }
@@ -584,6 +591,7 @@ interface Conducted {
   evaluated: { evaluation: Evaluation; staleness: StalenessSummary };
   integrity: IntegrityReport | null;
   failover: ShardFailover | null;
+  balancer: LoadBalancer | null;
   regroups: RegroupRecord[];
   shardClient: ShardClient;
   checkpoints: CheckpointTaken[];
@@ -606,6 +614,7 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
   const shardClient = new ShardClient(backend.system, { requestTimeoutMs: 30_000, log, shouldStop: () => false, plans: PlanView.follow(prepared.plan, backend.planStore) });
   let failover: ShardFailover | null = null;
   let failoverActor: Actor<never> | null = null;
+  let balancer: LoadBalancer | null = null;
   let periodic: ShardEvaluator | null = null;
   let regrouper: RegroupController | null = null;
   let stopCheckpoints = () => {};
@@ -659,6 +668,18 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
       acked: () => [...(prepared.done ?? []), ...monitor.ackedBatches()], totalBatches: prepared.descriptors.length + (prepared.done?.size ?? 0),
     });
     plane.scheduler.attach({ info: () => controller.jobInfo, plan: () => shardClient.plans.current, controller, checkpointer });
+    if (failover !== null && config.load_balancing.enabled) {
+      // Moves a primary off a server whose load stayed load_balancing.imbalance_threshold above the idlest one's for sustain_seconds.
+      const lb = config.load_balancing;
+      const inactive = balancerActs(config) ? null : config.cluster.server_nodes.length < 2 ? 'one server node: nowhere to move a shard'
+        : 'fault_tolerance.replication is async: a handover could lose updates the old primary acknowledged but its backup had not applied';
+      balancer = new LoadBalancer({
+        failover, planStore: backend.planStore, system: backend.system, health: plane.health, servers: config.cluster.server_nodes,
+        threshold: lb.imbalance_threshold, sustainS: lb.sustain_seconds, exclusive: (fn) => checkpointer.exclusive(fn),
+        transport: backend.transport, job, clock: systemClock, log,
+      }, inactive);
+      balancer.start();
+    }
     // checkpoint.every_s: one after each interval of training, counted from the first acknowledged batch, then
     // from the end of the last checkpoint. Before any batch is trained the shards may still be starting, and
     // there is nothing to save: a cut then would only pause the workers for a checkpoint that fails.
@@ -683,6 +704,7 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
     const check = () => failover?.overdue(serverRecoveryMs) ?? o.check();
     const trained = await supervise(ctx, backend, monitor, prepared, ctx.emulated, periodic, o.evalEveryS, o.control, check);
     stopPeriodic();
+    await balancer?.dispose();
     if (ck.at_end) {
       // The state the job ends with, resumable and exportable; a failure is reported, not fatal (training is done).
       await checkpointer.take('end').then(
@@ -716,9 +738,10 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
       + `${integrity.dropped_stale ? `, ${integrity.dropped_stale} dropped as too stale` : ''}; replicas ${integrity.replicas_equal === null ? 'not all checked' : integrity.replicas_equal ? 'equal' : 'DIFFER'}`
       + ` (plan v${finalPlan.version}${failover && failover.failovers.length ? `, ${failover.failovers.length} failover(s)` : ''})`);
     if (integrity.lost || integrity.duplicated) log.warn({ lost: integrity.lost_examples, duplicated: integrity.duplicated_examples }, 'integrity check found lost or duplicated batches');
-    return { trained, evaluated, integrity, failover, regroups: regrouper.records, shardClient, checkpoints: checkpointer.taken };
+    return { trained, evaluated, integrity, failover, balancer, regroups: regrouper.records, shardClient, checkpoints: checkpointer.taken };
   } finally {
     stopCheckpoints();
+    await balancer?.dispose().catch(() => undefined);
     cutMoment?.dispose();
     failover?.dispose();
     if (failoverActor) await backend.system.despawn(failoverActor).catch(() => undefined);
@@ -782,6 +805,7 @@ function summaryOf(ctx: RunContext, c: Conducted, o: {
       unprotected: failover?.report().unprotected ?? [],
       client_reroutes: c.shardClient.rerouted,
     },
+    load_balancing: c.balancer?.report() ?? null,
     scheduler: o.scheduler,
   };
 }

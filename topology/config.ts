@@ -713,6 +713,14 @@ interface InactiveSetting {
   instead: string;
 }
 
+/** Whether the scheduler's load balancer moves primaries for this config (actors/scheduler/load-balancer.ts). */
+export function balancerActs(c: HetpsConfig): boolean {
+  return c.load_balancing.enabled && c.cluster.server_nodes.length >= 2 && c.fault_tolerance.replication === 'sync';
+}
+
+const BALANCER_IDLE = 'primaries stay where the plan put them: they move only with load_balancing.enabled, two or more server nodes '
+  + 'and fault_tolerance.replication sync (under async replication a handover could lose updates the old primary acknowledged)';
+
 /**
  * Settings the schema accepts (the article documents them) but no code acts on
  * yet. Start-up prints these instead of silently ignoring them. Remove an entry
@@ -734,9 +742,10 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   { path: 'communication.compression_threshold', when: (c) => c.communication.compression !== 'adaptive', instead: 'only compression: adaptive reads it; fp16 compresses every gradient, none no gradient' },
   { path: 'communication.compress_pulls', when: (c) => c.communication.compression === 'none' && c.communication.compress_pulls, instead: 'with compression: none nothing is sent as fp16, pulls included' },
   { path: 'fault_tolerance.worker_recovery_timeout', when: (c) => c.training.mode !== 'hps', instead: 'only hps groups wait for a silent member; a dead worker\'s batch comes back after fault_tolerance.ack_wait_ms' },
-  { path: 'load_balancing.enabled', when: (c) => c.load_balancing.enabled, instead: 'shards stay where the initial plan put them' },
-  { path: 'load_balancing.imbalance_threshold', when: () => true, instead: 'shards stay where the initial plan put them' },
-  { path: 'load_balancing.sustain_seconds', when: () => true, instead: 'shards stay where the initial plan put them' },
+  // Load balancing moves primaries between two or more server nodes, and only under sync replication.
+  { path: 'load_balancing.enabled', when: (c) => c.load_balancing.enabled && !balancerActs(c), instead: BALANCER_IDLE },
+  { path: 'load_balancing.imbalance_threshold', when: (c) => !balancerActs(c), instead: BALANCER_IDLE },
+  { path: 'load_balancing.sustain_seconds', when: (c) => !balancerActs(c), instead: BALANCER_IDLE },
   { path: 'server.use_gpu', when: (c) => c.server.use_gpu, instead: 'server-side optimizers run on the CPU' },
   { path: 'server.gpu_id', when: () => true, instead: 'server-side optimizers run on the CPU' },
 ];

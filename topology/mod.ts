@@ -11,3 +11,4 @@ export * from './nats-roles.ts';
 export * from './cut-moment.ts';
 export * from './tail-dispatch.ts';
 export * from './compression.ts';
+export * from './load-balance.ts';

@@ -12,7 +12,7 @@ export const EVENT_TELEMETRY_KIND = 'event';
 export const jobEventSchema = z.object({
   /** Wall-clock Unix ms. */
   at_ms: z.number(),
-  kind: z.enum(['health', 'pause', 'resume', 'paused', 'regroup', 'shutdown', 'worker', 'failover', 'replica_seeding', 'replica_ready', 'shard_lost', 'checkpoint']),
+  kind: z.enum(['health', 'pause', 'resume', 'paused', 'regroup', 'shutdown', 'worker', 'failover', 'replica_seeding', 'replica_ready', 'shard_lost', 'checkpoint', 'migration']),
   /** The node it is about; null for the whole job. */
   node: z.string().nullable(),
   text: z.string(),

@@ -145,6 +145,17 @@ export class Checkpointer {
     });
   }
 
+  /**
+   * Runs `fn` between checkpoints: none starts while it runs, and it waits
+   * for the one being taken (a load-balancing handover must not move a
+   * primary between a cut's freeze and the fetch of the frozen state).
+   */
+  exclusive<T>(fn: () => Promise<T>): Promise<T> {
+    const run = this.queue.catch(() => undefined).then(fn);
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
   private async cut(trigger: CheckpointTrigger, at: string | undefined, deadline: number): Promise<CheckpointTaken> {
     const { clock, log, controller } = this.o;
     // Refused before the pause, not after it: the workers would stop for nothing.

@@ -16,7 +16,7 @@
  */
 import { z } from 'zod';
 import type { ActorDefinition, Clock, Logger, Timer, Transport } from '../../runtime/mod.ts';
-import { failover, promoteSeeded, rereplicate, unprotectedShards, withPlacement, type ShardPlan } from '../../topology/mod.ts';
+import { failover, handOver, promoteSeeded, rereplicate, seedReplica, unprotectedShards, withPlacement, type ShardPlan } from '../../topology/mod.ts';
 import type { HealthState, HealthView } from '../health/health.types.ts';
 import { publishEvent } from '../monitor/monitor.messages.ts';
 import type { PlanStore } from '../store/plan-store.ts';
@@ -85,6 +85,8 @@ export class ShardFailover {
   get plan(): ShardPlan | null { return this.current; }
   /** Shards that lost every replica (nothing to promote). */
   get lost(): Set<string> { return new Set(this.lostSince.keys()); }
+  /** A dead server is known, or a shard waits for a backup to answer or has no live replica: failover has work in hand. */
+  get unsettled(): boolean { return this.dead.size > 0 || this.lostSince.size > 0 || this.waitingSince.size > 0; }
 
   private onVerdict(node: string, state: HealthState): void {
     if (!this.o.servers.includes(node)) return;
@@ -259,6 +261,45 @@ export class ShardFailover {
       publishEvent(this.o.transport, this.o.job, 'scheduler', { kind: 'replica_ready', node, text: `shard ${shard}: replica on ${node} is a backup (plan v${written.version})` });
     });
     return out;
+  }
+
+  /**
+   * Load balancing, first step of a move to a server that holds no replica
+   * of `shard`: a new replica there, seeded by the primary (a backup once it
+   * has caught up). The plan version written, or null when nothing changed.
+   */
+  seedFor(shard: string, node: string): Promise<number | null> {
+    let out: number | null = null;
+    return this.enqueue(async () => {
+      const written = await this.write((plan) => {
+        const p = seedReplica(plan.placement, shard, node);
+        return p === null ? null : withPlacement(plan, p);
+      });
+      if (written === null) return;
+      out = written.version;
+      this.replicas.push({ shard, node, epoch: written.version, at: new Date().toISOString(), kind: 'seeding' });
+      this.o.log.info({ shard, node, epoch: written.version }, `shard ${shard}: new replica on ${node} being seeded for a load-balancing move (plan v${written.version})`);
+    }).then(() => out);
+  }
+
+  /**
+   * Load balancing: `to`, a caught-up backup of `shard`, becomes its primary
+   * and the old primary is dropped (topology's `handOver`); then the shards
+   * below the backup factor get new replicas as after a failover. The plan
+   * version of the handover, or null when `to` is not (or no longer) a
+   * backup of the shard.
+   */
+  handOver(shard: string, to: string): Promise<number | null> {
+    let out: number | null = null;
+    return this.enqueue(async () => {
+      const written = await this.write((plan) => {
+        const p = handOver(plan.placement, shard, to);
+        return p === null ? null : withPlacement(plan, p);
+      });
+      if (written === null) return;
+      out = written.version;
+      await this.rereplicate();
+    }).then(() => out);
   }
 
   /** What `status` and the summary report. */

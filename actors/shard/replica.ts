@@ -204,6 +204,8 @@ class ReplicationLink {
         this.entries = this.entries.filter((e) => e.rseq > seed.base_rseq);
         this.ack(Math.max(reply.applied_to, seed.base_rseq));
         this.sentTo = this.ackedTo;
+        // Nothing since the seed's position (an idle shard): caught up now, not at the next update.
+        this.reportIfCaughtUp();
         this.r.o.log.info({ shard: this.r.o.shard, to: this.node, base_rseq: seed.base_rseq }, `shard ${this.r.o.shard}: seeded its replica on ${this.node}; streaming the updates since`);
       }
       while (!this.closed) {
@@ -264,6 +266,11 @@ class ReplicationLink {
       for (const w of this.waiters) (w.rseq <= to ? w.resolve() : still.push(w));
       this.waiters = still;
     }
+    this.reportIfCaughtUp();
+  }
+
+  /** A seeded replica that has confirmed every update streamed to it is reported once, to be made a backup. */
+  private reportIfCaughtUp(): void {
     if (!this.gating && this.seeded && !this.reportedCaughtUp && this.entries.length === 0) {
       this.reportedCaughtUp = true;
       this.r.caughtUp(this.node);

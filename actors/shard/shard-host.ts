@@ -72,7 +72,11 @@ export class ShardHost {
     const mine = new Map<string, ReplicaRole>(replicasOn(plan.placement, this.o.node).map((r) => [r.shard, r.role]));
     for (const [shard, h] of [...this.hosted]) {
       const role = mine.get(shard);
-      if (role !== undefined && !h.def.replica.fenced) continue;
+      // A primary the plan demotes (a load-balancing handover, where it may be seeded again as a backup) holds a
+      // state the new primary has not confirmed: it is stopped and, if it has a role, started again fresh below.
+      const demoted = h.def.replica.role === 'primary' && !h.def.replica.fenced && role !== undefined && role !== 'primary';
+      if (role !== undefined && !h.def.replica.fenced && !demoted) continue;
+      if (demoted) h.def.replica.fence(`plan v${plan.version} makes it a ${role} of ${shard}`);
       if (role === undefined) h.def.replica.fence(`plan v${plan.version} places no replica of ${shard} on ${this.o.node}`);
       this.hosted.delete(shard);
       await this.o.system.despawn(h.actor, { timeoutMs: 2_000 }).catch(() => undefined);

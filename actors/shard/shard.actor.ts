@@ -177,6 +177,9 @@ export class ShardState {
   private epochValue: number;
   private pushes = 0;
   private pulls = 0;
+  /** Floats pulls returned, and gradient floats pushes (or the replicated stream) brought: the replica's traffic, for load balancing. */
+  private pulledFloats = 0;
+  private pushedFloats = 0;
   private applyMs = 0;
   private readonly stalenessCounts = new Array<number>(STALENESS_LE.length + 1).fill(0);
   private stalenessCount = 0;
@@ -269,7 +272,8 @@ export class ShardState {
 
   private readPull(dense: Int32Array, sparse: PullRequest['sparse']): PullReply {
     const denseOut: Float32Array[] = dense.length ? new Array<Float32Array>(dense.length) : EMPTY_F32;
-    for (let k = 0; k < dense.length; k++) denseOut[k] = this.blocks[dense[k]!]!.values;
+    let floats = 0;
+    for (let k = 0; k < dense.length; k++) { denseOut[k] = this.blocks[dense[k]!]!.values; floats += denseOut[k]!.length; }
     const sparseOut: Float32Array[] = sparse.length ? new Array<Float32Array>(sparse.length) : EMPTY_F32;
     for (let k = 0; k < sparse.length; k++) {
       const e = sparse[k]!;
@@ -300,7 +304,9 @@ export class ShardState {
         }
       }
       sparseOut[k] = out;
+      floats += n;
     }
+    this.pulledFloats += floats;
     return { version: this.versionValue, round: this.roundValue, dense: denseOut, sparse: sparseOut };
   }
 
@@ -323,6 +329,7 @@ export class ShardState {
     const staleness = Math.max(0, this.versionValue - m.base_version);
     this.recordStaleness(staleness);
     this.pushes++;
+    this.pushedFloats += pushFloats(m);
     if (m.round === null) {
       let lrScale = 1;
       let sparseLrScale = 1;
@@ -370,6 +377,7 @@ export class ShardState {
   applyReplicated(m: PushRequest, lrScale: number, sparseLrScale = lrScale, dropped: 'dense' | 'sparse' | null = null): void {
     this.recordStaleness(Math.max(0, this.versionValue - m.base_version));
     this.pushes++;
+    this.pushedFloats += pushFloats(m);
     if (m.round === null) {
       if (this.stalenessPolicy !== null) this.recentStaleness.add(Math.max(0, this.versionValue - m.base_version));
       // Scaled down for staleness by the primary (lr_scale is that scale times the group's lr_mult; 0: that kind dropped,
@@ -409,6 +417,7 @@ export class ShardState {
     this.recordStaleness(staleness);
     if (this.stalenessPolicy !== null) this.recentStaleness.add(staleness);
     this.pushes++;
+    this.pushedFloats += pushFloats(m);
     this.staleRefused++;
   }
 
@@ -781,7 +790,7 @@ export class ShardState {
     };
     return {
       shard: this.shard, plan_version: this.epochValue, version: this.versionValue, round: this.roundValue,
-      pushes: this.pushes, pulls: this.pulls, duplicates, sparse_rows: sparseRows, dense_blocks: this.ownedBlocks.length, bytes,
+      pushes: this.pushes, pulls: this.pulls, pulled_floats: this.pulledFloats, pushed_floats: this.pushedFloats, duplicates, sparse_rows: sparseRows, dense_blocks: this.ownedBlocks.length, bytes,
       waiting_pulls: this.waiting.length, pending_contributions: pending, staleness,
       max_staleness: this.stalenessPolicy?.maxStaleness ?? null,
       sparse_max_staleness: this.stalenessPolicy === null ? null : rowsMaxStaleness(this.stalenessPolicy),
@@ -922,3 +931,15 @@ const snapshotSchema = z.object({
   applied: z.array(z.tuple([z.string(), z.number().int().positive()])).optional(),
   refused: z.array(z.string()).optional(),
 });
+
+/** Gradient floats a push carries (every step of it). */
+function pushFloats(m: PushRequest): number {
+  let n = 0;
+  for (const e of m.dense) n += e.grad.length;
+  for (const e of m.sparse) n += e.grads.length;
+  for (const l of m.later_steps) {
+    for (const e of l.dense) n += e.grad.length;
+    for (const e of l.sparse) n += e.grads.length;
+  }
+  return n;
+}

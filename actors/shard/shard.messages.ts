@@ -376,6 +376,10 @@ export interface ShardStats {
   round: number;
   pushes: number;
   pulls: number;
+  /** Floats this replica's pulls returned (dense values, embedding rows). */
+  pulled_floats: number;
+  /** Gradient floats it took: pushes (every step of each), or on a backup the replicated stream. */
+  pushed_floats: number;
   duplicates: number;
   sparse_rows: Record<string, number>;
   dense_blocks: number;

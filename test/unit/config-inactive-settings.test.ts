@@ -105,6 +105,25 @@ describe('inactiveSettings', () => {
     assert.deepEqual(at('none, compress_pulls: false'), []);
   });
 
+  test('load_balancing is acted on with two or more server nodes under sync replication; listed otherwise, saying why', () => {
+    const at = (servers: string, rest: string) => inactiveSettings(parseConfig(`cluster:
+  worker_groups:
+    - name: g1
+      nodes: [w1, w2]
+  server_nodes: [${servers}]
+model: { type: ctr }
+data: { source: spam }
+load_balancing: { enabled: true, imbalance_threshold: 0.4, sustain_seconds: 20 }
+${rest}`, FILE));
+    assert.deepEqual(at('s1, s2', ''), []);
+    assert.deepEqual(at('s1, s2, s3', 'fault_tolerance: { replication: sync }\n'), []);
+    for (const [servers, rest] of [['s1', ''], ['s1, s2', 'fault_tolerance: { replication: async }\n']] as const) {
+      const listed = at(servers, rest);
+      assert.deepEqual(listed.map(pathOf), ['load_balancing.enabled', 'load_balancing.imbalance_threshold', 'load_balancing.sustain_seconds'], `${servers} ${rest}`);
+      assert.match(listed[0]!, /two or more server nodes and fault_tolerance\.replication sync/);
+    }
+  });
+
   test('values that ask for nothing are not listed', () => {
     const text = `${CLUSTER}training: { sync_initial_params: true }
 communication: { backend: nats, compression: none }

@@ -601,9 +601,11 @@ describe('inactiveSettings', () => {
     assert.deepEqual(inactiveSettings(parse(BASE)), [], 'defaults are not reported');
     assert.deepEqual(inactiveSettings(parse(BASE + 'communication: { compression: none }\nserver: { use_gpu: false }\n')), []);
     assert.deepEqual(inactiveSettings(parse(BASE + 'server: { use_gpu: true }\nload_balancing: { sustain_seconds: 30 }\n')), [
-      'load_balancing.sustain_seconds=30 (not active yet: shards stay where the initial plan put them)',
       'server.use_gpu=true (not active yet: server-side optimizers run on the CPU)',
-    ]);
+    ], 'two server nodes under sync replication: the balancer acts on sustain_seconds');
+    assert.deepEqual(inactiveSettings(parse(BASE + 'load_balancing: { sustain_seconds: 30 }\nfault_tolerance: { replication: async }\n')).map((l) => l.slice(0, l.indexOf(' ('))), [
+      'load_balancing.sustain_seconds=30',
+    ], 'async replication: no handover, so the setting is listed');
   });
 
   test('training.local_updates is reported outside hps, where no window takes several steps', () => {

@@ -1,0 +1,238 @@
+/**
+ * Load balancing while training runs (the reference article's dynamic
+ * parameter migration; the rule is topology/load-balance.ts): the
+ * scheduler samples every replica's traffic counters, and once the server
+ * nodes' loads have been further apart than
+ * `load_balancing.imbalance_threshold` for `sustain_seconds`, it moves one
+ * shard's primary off the busiest server — seeding the target first when it
+ * holds no replica of the shard, then handing the shard over to it through
+ * a new plan (ShardFailover writes both, in the order of its other plan
+ * changes). Nothing is paused: requests routed by the old plan are refused
+ * by the deposed primary and retried at the new one, and a push applied
+ * there but never confirmed by the new primary was never acknowledged.
+ *
+ * It waits while failover has work in hand (a dead server, a shard without
+ * a live replica), while any replica is still being seeded, and while any
+ * server node is not alive; a handover never overlaps a checkpoint's cut.
+ */
+import type { ActorSystem, Clock, Logger, Timer, Transport } from '../../runtime/mod.ts';
+import {
+  imbalanceOf, planMigration, serverLoads, trafficRates, type ReplicaTraffic, type ShardPlan, type TrafficRate,
+} from '../../topology/mod.ts';
+import type { HealthView } from '../health/health.types.ts';
+import { publishEvent } from '../monitor/monitor.messages.ts';
+import { allReplicas, replicaId } from '../shard/replica.ts';
+import type { PlanStore } from '../store/plan-store.ts';
+import type { ShardFailover } from './failover.ts';
+
+export interface LoadBalancerOptions {
+  failover: ShardFailover;
+  planStore: PlanStore;
+  /** Asks the replicas for their stats. */
+  system: ActorSystem;
+  health: HealthView;
+  servers: readonly string[];
+  /** load_balancing.imbalance_threshold */
+  threshold: number;
+  /** load_balancing.sustain_seconds */
+  sustainS: number;
+  /** Runs a handover between checkpoints (Checkpointer.exclusive); default: at once. */
+  exclusive?: <T>(fn: () => Promise<T>) => Promise<T>;
+  transport: Transport;
+  job: string;
+  clock: Clock;
+  log: Logger;
+  /** Between samples; default a sixth of sustain_seconds, within 0.25–10 s. */
+  sampleMs?: number;
+  /** How long a seeded target may take to catch up before the move is given up; default 10 × sustain_seconds, at least 60 s. */
+  seedWaitMs?: number;
+}
+
+/** One move, as the summary and `status` report it. */
+export interface MigrationRecord {
+  shard: string;
+  from: string;
+  to: string;
+  /** The plan version that made `to` the primary. */
+  epoch: number;
+  /** The target held no replica: it was seeded first. */
+  seeded: boolean;
+  /** Server loads (floats per second) when the move was decided, and the imbalance they had for sustain_seconds. */
+  loads: Record<string, number>;
+  imbalance: number;
+  /** The loads and imbalance the move was expected to leave. */
+  expected_loads: Record<string, number>;
+  expected_imbalance: number;
+  /** From the decision to the new primary serving. */
+  took_ms: number;
+  at: string;
+}
+
+export interface LoadBalancingReport {
+  threshold: number;
+  sustain_seconds: number;
+  migrations: MigrationRecord[];
+  /** The last sample's server loads (floats per second) and imbalance; null before two samples. */
+  loads: Record<string, number> | null;
+  imbalance: number | null;
+  /** Why the balancer does not act, when it does not (e.g. async replication). */
+  inactive: string | null;
+}
+
+const round = (x: number) => Math.round(x);
+const fmtLoads = (m: ReadonlyMap<string, number>) => Object.fromEntries([...m].map(([k, v]) => [k, round(v)]));
+const showLoads = (m: ReadonlyMap<string, number>) => [...m].map(([k, v]) => `${k} ${(v / 1e6).toFixed(2)} M`).join(', ');
+
+export class LoadBalancer {
+  readonly migrations: MigrationRecord[] = [];
+  private timer: Timer | null = null;
+  private stopped = false;
+  private last: { at: number; traffic: ReplicaTraffic[]; epoch: number } | null = null;
+  private loads: Map<string, number> | null = null;
+  private imbalance: number | null = null;
+  /** Since when (monotonic ms) the imbalance has been over the threshold; null when it is not. */
+  private overSince: number | null = null;
+  private moving: Promise<void> | null = null;
+  private readonly sampleMs: number;
+
+  constructor(private readonly o: LoadBalancerOptions, private readonly inactive: string | null = null) {
+    this.sampleMs = o.sampleMs ?? Math.min(10_000, Math.max(250, (o.sustainS * 1000) / 6));
+  }
+
+  start(): void {
+    if (this.inactive !== null) {
+      this.o.log.info(`load balancing: off (${this.inactive})`);
+      return;
+    }
+    this.schedule();
+  }
+
+  private schedule(): void {
+    if (this.stopped) return;
+    this.timer = this.o.clock.setTimeout(() => {
+      this.timer = null;
+      void this.tick().catch((e: unknown) => this.o.log.warn({ err: (e as Error).message }, 'load balancing: a sample failed; trying again'))
+        .finally(() => this.schedule());
+    }, this.sampleMs);
+  }
+
+  /** Why no move may start now, or null. */
+  private holdReason(plan: ShardPlan): string | null {
+    if (this.o.failover.unsettled) return 'failover has work in hand';
+    for (const s of this.o.servers) if (this.o.health.stateOf(s) !== 'alive') return `server ${s} is not alive`;
+    const seeding = Object.entries(plan.placement.replicas).filter(([, r]) => r.seeding.length > 0).map(([s]) => s);
+    if (seeding.length) return `shard(s) ${seeding.join(', ')} still seeding a replica`;
+    return null;
+  }
+
+  /** One sample: the loads since the last, and a move once they stayed imbalanced for sustain_seconds. */
+  async tick(): Promise<void> {
+    if (this.stopped || this.moving !== null) return;
+    const plan = await this.o.planStore.get();
+    if (plan === null) return;
+    const at = this.o.clock.monotonic();
+    const traffic = await this.traffic(plan);
+    const prev = this.last;
+    this.last = { at, traffic, epoch: plan.version };
+    // Rates only between two samples under one plan: a plan change moves traffic between replicas.
+    if (prev === null || prev.epoch !== plan.version) { this.overSince = null; return; }
+    const rates = trafficRates(prev.traffic, traffic, (at - prev.at) / 1000);
+    const live = this.o.servers.filter((s) => this.o.health.stateOf(s) !== 'dead');
+    const loads = serverLoads(plan.placement, rates, live);
+    const { imbalance } = imbalanceOf(loads);
+    this.loads = loads;
+    this.imbalance = imbalance;
+    const hold = this.holdReason(plan);
+    if (hold !== null || imbalance <= this.o.threshold) { this.overSince = null; return; }
+    this.overSince ??= prev.at;
+    if (at - this.overSince < this.o.sustainS * 1000) return;
+    const move = planMigration(plan.placement, rates, live, this.o.threshold);
+    if (move === null) return;
+    const imbalanceNow = imbalance;
+    const loadsNow = loads;
+    this.moving = this.migrate(move.shard, move.from, move.to, move.seed, { loads: loadsNow, imbalance: imbalanceNow, expected: move.predicted, expectedImbalance: move.predictedImbalance })
+      .catch((e: unknown) => this.o.log.warn({ err: (e as Error).message, shard: move.shard }, `load balancing: moving shard ${move.shard} failed: ${(e as Error).message}`))
+      .finally(() => { this.moving = null; this.overSince = null; this.last = null; });
+    await this.moving;
+  }
+
+  /** Every replica's traffic counters (a replica that does not answer in time is left out of this sample). */
+  private async traffic(plan: ShardPlan): Promise<ReplicaTraffic[]> {
+    const out: ReplicaTraffic[] = [];
+    await Promise.all(allReplicas(plan).map(async ({ shard, node }) => {
+      const s = await this.o.system.ref('shard', replicaId(shard, node))
+        .request<{ pulled_floats?: number; pushed_floats?: number; role?: string }>('stats', {}, { timeoutMs: 1_000 })
+        .catch(() => null);
+      if (s === null || typeof s.pulled_floats !== 'number' || typeof s.pushed_floats !== 'number' || s.role === 'fenced') return;
+      out.push({ shard, node, pulled: s.pulled_floats, pushed: s.pushed_floats });
+    }));
+    return out;
+  }
+
+  private async migrate(
+    shard: string, from: string, to: string, seed: boolean,
+    why: { loads: Map<string, number>; imbalance: number; expected: Map<string, number>; expectedImbalance: number },
+  ): Promise<void> {
+    const started = this.o.clock.monotonic();
+    const { log } = this.o;
+    log.warn({ shard, from, to, seed, loads: fmtLoads(why.loads), imbalance: Number(why.imbalance.toFixed(3)) },
+      `load balancing: server loads ${showLoads(why.loads)} floats/s, imbalance ${why.imbalance.toFixed(2)} > ${this.o.threshold} for ${this.o.sustainS} s: `
+      + `moving shard ${shard}'s primary ${from} → ${to}${seed ? ' (seeding a replica there first)' : ''}`);
+    if (seed) {
+      const v = await this.o.failover.seedFor(shard, to);
+      if (v === null) throw new Error(`the plan no longer lets ${to} take a new replica of ${shard}`);
+      await this.waitFor(() => this.o.planStore.get().then((p) => {
+        const r = p?.placement.replicas[shard];
+        if (r === undefined || r.primary !== from || !(r.backups.includes(to) || r.seeding.includes(to))) throw new Error(`shard ${shard}'s placement changed while ${to} was being seeded`);
+        return r.backups.includes(to);
+      }), this.o.seedWaitMs ?? Math.max(60_000, this.o.sustainS * 10_000), `${to}'s new replica of ${shard} to catch up`);
+    }
+    const run = this.o.exclusive ?? (<T>(fn: () => Promise<T>) => fn());
+    const epoch = await run(async () => {
+      const v = await this.o.failover.handOver(shard, to);
+      if (v === null) throw new Error(`${to} is no longer a caught-up backup of ${shard}`);
+      // Done when the new primary serves under the new plan (its host follows the plan store's watch).
+      await this.waitFor(async () => {
+        const s = await this.o.system.ref('shard', replicaId(shard, to)).request<{ role?: string; epoch?: number }>('stats', {}, { timeoutMs: 1_000 }).catch(() => null);
+        return s !== null && s.role === 'primary' && (s.epoch ?? 0) >= v;
+      }, 30_000, `${to} to serve ${shard} as its primary`);
+      return v;
+    });
+    const rec: MigrationRecord = {
+      shard, from, to, epoch, seeded: seed, loads: fmtLoads(why.loads), imbalance: Number(why.imbalance.toFixed(3)),
+      expected_loads: fmtLoads(why.expected), expected_imbalance: Number(why.expectedImbalance.toFixed(3)),
+      took_ms: round(this.o.clock.monotonic() - started), at: new Date().toISOString(),
+    };
+    this.migrations.push(rec);
+    log.warn(rec, `load balancing: shard ${shard}'s primary is now ${to} (plan v${epoch}, ${rec.took_ms} ms)`);
+    publishEvent(this.o.transport, this.o.job, 'scheduler', {
+      kind: 'migration', node: to, text: `shard ${shard}: primary moved ${from} → ${to} to balance the servers' load (imbalance ${why.imbalance.toFixed(2)}; plan v${epoch})`,
+    });
+  }
+
+  private async waitFor(done: () => Promise<boolean>, limitMs: number, what: string): Promise<void> {
+    const until = this.o.clock.monotonic() + limitMs;
+    while (!this.stopped) {
+      if (await done()) return;
+      if (this.o.clock.monotonic() > until) throw new Error(`gave up waiting for ${what} after ${Math.round(limitMs / 1000)} s`);
+      await new Promise<void>((r) => { this.o.clock.setTimeout(r, 100); });
+    }
+    throw new Error('the job is ending');
+  }
+
+  report(): LoadBalancingReport {
+    return {
+      threshold: this.o.threshold, sustain_seconds: this.o.sustainS, migrations: [...this.migrations],
+      loads: this.loads === null ? null : fmtLoads(this.loads), imbalance: this.imbalance === null ? null : Number(this.imbalance.toFixed(3)),
+      inactive: this.inactive,
+    };
+  }
+
+  /** Stops sampling; a move under way finishes its current step. */
+  async dispose(): Promise<void> {
+    this.stopped = true;
+    this.timer?.cancel();
+    this.timer = null;
+    await this.moving?.catch(() => undefined);
+  }
+}
