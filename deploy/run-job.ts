@@ -705,6 +705,10 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
     const trained = await supervise(ctx, backend, monitor, prepared, ctx.emulated, periodic, o.evalEveryS, o.control, check);
     stopPeriodic();
     await balancer?.dispose();
+    for (const m of balancer?.migrations ?? []) {
+      out.line(`load balancing: shard ${m.shard}'s primary moved ${m.from} → ${m.to} (plan v${m.epoch}; imbalance ${m.imbalance}`
+        + `${m.measured_after ? `, ${m.measured_after.imbalance} measured after` : ''})`);
+    }
     if (ck.at_end) {
       // The state the job ends with, resumable and exportable; a failure is reported, not fatal (training is done).
       await checkpointer.take('end').then(

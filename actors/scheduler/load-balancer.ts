@@ -66,13 +66,15 @@ export interface MigrationRecord {
   /** From the decision to the new primary serving. */
   took_ms: number;
   at: string;
+  /** The first loads measured once the move had settled (the old primary seeded again where it is wanted), while traffic went on; null until then. */
+  measured_after: { loads: Record<string, number>; imbalance: number } | null;
 }
 
 export interface LoadBalancingReport {
   threshold: number;
   sustain_seconds: number;
   migrations: MigrationRecord[];
-  /** The last sample's server loads (floats per second) and imbalance; null before two samples. */
+  /** The last sample's server loads (floats per second) and imbalance while there was traffic; null before two such samples. */
   loads: Record<string, number> | null;
   imbalance: number | null;
   /** Why the balancer does not act, when it does not (e.g. async replication). */
@@ -140,9 +142,14 @@ export class LoadBalancer {
     const live = this.o.servers.filter((s) => this.o.health.stateOf(s) !== 'dead');
     const loads = serverLoads(plan.placement, rates, live);
     const { imbalance } = imbalanceOf(loads);
-    this.loads = loads;
-    this.imbalance = imbalance;
+    // The report keeps the last sample with traffic (not the idle one after training).
+    if ([...loads.values()].some((l) => l > 0)) { this.loads = loads; this.imbalance = imbalance; }
     const hold = this.holdReason(plan);
+    const lastMove = this.migrations.at(-1);
+    if (hold === null && lastMove !== undefined && lastMove.measured_after === null && [...loads.values()].some((l) => l > 0)) {
+      lastMove.measured_after = { loads: fmtLoads(loads), imbalance: Number(imbalance.toFixed(3)) };
+      this.o.log.info(lastMove.measured_after, `load balancing: after moving shard ${lastMove.shard}, server loads ${showLoads(loads)} floats/s, imbalance ${imbalance.toFixed(2)}`);
+    }
     if (hold !== null || imbalance <= this.o.threshold) { this.overSince = null; return; }
     this.overSince ??= prev.at;
     if (at - this.overSince < this.o.sustainS * 1000) return;
@@ -201,7 +208,7 @@ export class LoadBalancer {
     const rec: MigrationRecord = {
       shard, from, to, epoch, seeded: seed, loads: fmtLoads(why.loads), imbalance: Number(why.imbalance.toFixed(3)),
       expected_loads: fmtLoads(why.expected), expected_imbalance: Number(why.expectedImbalance.toFixed(3)),
-      took_ms: round(this.o.clock.monotonic() - started), at: new Date().toISOString(),
+      took_ms: round(this.o.clock.monotonic() - started), at: new Date().toISOString(), measured_after: null,
     };
     this.migrations.push(rec);
     log.warn(rec, `load balancing: shard ${shard}'s primary is now ${to} (plan v${epoch}, ${rec.took_ms} ms)`);

@@ -39,6 +39,7 @@ test('JobMetrics: batch, progress, event, verdict and status figures come out in
   m.progress({ node: 'f1', group: 'fast', steps: 1, samples: 32, loss: 0.5, samples_per_s: 12, round: null, emulated_speed: 1, emulated: true, busy_ms: 3, emulated_step_ms: 40, window_ms: 2000, first_step_ago_ms: 10, bytes_out: 1000, bytes_in: 5000, compression: null, link_utilisation: null });
   m.event({ at_ms: 1, kind: 'checkpoint', node: null, text: 'ckpt' });
   m.event({ at_ms: 2, kind: 'failover', node: 'server-1', text: 'promoted' });
+  m.event({ at_ms: 3, kind: 'migration', node: 'server-2', text: 'shard s1: primary moved server-1 → server-2' });
   m.verdict({ node: 's1', role: 'worker', state: 'dead', since_ms: 1, reason: 'silent', reported: '', silent_ms: 900 });
   m.evaluation({ logloss: 0.45, auc: 0.81 });
 
@@ -70,7 +71,8 @@ test('JobMetrics: batch, progress, event, verdict and status figures come out in
   assert.equal(value(first, 'hetps_batches_dropped_stale_total'), 1);
   assert.equal(value(first, 'hetps_batches_part_dropped_total'), 1, 'a batch applied without its dense part or its rows');
   assert.equal(value(first, 'hetps_events_total', { kind: 'checkpoint' }), 1);
-  assert.equal(value(first, 'hetps_failovers_total'), 1);
+  assert.equal(value(first, 'hetps_failovers_total'), 1, 'a load-balancing move is not a failover');
+  assert.equal(value(first, 'hetps_events_total', { kind: 'migration' }), 1);
   assert.equal(value(first, 'hetps_checkpoints_total'), 1);
   assert.equal(value(first, 'hetps_health_state', { node: 's1', role: 'worker' }), 2, 'dead is 2');
   assert.equal(value(first, 'hetps_test_auc'), 0.81);
