@@ -390,3 +390,42 @@ test('checkpoints: a command behind a checkpoint stuck in its pause answers by i
     await rm(root, { recursive: true, force: true });
   }
 });
+
+test('checkpoints and load-balancing handovers never overlap: a cut waits for a handover under way, and a handover for a cut and its fetch', async () => {
+  const events: string[] = [];
+  const gate = () => { let open!: () => void; const p = new Promise<void>((r) => { open = r; }); return { p, open }; };
+  const pauseGate = gate();
+  const root = await mkdtemp(join(tmpdir(), 'hetps-ck-'));
+  const k = new Checkpointer({
+    root, keep: 10, job: JOB, model: null,
+    controller: {
+      pauseUntilPaused: async () => { events.push('pause'); await pauseGate.p; return { already: false }; },
+      resume: async () => { events.push('resume'); }, jobInfo: info,
+    },
+    plan: () => ({ version: 1, shards: ['s0'] }) as unknown as ShardPlan,
+    frozen: { freeze: async () => { events.push('freeze'); }, take: async () => { events.push('take'); throw new Error('fetch failed (test)'); } },
+    acked: () => [], totalBatches: 10, clock: systemClock, log: silentLogger(), pauseTimeoutMs: 5_000,
+  });
+  try {
+    // A handover under way: the checkpoint asked for meanwhile does not pause anything until it is done.
+    const handover = gate();
+    const first = k.exclusive(async () => { events.push('handover 1'); await handover.p; events.push('handover 1 done'); });
+    const cut = k.take('command');
+    const cutFailed = assert.rejects(cut, /fetch failed \(test\)/);
+    await new Promise((r) => setTimeout(r, 100));
+    assert.deepEqual(events, ['handover 1']);
+    handover.open();
+    await first;
+    await until(async () => events.includes('pause'), 'the cut pauses once the handover is done');
+    // A cut under way (paused, not yet frozen or fetched): the next handover waits for all of it.
+    const second = k.exclusive(async () => { events.push('handover 2'); });
+    await new Promise((r) => setTimeout(r, 100));
+    assert.ok(!events.includes('handover 2'), events.join(', '));
+    pauseGate.open();
+    await cutFailed;
+    await second;
+    assert.deepEqual(events, ['handover 1', 'handover 1 done', 'pause', 'freeze', 'resume', 'take', 'handover 2']);
+  } finally {
+    await rm(root, { recursive: true, force: true });
+  }
+});
