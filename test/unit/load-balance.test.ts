@@ -91,13 +91,13 @@ describe('the rule', () => {
 
 const SHARDS = ['a', 'b'];
 
-function layout(): ShardPlan {
+/** Both primaries on n1 (as after a failover to it), both backups on n2; `servers` may add nodes that hold nothing yet. */
+function layout(servers = ['n1', 'n2']): ShardPlan {
   const p = buildShardPlan({
     version: 1, shards: SHARDS, servers: ['n1', 'n2'], backupFactor: 1, partitions: 4, maxBlockBytes: 16,
     denseParams: [{ name: 'w', size: 8 }], sparseTables: [],
   });
-  // Both primaries on n1 (as after a failover to it), both backups on n2.
-  return { ...p, placement: { servers: ['n1', 'n2'], initial_version: 1, replicas: { a: { primary: 'n1', backups: ['n2'], seeding: [] }, b: { primary: 'n1', backups: ['n2'], seeding: [] } } } };
+  return { ...p, placement: { servers, initial_version: 1, replicas: { a: { primary: 'n1', backups: ['n2'], seeding: [] }, b: { primary: 'n1', backups: ['n2'], seeding: [] } } } };
 }
 
 function newState(shard: string, p: ShardPlan): ShardState {
@@ -117,143 +117,176 @@ function pushOf(p: ShardPlan, shard: string, k: number): PushRequest {
   };
 }
 
-function aliveHealth(nodes: string[]): HealthView {
-  const s = new Map<string, HealthState>(nodes.map((n) => [n, 'alive']));
-  return { stateOf: (n) => s.get(n) ?? null, onChange: () => () => {} };
+function health(states: Record<string, HealthState>): HealthView & { set(n: string, s: HealthState): void } {
+  const s = new Map(Object.entries(states));
+  return { stateOf: (n) => s.get(n) ?? null, onChange: () => () => {}, set: (n, st) => { s.set(n, st); } };
 }
+
+/** Shard hosts on `servers` over the in-process bus, the failover's plan writes, a balancer, and one client per shard pulling and pushing. */
+async function balancerLab(first: ShardPlan, servers: string[], job: string) {
+  const broker = new InProcessBroker();
+  const sys = (node: string) => new ActorSystem({
+    transport: new Transport(broker.client(), { clientId: node, clock: systemClock }), job, node, clock: systemClock, random: new SeededRandom(1), defaultRequestTimeoutMs: 2_000,
+  });
+  const store = memoryPlanStore(first);
+  const systems = servers.map(sys);
+  const hosts = servers.map((node, i) => new ShardHost({ node, system: systems[i]!, planStore: store, log: silentLogger(), replication: 'sync', lagLimit: 8, requestTimeoutMs: 300, newState }));
+  for (const h of hosts) await h.start(first);
+  const sched = sys('scheduler');
+  const client = sys('client');
+  // One client system per shard: a push's (from, seq) is its identity for the replicas' dedup.
+  const clients: Record<string, ActorSystem> = Object.fromEntries(SHARDS.map((s) => [s, sys(`client-${s}`)]));
+  const view = health(Object.fromEntries(servers.map((n) => [n, 'alive'])));
+  const failover = new ShardFailover({ planStore: store, health: view, servers, backupFactor: 1, transport: sched.transport, job, clock: systemClock, log: silentLogger() });
+  await sched.spawn(createFailoverActor(failover));
+  const balancer = new LoadBalancer({
+    failover, planStore: store, system: sched, health: view, servers, threshold: 0.3, sustainS: 0.3, sampleMs: 60,
+    transport: sched.transport, job, clock: systemClock, log: silentLogger(),
+  });
+  const acked = new Map<string, number>();
+  const pushed: Record<string, number> = Object.fromEntries(SHARDS.map((s) => [s, 0]));
+  let stop = false;
+  let retries = 0;
+  // Per shard, in order: pull, then push (the same seq on every retry, wherever the plan routes it).
+  const drive = async (shard: string) => {
+    for (let k = 0, seq = 1; !stop; k++, seq++) {
+      await new Promise((r) => setTimeout(r, 1));
+      for (;;) {
+        const p = (await store.get())!;
+        const ref = clients[shard]!.ref('shard', replicaId(shard, p.placement.replicas[shard]!.primary));
+        try {
+          await ref.request('pull', { plan_version: p.version, min_round: null, dense: Int32Array.from(p.dense.filter((b) => b.shard === shard).map((b) => b.id)), sparse: [], compression: null });
+          await ref.request('push', pushOf(p, shard, k) as unknown as Record<string, unknown>, { seq });
+          acked.set(`${shard}-${k}`, (acked.get(`${shard}-${k}`) ?? 0) + 1);
+          pushed[shard]!++;
+          break;
+        } catch (e) {
+          assert.ok(isRetryable(e), `only retryable errors while primaries move: ${(e as Error).message}`);
+          retries++;
+          await new Promise((r) => setTimeout(r, 10));
+        }
+      }
+    }
+  };
+  let drivers: Promise<void>[] = [];
+  return {
+    store, failover, balancer, client, health: view, pushed, acked, get retries() { return retries; },
+    startTraffic() { drivers = SHARDS.map((s) => drive(s)); },
+    async stopTraffic() { stop = true; await Promise.all(drivers); },
+    /** The shard's replicas (primary first) equal, every acknowledged push applied once on each, and the model the same pushes give a shard that never moved. */
+    async checkShard(shard: string): Promise<void> {
+      const r = (await store.get())!.placement.replicas[shard]!;
+      const got = await Promise.all([r.primary, ...r.backups].map((n) => client.ref('shard', replicaId(shard, n)).request<IntegrityReply & Record<string, unknown>>('integrity', {})));
+      const ref = newState(shard, first);
+      for (let k = 0; k < pushed[shard]!; k++) ref.push(pushOf(first, shard, k));
+      for (const g of got) {
+        assert.equal(g.hash, ref.stateHash(), `${shard} on ${g.node}: the model the pushes give without a move`);
+        assert.equal(Object.keys(g.applied).length, pushed[shard], `${shard} on ${g.node}: every acknowledged push applied`);
+        assert.ok(Object.values(g.applied).every((n) => n === 1), `${shard} on ${g.node}: none applied twice`);
+      }
+      assert.deepEqual([...acked.values()].filter((n) => n !== 1), []);
+    },
+    async close() {
+      stop = true;
+      await Promise.all(drivers).catch(() => undefined);
+      await balancer.dispose();
+      failover.dispose();
+      for (const h of hosts) await h.stop().catch(() => undefined);
+      for (const x of [...systems, sched, client, ...Object.values(clients)]) await x.stop().catch(() => undefined);
+    },
+  };
+}
+
+const settled = async (store: { get(): Promise<ShardPlan | null> }) => {
+  const p = (await store.get())!;
+  return SHARDS.every((s) => p.placement.replicas[s]!.backups.length === 1 && p.placement.replicas[s]!.seeding.length === 0);
+};
 
 describe('the balancer', () => {
   test('a primary that sees itself demoted straight to seeding (without the plan that dropped it) starts again fresh and is seeded; its new primary is not deposed', { timeout: 30_000 }, async () => {
-    const broker = new InProcessBroker();
-    const sys = (node: string) => new ActorSystem({
-      transport: new Transport(broker.client(), { clientId: node, clock: systemClock }), job: 'lbd', node, clock: systemClock, random: new SeededRandom(1), defaultRequestTimeoutMs: 2_000,
-    });
     const first = layout();
-    const store = memoryPlanStore(first);
-    const systems = ['n1', 'n2', 'scheduler', 'client'].map(sys);
-    const hosts = ['n1', 'n2'].map((node, i) => new ShardHost({ node, system: systems[i]!, planStore: store, log: silentLogger(), replication: 'sync', lagLimit: 8, requestTimeoutMs: 300, newState }));
-    const failover = new ShardFailover({ planStore: store, health: aliveHealth(['n1', 'n2']), servers: ['n1', 'n2'], backupFactor: 1, transport: systems[2]!.transport, job: 'lbd', clock: systemClock, log: silentLogger() });
-    await systems[2]!.spawn(createFailoverActor(failover));
+    const lab = await balancerLab(first, ['n1', 'n2'], 'lbd');
     try {
-      for (const h of hosts) await h.start(first);
-      const client = systems[3]!;
-      for (let k = 0; k < 5; k++) await client.ref('shard', replicaId('a', 'n1')).request('push', pushOf(first, 'a', k) as unknown as Record<string, unknown>);
+      for (let k = 0; k < 5; k++) await lab.client.ref('shard', replicaId('a', 'n1')).request('push', pushOf(first, 'a', k) as unknown as Record<string, unknown>);
       // One plan: a's primary on n2, n1 seeding (the handover and the re-replication as one step). No push follows
       // until n1 is a backup: a seed that leaves nothing to stream is caught up at once.
-      const next = withPlacement(first, { ...first.placement, replicas: { ...first.placement.replicas, a: { primary: 'n2', backups: [], seeding: ['n1'] } } });
-      await store.put(next);
-      await until(async () => ((await store.get())!.placement.replicas.a!.backups.includes('n1')), 'n1 seeded by n2 and made a backup of a', 10_000);
-      const stats = (n: string) => client.ref('shard', replicaId('a', n)).request<{ role: string; version: number }>('stats', {});
+      await lab.store.put(withPlacement(first, { ...first.placement, replicas: { ...first.placement.replicas, a: { primary: 'n2', backups: [], seeding: ['n1'] } } }));
+      await until(async () => ((await lab.store.get())!.placement.replicas.a!.backups.includes('n1')), 'n1 seeded by n2 and made a backup of a', 10_000);
+      const stats = (n: string) => lab.client.ref('shard', replicaId('a', n)).request<{ role: string }>('stats', {});
       assert.deepEqual([(await stats('n2')).role, (await stats('n1')).role], ['primary', 'backup']);
-      await client.ref('shard', replicaId('a', 'n2')).request('push', pushOf((await store.get())!, 'a', 5) as unknown as Record<string, unknown>);
-      const [p, b] = await Promise.all(['n2', 'n1'].map((n) => client.ref('shard', replicaId('a', n)).request<IntegrityReply & Record<string, unknown>>('integrity', {})));
-      assert.equal(b!.hash, p!.hash);
-      assert.equal(p!.version, 6);
+      await lab.client.ref('shard', replicaId('a', 'n2')).request('push', pushOf((await lab.store.get())!, 'a', 5) as unknown as Record<string, unknown>);
+      lab.pushed.a = 6;
+      await lab.checkShard('a');
     } finally {
-      failover.dispose();
-      for (const h of hosts) await h.stop().catch(() => undefined);
-      for (const s of systems) await s.stop().catch(() => undefined);
+      await lab.close();
     }
   });
 
-  test('moves a primary off the busier server while pulls and pushes go on: each push applied once everywhere, replicas equal, the same model as without the move', { timeout: 60_000 }, async (t) => {
-    const broker = new InProcessBroker();
-    const sys = (node: string) => new ActorSystem({
-      transport: new Transport(broker.client(), { clientId: node, clock: systemClock }), job: 'lb', node, clock: systemClock, random: new SeededRandom(1), defaultRequestTimeoutMs: 2_000,
-    });
-    const first = layout();
-    const store = memoryPlanStore(first);
-    const hosts: ShardHost[] = [];
-    const systems: ActorSystem[] = [];
-    for (const node of ['n1', 'n2']) {
-      const system = sys(node);
-      systems.push(system);
-      const host = new ShardHost({ node, system, planStore: store, log: silentLogger(), replication: 'sync', lagLimit: 8, requestTimeoutMs: 300, newState });
-      await host.start(first);
-      hosts.push(host);
-    }
-    const sched = sys('scheduler');
-    const client = sys('client');
-    // One client system per shard: a push's (from, seq) is its identity for the replicas' dedup.
-    const clients: Record<string, ActorSystem> = Object.fromEntries(SHARDS.map((s) => [s, sys(`client-${s}`)]));
-    const health = aliveHealth(['n1', 'n2']);
-    const failover = new ShardFailover({ planStore: store, health, servers: ['n1', 'n2'], backupFactor: 1, transport: sched.transport, job: 'lb', clock: systemClock, log: silentLogger() });
-    await sched.spawn(createFailoverActor(failover));
-    const balancer = new LoadBalancer({
-      failover, planStore: store, system: sched, health, servers: ['n1', 'n2'], threshold: 0.3, sustainS: 0.3, sampleMs: 60,
-      transport: sched.transport, job: 'lb', clock: systemClock, log: silentLogger(),
-    });
-    const acked = new Map<string, number>();
-    let stop = false;
-    let retries = 0;
-    const pushed: Record<string, number> = { a: 0, b: 0 };
-    // One client per shard, in order: pull, then push (same seq on every retry, wherever the plan routes it).
-    const drive = async (shard: string) => {
-      for (let k = 0, seq = 1; !stop; k++, seq++) {
-        await new Promise((r) => setTimeout(r, 1));
-        for (;;) {
-          const p = (await store.get())!;
-          const primary = p.placement.replicas[shard]!.primary;
-          try {
-            const ref = clients[shard]!.ref('shard', replicaId(shard, primary));
-            await ref.request('pull', { plan_version: p.version, min_round: null, dense: Int32Array.from(p.dense.filter((b) => b.shard === shard).map((b) => b.id)), sparse: [], compression: null });
-            await ref.request('push', pushOf(p, shard, k) as unknown as Record<string, unknown>, { seq });
-            acked.set(`${shard}-${k}`, (acked.get(`${shard}-${k}`) ?? 0) + 1);
-            pushed[shard]!++;
-            break;
-          } catch (e) {
-            assert.ok(isRetryable(e), `only retryable errors while primaries move: ${(e as Error).message}`);
-            retries++;
-            await new Promise((r) => setTimeout(r, 10));
-          }
-        }
-      }
-    };
+  test('moves a primary off the busier server to its backup while pulls and pushes go on: each push applied once everywhere, replicas equal, the same model as without the move', { timeout: 60_000 }, async (t) => {
+    const lab = await balancerLab(layout(), ['n1', 'n2'], 'lb');
     try {
-      balancer.start();
-      const drivers = SHARDS.map((s) => drive(s));
-      await until(() => balancer.migrations.length === 1, 'one primary moved', 20_000);
-      await until(async () => {
-        const p = (await store.get())!;
-        return SHARDS.every((s) => p.placement.replicas[s]!.backups.length === 1 && p.placement.replicas[s]!.seeding.length === 0);
-      }, 'the old primary seeded again as a backup', 20_000);
-      const at = { a: pushed.a!, b: pushed.b! };
-      await until(() => pushed.a! >= at.a + 20 && pushed.b! >= at.b + 20, '20 more pushes to each shard after the move', 10_000);
-      stop = true;
-      await Promise.all(drivers);
-      await balancer.dispose();
-      await failover.settled();
-
-      const m = balancer.migrations[0]!;
+      lab.balancer.start();
+      lab.startTraffic();
+      await until(() => lab.balancer.migrations.length === 1, 'one primary moved', 20_000);
+      await until(() => settled(lab.store), 'the old primary seeded again as a backup', 20_000);
+      const at = { ...lab.pushed };
+      await until(() => SHARDS.every((s) => lab.pushed[s]! >= at[s]! + 20), '20 more pushes to each shard after the move', 10_000);
+      await until(() => lab.balancer.migrations[0]!.measured_after !== null, 'the loads measured after the move', 10_000);
+      await lab.stopTraffic();
+      await lab.balancer.dispose();
+      await lab.failover.settled();
+      const m = lab.balancer.migrations[0]!;
       // A move under load answers some requests "re-read the plan"; they were retried at the new primary.
-      t.diagnostic(`moved ${m.shard} in ${m.took_ms} ms; ${retries} request(s) retried; pushes ${JSON.stringify(pushed)}`);
-      assert.equal(m.from, 'n1');
-      assert.equal(m.to, 'n2');
-      assert.equal(m.seeded, false, 'n2 held a caught-up backup');
-      assert.ok(m.imbalance > 0.3 && m.expected_imbalance < m.imbalance, JSON.stringify(m));
-      assert.equal(balancer.migrations.length, 1, 'balanced afterwards: no move back');
-      const final = (await store.get())!;
-      const primaries = SHARDS.map((s) => final.placement.replicas[s]!.primary).sort();
-      assert.deepEqual(primaries, ['n1', 'n2'], 'one primary on each server');
-      assert.ok(failover.replicas.some((r) => r.node === 'n1' && r.shard === m.shard && r.kind === 'backup'), 'n1 seeded again and caught up');
-      for (const shard of SHARDS) {
-        const r = final.placement.replicas[shard]!;
-        const [pr, bk] = await Promise.all([r.primary, r.backups[0]!].map((n) => client.ref('shard', replicaId(shard, n)).request<IntegrityReply & Record<string, unknown>>('integrity', {})));
-        assert.equal(bk!.hash, pr!.hash, `${shard}: the replicas are equal`);
-        assert.equal(Object.keys(pr!.applied).length, pushed[shard], `${shard}: every acknowledged push applied`);
-        assert.ok(Object.values(pr!.applied).every((n) => n === 1) && Object.values(bk!.applied).every((n) => n === 1), `${shard}: none applied twice`);
-        // The same pushes, in the same order, on one shard state that never moved.
-        const ref = newState(shard, first);
-        for (let k = 0; k < pushed[shard]!; k++) ref.push(pushOf(first, shard, k));
-        assert.equal(pr!.hash, ref.stateHash(), `${shard}: the model the pushes give without a move`);
-      }
-      assert.deepEqual([...acked.values()].filter((n) => n !== 1), []);
+      t.diagnostic(`moved ${m.shard} in ${m.took_ms} ms; ${lab.retries} request(s) retried; pushes ${JSON.stringify(lab.pushed)}; after ${JSON.stringify(m.measured_after)}`);
+      assert.deepEqual([m.from, m.to, m.seeded], ['n1', 'n2', false], 'n2 held a caught-up backup');
+      assert.ok(m.imbalance > 0.3 && m.expected_imbalance < 0.3 && m.measured_after!.imbalance < 0.3, JSON.stringify(m));
+      assert.equal(lab.balancer.migrations.length, 1, 'balanced afterwards: no move back');
+      const final = (await lab.store.get())!;
+      assert.deepEqual(SHARDS.map((s) => final.placement.replicas[s]!.primary).sort(), ['n1', 'n2'], 'one primary on each server');
+      assert.ok(lab.failover.replicas.some((r) => r.node === 'n1' && r.shard === m.shard && r.kind === 'backup'), 'n1 seeded again and caught up');
+      for (const shard of SHARDS) await lab.checkShard(shard);
     } finally {
-      stop = true;
-      await balancer.dispose();
-      failover.dispose();
-      for (const h of hosts) await h.stop().catch(() => undefined);
-      for (const s of [...systems, sched, client, ...Object.values(clients)]) await s.stop().catch(() => undefined);
+      await lab.close();
+    }
+  });
+
+  test('a server holding nothing is seeded first, then handed the shard; the old primary is dropped (the backup factor is met without it)', { timeout: 60_000 }, async () => {
+    const lab = await balancerLab(layout(['n1', 'n2', 'n3']), ['n1', 'n2', 'n3'], 'lbs');
+    try {
+      lab.balancer.start();
+      lab.startTraffic();
+      await until(() => lab.balancer.migrations.length === 1, 'one primary moved', 20_000);
+      const m = lab.balancer.migrations[0]!;
+      assert.deepEqual([m.from, m.to, m.seeded], ['n1', 'n3', true], JSON.stringify(m));
+      const at = { ...lab.pushed };
+      await until(() => SHARDS.every((s) => lab.pushed[s]! >= at[s]! + 20), '20 more pushes to each shard after the move', 10_000);
+      await lab.stopTraffic();
+      await lab.balancer.dispose();
+      await lab.failover.settled();
+      const r = (await lab.store.get())!.placement.replicas[m.shard]!;
+      assert.deepEqual(r, { primary: 'n3', backups: ['n2'], seeding: [] });
+      assert.deepEqual(lab.failover.replicas.filter((x) => x.shard === m.shard).map((x) => [x.node, x.kind]), [['n3', 'seeding'], ['n3', 'backup']]);
+      for (const shard of SHARDS) await lab.checkShard(shard);
+    } finally {
+      await lab.close();
+    }
+  });
+
+  test('no move while a server is not alive, however long the imbalance lasts; one once every server is', { timeout: 30_000 }, async () => {
+    const lab = await balancerLab(layout(), ['n1', 'n2'], 'lbh');
+    try {
+      lab.health.set('n2', 'suspect');
+      lab.balancer.start();
+      lab.startTraffic();
+      await until(() => (lab.balancer.report().imbalance ?? 0) > 0.3, 'the imbalance measured', 10_000);
+      await new Promise((r) => setTimeout(r, 1_500));
+      assert.equal(lab.balancer.migrations.length, 0, '5 × sustain_seconds of imbalance with n2 suspect: no move');
+      lab.health.set('n2', 'alive');
+      await until(() => lab.balancer.migrations.length === 1, 'moved once n2 is alive', 10_000);
+      await lab.stopTraffic();
+      for (const shard of SHARDS) await lab.checkShard(shard);
+    } finally {
+      await lab.close();
     }
   });
 });
