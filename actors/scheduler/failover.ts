@@ -248,19 +248,12 @@ export class ShardFailover {
 
   /** A seeded replica caught up: from the next plan on, its primary waits for it. */
   async replicaReady(shard: string, node: string): Promise<{ epoch: number | null }> {
-    let out: { epoch: number | null } = { epoch: null };
-    await this.enqueue(async () => {
-      const written = await this.write((plan) => {
-        const p = promoteSeeded(plan.placement, shard, node);
-        return p === null ? null : withPlacement(plan, p);
-      });
-      if (written === null) return;
-      out = { epoch: written.version };
+    const epoch = await this.placementChange((p) => promoteSeeded(p, shard, node), (written) => {
       this.replicas.push({ shard, node, epoch: written.version, at: new Date().toISOString(), kind: 'backup' });
       this.o.log.info({ shard, node, epoch: written.version }, `shard ${shard}: replica on ${node} caught up; a backup from plan v${written.version}`);
       publishEvent(this.o.transport, this.o.job, 'scheduler', { kind: 'replica_ready', node, text: `shard ${shard}: replica on ${node} is a backup (plan v${written.version})` });
     });
-    return out;
+    return { epoch };
   }
 
   /**
@@ -269,17 +262,10 @@ export class ShardFailover {
    * has caught up). The plan version written, or null when nothing changed.
    */
   seedFor(shard: string, node: string): Promise<number | null> {
-    let out: number | null = null;
-    return this.enqueue(async () => {
-      const written = await this.write((plan) => {
-        const p = seedReplica(plan.placement, shard, node);
-        return p === null ? null : withPlacement(plan, p);
-      });
-      if (written === null) return;
-      out = written.version;
+    return this.placementChange((p) => seedReplica(p, shard, node), (written) => {
       this.replicas.push({ shard, node, epoch: written.version, at: new Date().toISOString(), kind: 'seeding' });
       this.o.log.info({ shard, node, epoch: written.version }, `shard ${shard}: new replica on ${node} being seeded for a load-balancing move (plan v${written.version})`);
-    }).then(() => out);
+    });
   }
 
   /**
@@ -290,15 +276,24 @@ export class ShardFailover {
    * backup of the shard.
    */
   handOver(shard: string, to: string): Promise<number | null> {
+    return this.placementChange((p) => handOver(p, shard, to), () => this.rereplicate());
+  }
+
+  /**
+   * Writes `change(placement)` as the next plan, in order with every other
+   * plan change of this failover, then runs `after` on it. The version
+   * written, or null when `change` changed nothing.
+   */
+  private placementChange(change: (p: ShardPlan['placement']) => ShardPlan['placement'] | null, after: (written: ShardPlan) => Promise<void> | void): Promise<number | null> {
     let out: number | null = null;
     return this.enqueue(async () => {
       const written = await this.write((plan) => {
-        const p = handOver(plan.placement, shard, to);
+        const p = change(plan.placement);
         return p === null ? null : withPlacement(plan, p);
       });
       if (written === null) return;
       out = written.version;
-      await this.rereplicate();
+      await after(written);
     }).then(() => out);
   }
 
