@@ -667,7 +667,6 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
       frozen: { freeze: (shard, token) => shardClient.freeze(shard, token), take: (shard, token) => shardClient.takeFrozen(shard, token) },
       acked: () => [...(prepared.done ?? []), ...monitor.ackedBatches()], totalBatches: prepared.descriptors.length + (prepared.done?.size ?? 0),
     });
-    plane.scheduler.attach({ info: () => controller.jobInfo, plan: () => shardClient.plans.current, controller, checkpointer });
     if (failover !== null && config.load_balancing.enabled) {
       // Moves a primary off a server whose load stayed load_balancing.imbalance_threshold above the idlest one's for sustain_seconds.
       const lb = config.load_balancing;
@@ -680,6 +679,7 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
       }, inactive);
       balancer.start();
     }
+    plane.scheduler.attach({ info: () => controller.jobInfo, plan: () => shardClient.plans.current, controller, checkpointer, ...(balancer ? { balancer } : {}) });
     // checkpoint.every_s: one after each interval of training, counted from the first acknowledged batch, then
     // from the end of the last checkpoint. Before any batch is trained the shards may still be starting, and
     // there is nothing to save: a cut then would only pause the workers for a checkpoint that fails.

@@ -49,6 +49,8 @@ export class JobMetrics {
   private readonly batchesTotal: Gauge;
   private readonly jobState: Gauge<'state'>;
   private readonly rate: Gauge;
+  private readonly serverLoad: Gauge<'node'>;
+  private readonly serverImbalance: Gauge;
   /** Shard counters as last read from status, per shard and op: the counters grow by the difference (a new primary starts from 0). */
   private readonly lastShard = new Map<string, number>();
   /** Staleness counts per bucket, for the dashboard's histogram. */
@@ -91,6 +93,10 @@ export class JobMetrics {
     this.batchesTotal = new Gauge({ name: 'hetps_batches', help: 'Batches of the job.', registers: r });
     this.jobState = new Gauge({ name: 'hetps_job_state', help: 'The job\'s state: 1 for the state it is in.', labelNames: ['state'], registers: r });
     this.rate = new Gauge({ name: 'hetps_samples_per_second', help: 'Job samples per second since training began.', registers: r });
+    this.serverLoad = new Gauge({
+      name: 'hetps_server_load', help: 'Parameter floats per second a server node\'s replicas carry (pulls, pushes, replication), as load balancing measures it.', labelNames: ['node'], registers: r,
+    });
+    this.serverImbalance = new Gauge({ name: 'hetps_server_load_imbalance', help: '(max − min) / max of the server nodes\' loads; load balancing moves a primary past load_balancing.imbalance_threshold.', registers: r });
   }
 
   batch(t: BatchTelemetry): void {
@@ -152,6 +158,9 @@ export class JobMetrics {
     }
     if (s.progress.batches_total !== null) this.batchesTotal.set(s.progress.batches_total);
     this.rate.set(s.progress.samples_per_s);
+    const lb = s.load_balancing;
+    if (lb?.loads) for (const [node, l] of Object.entries(lb.loads)) this.serverLoad.set({ node }, l);
+    if (lb && lb.imbalance !== null) this.serverImbalance.set(lb.imbalance);
     for (const st of JOB_STATES) this.jobState.set({ state: st }, s.state === st ? 1 : 0);
   }
 

@@ -42,7 +42,7 @@ export interface LoadBalancerOptions {
   job: string;
   clock: Clock;
   log: Logger;
-  /** Between samples; default a sixth of sustain_seconds, within 0.25–10 s. */
+  /** Between samples; default a sixth of sustain_seconds, within 0.25–2 s. */
   sampleMs?: number;
   /** How long a seeded target may take to catch up before the move is given up; default 10 × sustain_seconds, at least 60 s. */
   seedWaitMs?: number;
@@ -98,7 +98,7 @@ export class LoadBalancer {
   private readonly sampleMs: number;
 
   constructor(private readonly o: LoadBalancerOptions, private readonly inactive: string | null = null) {
-    this.sampleMs = o.sampleMs ?? Math.min(10_000, Math.max(250, (o.sustainS * 1000) / 6));
+    this.sampleMs = o.sampleMs ?? Math.min(2_000, Math.max(250, (o.sustainS * 1000) / 6));
   }
 
   start(): void {

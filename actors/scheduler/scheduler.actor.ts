@@ -23,6 +23,7 @@ import type { LiveFigures } from '../monitor/training-monitor.ts';
 import type { RegroupController } from './regroup.ts';
 import { schedulerMessages, type JobStatus, type SchedulerMessages } from './scheduler.messages.ts';
 import type { Checkpointer } from './checkpointer.ts';
+import type { LoadBalancingReport } from './load-balancer.ts';
 
 export const SCHEDULER_ACTOR_ID = 'main';
 /**
@@ -40,6 +41,8 @@ export interface AttachedJob {
   controller: RegroupController;
   /** Coordinated checkpoints (ctl.checkpoint); absent: the job takes none. */
   checkpointer?: Checkpointer;
+  /** Load balancing between the server nodes; absent where it does not run. */
+  balancer?: { report(): LoadBalancingReport };
 }
 
 export interface SchedulerActorOptions {
@@ -147,6 +150,7 @@ export function createSchedulerActor(o: SchedulerActorOptions): SchedulerActorDe
       }),
       shards,
       progress: { samples: p?.samples ?? 0, batches_acked: p?.batches_acked ?? 0, batches_total: info?.total_batches ?? null, samples_per_s: p?.samples_per_s ?? 0, loss: p?.loss ?? null },
+      load_balancing: a?.balancer?.report() ?? null,
       regroups: a?.controller.records ?? [],
       events: events?.events ?? [],
     };

@@ -9,6 +9,7 @@ import { isAbsolute } from 'node:path';
 import { z } from 'zod';
 import { JSON_CONTENT_TYPE, controlSubject, type Transport } from '../../runtime/mod.ts';
 import { regroupRequestSchema } from './regroup.ts';
+import type { LoadBalancingReport } from './load-balancer.ts';
 
 export const schedulerMessages = {
   /** Where the job stands: groups, workers, shards, progress, regroups, recent events. */
@@ -59,6 +60,12 @@ export interface JobStatus {
     primary: string; backups: string[]; seeding: string[]; replica_lag: Record<string, number> | null;
   }[];
   progress: { samples: number; batches_acked: number; batches_total: number | null; samples_per_s: number; loss: number | null };
+  /**
+   * The server nodes' loads as load balancing measures them (floats per
+   * second), their imbalance, and the primaries moved so far; null where the
+   * balancer does not run (load_balancing.enabled false, the embedded mode).
+   */
+  load_balancing: LoadBalancingReport | null;
   regroups: unknown[];
   events: { at_ms: number; kind: string; node: string | null; text: string }[];
 }

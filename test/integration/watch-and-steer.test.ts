@@ -89,6 +89,9 @@ test('the quick start, watched and steered: /metrics, hetps ctl / tail / top, an
       const shards = ((await (await fetch(`${base}api/snapshot`)).json()) as { status: { shards: { shard: string }[] } }).status.shards.map((x) => x.shard);
       assert.deepEqual(shards.sort(), ['server-1', 'server-2']);
       for (const sh of shards) assert.equal(await page.locator(`#shards tr[data-shard="${sh}"]`).count(), 1, `the shards panel lists ${sh}`);
+      // Load balancing runs (two servers, sync replication): the panel shows each server's measured load.
+      await until(async () => /server load \(parameter floats\/s\): server-1 [\d.]+ M, server-2 [\d.]+ M; imbalance/.test(await page.locator('[data-testid="server-load"]').innerText().catch(() => '')),
+        'the server loads on the page', 20_000);
       if (process.env.HETPS_DASHBOARD_SCREENSHOT) {
         await new Promise((r) => setTimeout(r, 8_000));
         await page.screenshot({ path: process.env.HETPS_DASHBOARD_SCREENSHOT, fullPage: true });
@@ -128,8 +131,13 @@ test('the quick start, watched and steered: /metrics, hetps ctl / tail / top, an
       // ---- the CLI against the running job, by its NATS URLs and name.
       const status = await hetps(['ctl', 'status', '--json', '--nats', nats, '--job', job], { timeoutMs: 30_000 }).exited;
       assert.equal(status.code, 0, explainExit(status));
-      const st = JSON.parse(status.stdout) as { job: string; state: string; workers: { node: string }[]; shards: { shard: string }[]; groups: { name: string }[] };
+      const st = JSON.parse(status.stdout) as {
+        job: string; state: string; workers: { node: string }[]; shards: { shard: string }[]; groups: { name: string }[];
+        load_balancing: { loads: Record<string, number> | null; threshold: number; inactive: string | null } | null;
+      };
       assert.equal(st.job, job);
+      assert.deepEqual([Object.keys(st.load_balancing?.loads ?? {}).sort(), st.load_balancing?.threshold, st.load_balancing?.inactive], [['server-1', 'server-2'], 0.3, null]);
+      assert.ok(Object.values(st.load_balancing!.loads!).every((l) => l > 0), `both servers carry traffic: ${JSON.stringify(st.load_balancing)}`);
       assert.equal(st.state, 'training');
       assert.deepEqual(st.workers.map((w) => w.node).sort(), WORKERS);
       assert.deepEqual(st.groups.map((g) => g.name).sort(), ['fast', 'slow']);

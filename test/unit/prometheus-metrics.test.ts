@@ -23,6 +23,7 @@ function status(o: { pulls: number; pushes: number; steps: [number, number, numb
     workers: [worker('f1', o.steps[0]), worker('f2', o.steps[1]), worker('s1', o.steps[2])],
     shards: [shard('s0', 'server-1'), shard('s1', 'server-2')],
     progress: { samples: 640, batches_acked: 20, batches_total: 100, samples_per_s: 50, loss: 0.6 }, regroups: [], events: [],
+    load_balancing: { threshold: 0.3, sustain_seconds: 60, migrations: [], loads: { 'server-1': 3_000_000, 'server-2': 1_000_000 }, imbalance: 0.667, inactive: null },
   };
 }
 
@@ -73,6 +74,8 @@ test('JobMetrics: batch, progress, event, verdict and status figures come out in
   assert.equal(value(first, 'hetps_events_total', { kind: 'checkpoint' }), 1);
   assert.equal(value(first, 'hetps_failovers_total'), 1, 'a load-balancing move is not a failover');
   assert.equal(value(first, 'hetps_events_total', { kind: 'migration' }), 1);
+  assert.equal(value(first, 'hetps_server_load', { node: 'server-1' }), 3_000_000);
+  assert.equal(value(first, 'hetps_server_load_imbalance'), 0.667);
   assert.equal(value(first, 'hetps_checkpoints_total'), 1);
   assert.equal(value(first, 'hetps_health_state', { node: 's1', role: 'worker' }), 2, 'dead is 2');
   assert.equal(value(first, 'hetps_test_auc'), 0.81);

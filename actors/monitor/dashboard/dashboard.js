@@ -38,7 +38,11 @@
       const load = s.shards.map((x) => (x.pulls ?? 0) + (x.pushes ?? 0));
       const mean = load.length ? load.reduce((a, b) => a + b, 0) / load.length : 0;
       const max = load.length ? Math.max(...load) : 0;
-      $('shards').tFoot.innerHTML = `<tr><td colspan="8">requests per shard: max ${fmt(max)}, mean ${fmt(mean, 0)}, max/mean ${mean > 0 ? (max / mean).toFixed(2) : '–'}</td></tr>`;
+      const lb = s.load_balancing;
+      const servers = lb && lb.loads ? Object.entries(lb.loads).map(([n, l]) => `${esc(n)} ${(l / 1e6).toFixed(2)} M`).join(', ') : null;
+      $('shards').tFoot.innerHTML = `<tr><td colspan="8">requests per shard: max ${fmt(max)}, mean ${fmt(mean, 0)}, max/mean ${mean > 0 ? (max / mean).toFixed(2) : '–'}</td></tr>`
+        + (lb ? `<tr data-testid="server-load"><td colspan="8">${lb.inactive ? `load balancing off: ${esc(lb.inactive)}`
+          : `server load (parameter floats/s): ${servers ?? 'measuring…'}${lb.imbalance === null ? '' : `; imbalance ${lb.imbalance.toFixed(2)}`} (a primary moves past ${lb.threshold} held ${lb.sustain_seconds} s); ${lb.migrations.length} moved`}</td></tr>` : '');
       // Every event seen since the page opened (a snapshot carries only the latest few), newest first.
       for (const e of s.events) seen.set(`${e.at_ms}|${e.kind}|${e.node}|${e.text}`, e);
       const all = [...seen.values()].sort((x, y) => x.at_ms - y.at_ms).slice(-MAX_EVENTS);
