@@ -134,6 +134,8 @@ export class LoadBalancer {
     if (plan === null) return;
     const at = this.o.clock.monotonic();
     const traffic = await this.traffic(plan);
+    // A replica that did not answer would count as idle and draw a move onto a busy server: no sample then.
+    if (traffic === null) { this.last = null; return; }
     const prev = this.last;
     this.last = { at, traffic, epoch: plan.version };
     // Rates only between two samples under one plan: a plan change moves traffic between replicas.
@@ -163,16 +165,18 @@ export class LoadBalancer {
     await this.moving;
   }
 
-  /** Every replica's traffic counters (a replica that does not answer in time is left out of this sample). */
-  private async traffic(plan: ShardPlan): Promise<ReplicaTraffic[]> {
+  /** Every replica's traffic counters; null when one of them does not answer in time (or was deposed). */
+  private async traffic(plan: ShardPlan): Promise<ReplicaTraffic[] | null> {
     const out: ReplicaTraffic[] = [];
-    await Promise.all(allReplicas(plan).map(async ({ shard, node }) => {
+    const replicas = allReplicas(plan);
+    await Promise.all(replicas.map(async ({ shard, node }) => {
       const s = await this.o.system.ref('shard', replicaId(shard, node))
         .request<{ pulled_floats?: number; pushed_floats?: number; role?: string }>('stats', {}, { timeoutMs: 1_000 })
         .catch(() => null);
       if (s === null || typeof s.pulled_floats !== 'number' || typeof s.pushed_floats !== 'number' || s.role === 'fenced') return;
       out.push({ shard, node, pulled: s.pulled_floats, pushed: s.pushed_floats });
     }));
+    if (out.length < replicas.length) return null;
     return out;
   }
 

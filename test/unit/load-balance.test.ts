@@ -290,3 +290,46 @@ describe('the balancer', () => {
     }
   });
 });
+
+describe('the balancer\'s samples', () => {
+  /** A balancer over fake replicas whose counters grow as `rates` says (floats per tick); `silent` ones never answer. */
+  function fakeBalancer(silent: Set<string>) {
+    const plan = layout();
+    const store = memoryPlanStore(plan);
+    const counters = new Map<string, { pulled: number; pushed: number }>();
+    const perTick: Record<string, [number, number]> = { 'a@n1': [1000, 100], 'b@n1': [1000, 100], 'a@n2': [0, 100], 'b@n2': [0, 100] };
+    const handovers: string[] = [];
+    const system = {
+      ref: (_kind: string, id: string) => ({
+        request: async () => {
+          if (silent.has(id)) throw new Error(`${id} does not answer (test)`);
+          const c = counters.get(id) ?? { pulled: 0, pushed: 0 };
+          const [pull, push] = perTick[id] ?? [0, 0];
+          counters.set(id, { pulled: c.pulled + pull, pushed: c.pushed + push });
+          return { pulled_floats: c.pulled + pull, pushed_floats: c.pushed + push, role: handovers.length ? 'primary' : 'backup', epoch: 99 };
+        },
+      }),
+    } as unknown as ActorSystem;
+    const failover = { unsettled: false, seedFor: async () => null, handOver: async (shard: string, to: string) => { handovers.push(`${shard}→${to}`); return 2; } } as unknown as ShardFailover;
+    const balancer = new LoadBalancer({
+      failover, planStore: store, system, health: health({ n1: 'alive', n2: 'alive' }), servers: ['n1', 'n2'], threshold: 0.3, sustainS: 0.05, sampleMs: 20,
+      transport: { publish: () => {} } as unknown as Transport, job: 'lbf', clock: systemClock, log: silentLogger(),
+    });
+    return { balancer, handovers };
+  }
+
+  test('a sample with a replica that does not answer is no sample: its server would count as idle and draw a move onto it', { timeout: 10_000 }, async () => {
+    const silent = fakeBalancer(new Set(['b@n2']));
+    const answering = fakeBalancer(new Set());
+    silent.balancer.start();
+    answering.balancer.start();
+    try {
+      await until(() => answering.handovers.length === 1, 'the control balancer, every replica answering, moves a primary', 5_000);
+      await new Promise((r) => setTimeout(r, 300));
+      assert.deepEqual([silent.handovers, silent.balancer.report().loads], [[], null], 'no loads measured, no move, while b@n2 is silent');
+    } finally {
+      await silent.balancer.dispose();
+      await answering.balancer.dispose();
+    }
+  });
+});
