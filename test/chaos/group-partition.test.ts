@@ -23,9 +23,7 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { ChildProcess } from 'node:child_process';
-import { connect } from '@nats-io/transport-node';
-import { decode } from '@msgpack/msgpack';
-import { explainExit, hetps, watchAcks, writeJobConfig, type Child } from '../support/ps.ts';
+import { explainExit, hetps, watchAcks, watchVerdicts, writeJobConfig, type Child } from '../support/ps.ts';
 import { until } from '../support/until.ts';
 import { labAndClusterForFile, launchWithW1InLab } from '../support/lab.ts';
 
@@ -42,10 +40,7 @@ test('hps: a group member cut off for 5 s degrades its group to async on its dea
   const urls = cluster.urls;
   const cfg = await writeJobConfig(dir, { job, mode: 'hps', servers: urls, runDir: join(dir, 'runs'), samples: 6000, epochs: 3, workerRecoveryTimeoutS: 30 });
   const watch = await watchAcks(urls, job);
-  const plain = await connect({ servers: urls, name: 'verdict-watcher' });
-  const verdicts: { node: string; state: string; at: number }[] = [];
-  plain.subscribe(`hps.${job}.tel.health.*`, { callback: (_e, m) => { verdicts.push({ ...(decode(m.data) as { node: string; state: string }), at: Date.now() }); } });
-  await plain.flush();
+  const health = await watchVerdicts(urls, job);
   const { acks, byNode } = watch;
   const children: Child[] = [];
   let w1: ChildProcess | null = null;
@@ -65,8 +60,8 @@ test('hps: a group member cut off for 5 s degrades its group to async on its dea
     const cutAt = Date.now();
     await lab.cut('w1');
     const w2AtCut = byNode.get('w2') ?? 0;
-    await until(() => verdicts.some((v) => v.node === 'w1' && v.state === 'dead' && v.at >= cutAt), 'a dead verdict for w1', 10_000, () => JSON.stringify(verdicts));
-    const deadAfter = verdicts.find((v) => v.node === 'w1' && v.state === 'dead' && v.at >= cutAt)!.at - cutAt;
+    await until(() => health.first('w1', 'dead', cutAt) !== undefined, 'a dead verdict for w1', 10_000, () => JSON.stringify(health.verdicts));
+    const deadAfter = health.first('w1', 'dead', cutAt)!.at - cutAt;
     await sleep(Math.max(0, CUT_MS - (Date.now() - cutAt)));
     const w2DuringCut = (byNode.get('w2') ?? 0) - w2AtCut;
     await lab.heal('w1');
@@ -74,7 +69,7 @@ test('hps: a group member cut off for 5 s degrades its group to async on its dea
     t.diagnostic(`w1 dead ${deadAfter} ms after the cut; w2 acknowledged ${w2DuringCut} batches during the ${CUT_MS / 1000} s cut`);
     assert.ok(w2DuringCut > 0, 'w1\'s group mate went on training while w1 was cut off');
 
-    await until(() => verdicts.some((v) => v.node === 'w1' && v.state === 'alive' && v.at >= healedAt), 'an alive verdict for w1 after the heal', 15_000, () => JSON.stringify(verdicts.slice(-10)));
+    await until(() => health.first('w1', 'alive', healedAt) !== undefined, 'an alive verdict for w1 after the heal', 15_000, () => JSON.stringify(health.verdicts.slice(-10)));
     // Acknowledgements w1 sent just before the cut may arrive after the heal: count from a settled point.
     await sleep(1_000);
     const w1AfterHeal = byNode.get('w1') ?? 0;
@@ -109,7 +104,7 @@ test('hps: a group member cut off for 5 s degrades its group to async on its dea
     assert.match(w1Out(), /regrouped \(groups v\d+\): now sync inside group g1 \(w1, w2\)/);
     t.diagnostic(`rejoin paused training ${rejoin.pause_s} s; per worker ${JSON.stringify(Object.fromEntries(byNode))}; ${s.redelivered} redelivered`);
   } finally {
-    await plain.close();
+    await health.close();
     await watch.close();
     try { w1?.kill('SIGKILL'); } catch { /* gone */ }
     for (const c of children) c.kill('SIGKILL');

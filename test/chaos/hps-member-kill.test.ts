@@ -14,10 +14,8 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { connect } from '@nats-io/transport-node';
-import { decode } from '@msgpack/msgpack';
 import { startTestCluster, type TestCluster } from '../support/cluster.ts';
-import { hetps, watchAcks, writeJobConfig, type Child, type Exited } from '../support/ps.ts';
+import { hetps, watchAcks, watchVerdicts, writeJobConfig, type Child, type Exited } from '../support/ps.ts';
 
 let nats: TestCluster;
 let dir: string;
@@ -39,10 +37,7 @@ test('hps: a sync-group member SIGKILLed mid-training degrades its group to asyn
   // g1 [w1, w2] and g2 [w3, w4], sync every 4 steps; worker_recovery_timeout 3 s.
   const cfg = await writeJobConfig(dir, { job, mode: 'hps', servers: nats.urls, runDir: join(dir, 'runs'), samples: 3200, epochs: 1, workerRecoveryTimeoutS: 3 });
   const watch = await watchAcks(nats.urls, job);
-  const plain = await connect({ servers: nats.urls, name: 'verdict-watcher' });
-  const verdicts: { node: string; state: string; reason: string; at: number }[] = [];
-  plain.subscribe(`hps.${job}.tel.health.*`, { callback: (_e, m) => { verdicts.push({ ...(decode(m.data) as { node: string; state: string; reason: string }), at: Date.now() }); } });
-  await plain.flush();
+  const health = await watchVerdicts(nats.urls, job);
   const { acks, byNode } = watch;
   const children: Child[] = [];
   try {
@@ -71,11 +66,11 @@ test('hps: a sync-group member SIGKILLed mid-training degrades its group to asyn
     victim.kill('SIGKILL');
     const killTime = Date.now();
     const killedAt = byNode.get('w1')!;
-    while (!verdicts.some((v) => v.node === 'w1' && v.state === 'dead' && v.at >= killTime)) {
-      assert.ok(Date.now() - killTime < 10_000, `no dead verdict for w1: ${JSON.stringify(verdicts)}`);
+    while (health.first('w1', 'dead', killTime) === undefined) {
+      assert.ok(Date.now() - killTime < 10_000, `no dead verdict for w1: ${JSON.stringify(health.verdicts)}`);
       await sleep(5);
     }
-    const deadAfter = verdicts.find((v) => v.node === 'w1' && v.state === 'dead' && v.at >= killTime)!.at - killTime;
+    const deadAfter = health.first('w1', 'dead', killTime)!.at - killTime;
     t.diagnostic(`w1's dead verdict arrived ${deadAfter} ms after SIGKILL`);
     assert.ok(deadAfter <= 1_500, `dead verdict after ${deadAfter} ms`);
     const w2Before = byNode.get('w2') ?? 0;
@@ -106,7 +101,7 @@ test('hps: a sync-group member SIGKILLed mid-training degrades its group to asyn
     assert.match(e2.stderr, /regrouped \(groups v\d+\): now sync inside group g1 \(w1, w2\)/);
     t.diagnostic(`re-formed ${reform.at_s} s into the run, paused ${reform.pause_s} s`);
   } finally {
-    await plain.close();
+    await health.close();
     await watch.close();
     for (const c of children) c.kill('SIGKILL');
   }

@@ -25,9 +25,7 @@ import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { ChildProcess } from 'node:child_process';
-import { connect } from '@nats-io/transport-node';
-import { decode } from '@msgpack/msgpack';
-import { BIN, ROOT, explainExit, hetps, watchAcks, writeJobConfig, type Child } from '../support/ps.ts';
+import { BIN, ROOT, explainExit, hetps, watchAcks, watchVerdicts, writeJobConfig, type Child } from '../support/ps.ts';
 import { until } from '../support/until.ts';
 import { collectOutput, labAndClusterForFile } from '../support/lab.ts';
 
@@ -45,10 +43,7 @@ test('a shard primary cut off for 5 s is failed over on its dead verdict; healed
   await writeFile(cfg, (await readFile(cfg, 'utf8')).replace('training: { mode: hps, random_seed: 42 }', 'training: { mode: hps, random_seed: 42, emulation_reference_step_ms: 30 }')
     + 'load_balancing: { imbalance_threshold: 0.3, sustain_seconds: 2 }\n');
   const watch = await watchAcks(urls, job);
-  const plain = await connect({ servers: urls, name: 'verdict-watcher' });
-  const verdicts: { node: string; state: string; at: number }[] = [];
-  plain.subscribe(`hps.${job}.tel.health.*`, { callback: (_e, m) => { verdicts.push({ ...(decode(m.data) as { node: string; state: string }), at: Date.now() }); } });
-  await plain.flush();
+  const health = await watchVerdicts(urls, job);
   const { acks } = watch;
   const children: Child[] = [];
   let s1: ChildProcess | null = null;
@@ -69,8 +64,8 @@ test('a shard primary cut off for 5 s is failed over on its dead verdict; healed
     const cutAt = Date.now();
     const ackedAtCut = acks.size;
     await lab.cut('s1');
-    await until(() => verdicts.some((v) => v.node === 's1' && v.state === 'dead' && v.at >= cutAt), 'a dead verdict for s1', 10_000, () => JSON.stringify(verdicts.slice(-10)));
-    const deadAfter = verdicts.find((v) => v.node === 's1' && v.state === 'dead' && v.at >= cutAt)!.at - cutAt;
+    await until(() => health.first('s1', 'dead', cutAt) !== undefined, 'a dead verdict for s1', 10_000, () => JSON.stringify(health.verdicts.slice(-10)));
+    const deadAfter = health.first('s1', 'dead', cutAt)!.at - cutAt;
     await sleep(Math.max(0, CUT_MS - (Date.now() - cutAt)));
     const duringCut = acks.size - ackedAtCut;
     await lab.heal('s1');
@@ -102,7 +97,7 @@ test('a shard primary cut off for 5 s is failed over on its dead verdict; healed
     assert.deepEqual([s.integrity.lost, s.integrity.duplicated, s.integrity.replicas_equal], [0, 0, true], JSON.stringify(s.integrity));
     assert.equal(s.integrity.applied + (s.integrity.dropped_stale ?? 0), s.batches, 'every batch applied once, or acknowledged and dropped as too stale');
   } finally {
-    await plain.close();
+    await health.close();
     await watch.close();
     try { s1?.kill('SIGKILL'); } catch { /* gone */ }
     for (const c of children) c.kill('SIGKILL');

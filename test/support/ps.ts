@@ -10,6 +10,8 @@ import { tmpdir } from 'node:os';
 import { after, before } from 'node:test';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { connect } from '@nats-io/transport-node';
+import { decode } from '@msgpack/msgpack';
 import { connectTransport } from '../../runtime/mod.ts';
 import { subscribeTelemetry } from '../../actors/monitor/telemetry.ts';
 import { startTestCluster, type TestCluster } from './cluster.ts';
@@ -192,6 +194,26 @@ export async function watchAcks(urls: string[], job: string): Promise<AckWatch> 
   });
   await watcher.flush();
   return { acks, byNode, windowsOf, regroupReady, close: async () => { stop(); await watcher.close(); } };
+}
+
+/** Health verdicts as the health actor publishes them (`hps.<job>.tel.health.*`), each with when it arrived. */
+export interface VerdictWatch {
+  verdicts: { node: string; state: string; reason: string; at: number }[];
+  /** The first verdict of `node` in `state` that arrived at or after `since` (ms since the epoch). */
+  first(node: string, state: string, since?: number): { node: string; state: string; reason: string; at: number } | undefined;
+  close(): Promise<void>;
+}
+
+export async function watchVerdicts(urls: string[], job: string): Promise<VerdictWatch> {
+  const nc = await connect({ servers: urls, name: `verdict-watcher-${job}` });
+  const verdicts: VerdictWatch['verdicts'] = [];
+  nc.subscribe(`hps.${job}.tel.health.*`, { callback: (_e, m) => { verdicts.push({ ...(decode(m.data) as { node: string; state: string; reason: string }), at: Date.now() }); } });
+  await nc.flush();
+  return {
+    verdicts,
+    first: (node, state, since = 0) => verdicts.find((v) => v.node === node && v.state === state && v.at >= since),
+    close: () => nc.close(),
+  };
 }
 
 export function lastJson(stdout: string): Record<string, unknown> {
