@@ -81,6 +81,9 @@ export interface LoadBalancingReport {
   inactive: string | null;
 }
 
+/** Sample intervals the loads are measured over (the rates between the oldest kept sample and the newest). */
+const RATE_WINDOW = 3;
+
 const round = (x: number) => Math.round(x);
 const fmtLoads = (m: ReadonlyMap<string, number>) => Object.fromEntries([...m].map(([k, v]) => [k, round(v)]));
 const showLoads = (m: ReadonlyMap<string, number>) => [...m].map(([k, v]) => `${k} ${(v / 1e6).toFixed(2)} M`).join(', ');
@@ -89,12 +92,16 @@ export class LoadBalancer {
   readonly migrations: MigrationRecord[] = [];
   private timer: Timer | null = null;
   private stopped = false;
-  private last: { at: number; traffic: ReplicaTraffic[]; epoch: number } | null = null;
+  /** The recent samples under the current plan, oldest first (at most RATE_WINDOW + 1). */
+  private recent: { at: number; traffic: ReplicaTraffic[] }[] = [];
+  private recentEpoch = -1;
   private loads: Map<string, number> | null = null;
   private imbalance: number | null = null;
   /** Since when (monotonic ms) the imbalance has been over the threshold; null when it is not. */
   private overSince: number | null = null;
   private moving: Promise<void> | null = null;
+  /** The last reason an imbalance over the threshold was not acted on, said once per change. */
+  private held: string | null = null;
   private readonly sampleMs: number;
 
   constructor(private readonly o: LoadBalancerOptions, private readonly inactive: string | null = null) {
@@ -135,11 +142,14 @@ export class LoadBalancer {
     const at = this.o.clock.monotonic();
     const traffic = await this.traffic(plan);
     // A replica that did not answer would count as idle and draw a move onto a busy server: no sample then.
-    if (traffic === null) { this.last = null; return; }
-    const prev = this.last;
-    this.last = { at, traffic, epoch: plan.version };
-    // Rates only between two samples under one plan: a plan change moves traffic between replicas.
-    if (prev === null || prev.epoch !== plan.version) { this.overSince = null; return; }
+    if (traffic === null) { this.recent = []; return; }
+    // Rates only between samples under one plan: a plan change moves traffic between replicas.
+    if (plan.version !== this.recentEpoch) { this.recent = []; this.recentEpoch = plan.version; this.overSince = null; }
+    this.recent.push({ at, traffic });
+    if (this.recent.length > RATE_WINDOW + 1) this.recent.shift();
+    if (this.recent.length < 2) return;
+    // Over the last RATE_WINDOW intervals, so an hps window's burst of pushes does not swing one sample's loads.
+    const prev = this.recent[0]!;
     const rates = trafficRates(prev.traffic, traffic, (at - prev.at) / 1000);
     const live = this.o.servers.filter((s) => this.o.health.stateOf(s) !== 'dead');
     const loads = serverLoads(plan.placement, rates, live);
@@ -152,8 +162,12 @@ export class LoadBalancer {
       lastMove.measured_after = { loads: fmtLoads(loads), imbalance: Number(imbalance.toFixed(3)) };
       this.o.log.info(lastMove.measured_after, `load balancing: after moving shard ${lastMove.shard}, server loads ${showLoads(loads)} floats/s, imbalance ${imbalance.toFixed(2)}`);
     }
+    if (imbalance > this.o.threshold && hold !== this.held) {
+      this.held = hold;
+      if (hold !== null) this.o.log.info({ imbalance: Number(imbalance.toFixed(3)), hold }, `load balancing: server loads ${showLoads(loads)} floats/s, imbalance ${imbalance.toFixed(2)} > ${this.o.threshold}; not moving while ${hold}`);
+    }
     if (hold !== null || imbalance <= this.o.threshold) { this.overSince = null; return; }
-    this.overSince ??= prev.at;
+    this.overSince ??= this.recent.at(-2)!.at;
     if (at - this.overSince < this.o.sustainS * 1000) return;
     const move = planMigration(plan.placement, rates, live, this.o.threshold);
     if (move === null) return;
@@ -161,7 +175,7 @@ export class LoadBalancer {
     const loadsNow = loads;
     this.moving = this.migrate(move.shard, move.from, move.to, move.seed, { loads: loadsNow, imbalance: imbalanceNow, expected: move.predicted, expectedImbalance: move.predictedImbalance })
       .catch((e: unknown) => this.o.log.warn({ err: (e as Error).message, shard: move.shard }, `load balancing: moving shard ${move.shard} failed: ${(e as Error).message}`))
-      .finally(() => { this.moving = null; this.overSince = null; this.last = null; });
+      .finally(() => { this.moving = null; this.overSince = null; this.recent = []; });
     await this.moving;
   }
 

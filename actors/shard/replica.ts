@@ -177,12 +177,18 @@ class ReplicationLink {
     for (const x of w) x.reject(e);
   }
 
-  /** Starts over with a new seed (after a restore replaced the primary's state). */
-  reseed(baseRseq: number): void {
+  /**
+   * Starts over with a new seed (a restore replaced the primary's state, or
+   * the replica lacks updates the stream no longer holds). The seed holds
+   * every update up to its position, so the entries go; the pushes waiting
+   * for any of them are answered once the seed is confirmed (`ack`). (Moving
+   * `ackedTo` here instead stranded them until some later update was
+   * confirmed — never, in a job whose every worker waited on one of them.)
+   */
+  reseed(): void {
     this.seeded = false;
     this.entries = [];
-    this.ackedTo = baseRseq;
-    this.sentTo = baseRseq;
+    this.sentTo = this.ackedTo;
     this.schedule(0);
   }
 
@@ -218,7 +224,7 @@ class ReplicationLink {
         if (this.cannotCatchUp(reply.applied_to)) {
           this.r.o.log.warn({ shard: this.r.o.shard, to: this.node, applied_to: reply.applied_to, rseq: this.r.streamPosition },
             `shard ${this.r.o.shard}: replica on ${this.node} is at update ${reply.applied_to}, which this stream cannot continue (primary at ${this.r.streamPosition}); seeding it`);
-          this.reseed(this.r.streamPosition);
+          this.reseed();
           return;
         }
         this.ack(reply.applied_to);
@@ -511,7 +517,7 @@ export class Replica {
     this.refused.clear();
     for (const b of logs.refused ?? []) this.refused.add(b);
     this.openRounds = [];
-    for (const l of this.links.values()) l.reseed(this.rseq);
+    for (const l of this.links.values()) l.reseed();
     return out;
   }
 

@@ -39,7 +39,7 @@ test('a shard primary cut off for 5 s is failed over on its dead verdict; healed
   const dir = fx.dir();
   const job = 'spart';
   const urls = cluster.urls;
-  const cfg = await writeJobConfig(dir, { job, mode: 'hps', servers: urls, runDir: join(dir, 'runs'), samples: 4000, epochs: 5, workerRecoveryTimeoutS: 30 });
+  const cfg = await writeJobConfig(dir, { job, mode: 'hps', servers: urls, runDir: join(dir, 'runs'), samples: 4000, epochs: 8, workerRecoveryTimeoutS: 30 });
   await writeFile(cfg, (await readFile(cfg, 'utf8')).replace('training: { mode: hps, random_seed: 42 }', 'training: { mode: hps, random_seed: 42, emulation_reference_step_ms: 30 }')
     + 'load_balancing: { imbalance_threshold: 0.3, sustain_seconds: 2 }\n');
   const watch = await watchAcks(urls, job);

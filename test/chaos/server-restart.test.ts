@@ -22,7 +22,7 @@ const env = clusterAndDirForFile('hetps-server-restart-');
 
 test('a server SIGKILLed and started again under the same name is failed over, given its replicas again by seeding, and handed a primary back by load balancing; nothing lost or applied twice', { timeout: 240_000 }, async (t) => {
   const job = 'srestart';
-  const cfg = await writeJobConfig(env.dir(), { job, mode: 'hps', servers: env.nats().urls, runDir: join(env.dir(), 'runs'), samples: 4000, epochs: 5, workerRecoveryTimeoutS: 30 });
+  const cfg = await writeJobConfig(env.dir(), { job, mode: 'hps', servers: env.nats().urls, runDir: join(env.dir(), 'runs'), samples: 4000, epochs: 6, workerRecoveryTimeoutS: 30 });
   // Emulated steps, so training lasts long enough for the restart to happen in the middle of it.
   await writeFile(cfg, (await readFile(cfg, 'utf8')).replace('training: { mode: hps, random_seed: 42 }', 'training: { mode: hps, random_seed: 42, emulation_reference_step_ms: 30 }')
     // Once s1 is back as a backup, s2 holds both primaries: load balancing hands one back after 2 s of that.

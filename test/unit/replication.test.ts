@@ -335,6 +335,24 @@ describe('replicated shards', () => {
     }
   });
 
+  test('a restarted backup (a fresh state) is seeded again by its primary, and the push that found it so is answered once the seed is confirmed, with no later push needed', async () => {
+    const lab = new Lab(plan());
+    try {
+      await lab.start('n1'); await lab.start('n2');
+      for (let k = 0; k < 3; k++) await lab.ask('n1', 'push', push(lab.plan, { grad: k + 1, batches: [`b${k}`] }) as unknown as Record<string, unknown>);
+      await lab.kill('n2');
+      await lab.start('n2');
+      // The primary's stream reaches a replica at update 0, which it cannot continue: it seeds it. This push is
+      // the only one in flight: it must not wait for a later update to be confirmed (there is none).
+      await lab.ask('n1', 'push', push(lab.plan, { grad: 7, batches: ['only'] }) as unknown as Record<string, unknown>);
+      const [p, b] = await Promise.all(['n1', 'n2'].map((n) => lab.ask<IntegrityReply>(n, 'integrity')));
+      assert.equal(b!.hash, p!.hash, 'the reseeded backup holds the primary\'s state');
+      assert.equal(b!.applied.only, 1);
+    } finally {
+      await lab.close();
+    }
+  });
+
   test('backup_factor 2: after a failover the other backup stays a backup and follows the promoted one\'s stream without a seed; a second failover loses nothing', async () => {
     const p1 = buildShardPlan({
       version: 1, shards: ['s0'], servers: ['n1', 'n2', 'n3'], backupFactor: 2, partitions: 4, maxBlockBytes: 16,
