@@ -72,19 +72,20 @@ export class ShardHost {
     const mine = new Map<string, ReplicaRole>(replicasOn(plan.placement, this.o.node).map((r) => [r.shard, r.role]));
     for (const [shard, h] of [...this.hosted]) {
       const role = mine.get(shard);
-      // A primary the plan demotes (a load-balancing handover, where it may be seeded again as a backup) holds a
-      // state the new primary has not confirmed: it is stopped and, if it has a role, started again fresh below.
-      const demoted = h.def.replica.role === 'primary' && !h.def.replica.fenced && role !== undefined && role !== 'primary';
-      if (role !== undefined && !h.def.replica.fenced && !demoted) continue;
-      if (demoted) h.def.replica.fence(`plan v${plan.version} makes it a ${role} of ${shard}`);
+      if (role !== undefined && !h.def.replica.fenced) continue;
       if (role === undefined) h.def.replica.fence(`plan v${plan.version} places no replica of ${shard} on ${this.o.node}`);
-      this.hosted.delete(shard);
-      await this.o.system.despawn(h.actor, { timeoutMs: 2_000 }).catch(() => undefined);
+      await this.stopHosted(shard, h);
       if (role === undefined) this.o.log.info({ shard, epoch: plan.version }, `shard ${shard}: replica on ${this.o.node} stopped (not in plan v${plan.version})`);
     }
     for (const [shard, role] of mine) {
       const h = this.hosted.get(shard);
-      if (h) { h.def.replica.follow(plan, role); continue; }
+      if (h) {
+        h.def.replica.follow(plan, role);
+        if (!h.def.replica.fenced) continue;
+        // Deposed by this very plan (a primary it demotes, as a load-balancing handover may): its state is one the new
+        // primary never confirmed, so like any fenced replica with a role it starts again fresh, and is seeded.
+        await this.stopHosted(shard, h);
+      }
       // A replica that joins after the job's first plan starts empty and waits for its primary's seed.
       // (A node that starts under a later plan than the job's first joined, or came back, mid-job.)
       const fresh = plan === first && plan.version === (plan.placement.initial_version ?? 1);
@@ -100,6 +101,11 @@ export class ShardHost {
       this.hosted.set(shard, { def, actor });
       this.o.log.info({ shard, role: effective, epoch: plan.version }, `shard ${shard}: replica on ${this.o.node} serving as ${effective} (plan v${plan.version})`);
     }
+  }
+
+  private async stopHosted(shard: string, h: Hosted): Promise<void> {
+    this.hosted.delete(shard);
+    await this.o.system.despawn(h.actor, { timeoutMs: 2_000 }).catch(() => undefined);
   }
 
   /** No replica here has applied an update or been restored (every one at version 0). */
