@@ -32,7 +32,7 @@ import { writeAuthFiles } from './auth.ts';
 import {
   ConfigError, HetpsError, JSON_CONTENT_TYPE, MissingDependencyError, controlSubject, systemClock, type Actor, type NatsAuth, type NatsTls,
 } from '../runtime/mod.ts';
-import { allWorkerNodes, balancerActs, describeMaxStaleness, groupsMeasuredAtStart, inactiveSettings, natsConnectionAs, tcLinkedNodes, type HetpsConfig, type NodeProfile, type ShardPlan } from '../topology/mod.ts';
+import { allWorkerNodes, balancerIdleReason, describeMaxStaleness, groupsMeasuredAtStart, inactiveSettings, natsConnectionAs, tcLinkedNodes, type HetpsConfig, type NodeProfile, type ShardPlan } from '../topology/mod.ts';
 import type { Evaluation } from '../native-bridge/mod.ts';
 import { replicaId } from '../actors/shard/replica.ts';
 import { ackWaitFromConfig } from '../actors/store/batch-queue.ts';
@@ -670,8 +670,7 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
     if (failover !== null && config.load_balancing.enabled) {
       // Moves a primary off a server whose load stayed load_balancing.imbalance_threshold above the idlest one's for sustain_seconds.
       const lb = config.load_balancing;
-      const inactive = balancerActs(config) ? null : config.cluster.server_nodes.length < 2 ? 'one server node: nowhere to move a shard'
-        : 'fault_tolerance.replication is async: a handover could lose updates the old primary acknowledged but its backup had not applied';
+      const inactive = balancerIdleReason(config);
       balancer = new LoadBalancer({
         failover, planStore: backend.planStore, system: backend.system, health: plane.health, servers: config.cluster.server_nodes,
         threshold: lb.imbalance_threshold, sustainS: lb.sustain_seconds, exclusive: (fn) => checkpointer.exclusive(fn),

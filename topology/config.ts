@@ -713,10 +713,18 @@ interface InactiveSetting {
   instead: string;
 }
 
-/** Whether the scheduler's load balancer moves primaries for this config (actors/scheduler/load-balancer.ts). */
-export function balancerActs(c: HetpsConfig): boolean {
-  return c.load_balancing.enabled && c.cluster.server_nodes.length >= 2 && c.fault_tolerance.replication === 'sync';
+/**
+ * Why the scheduler's load balancer (actors/scheduler/load-balancer.ts) moves
+ * no primary for this config, or null when it acts.
+ */
+export function balancerIdleReason(c: HetpsConfig): string | null {
+  if (!c.load_balancing.enabled) return 'load_balancing.enabled is false';
+  if (c.cluster.server_nodes.length < 2) return 'one server node: nowhere to move a shard';
+  if (c.fault_tolerance.replication !== 'sync') return 'fault_tolerance.replication is async: a handover could lose updates the old primary acknowledged but its backup had not applied';
+  return null;
 }
+
+const balancerActs = (c: HetpsConfig) => balancerIdleReason(c) === null;
 
 const BALANCER_IDLE = 'primaries stay where the plan put them: they move only with load_balancing.enabled, two or more server nodes '
   + 'and fault_tolerance.replication sync (under async replication a handover could lose updates the old primary acknowledged)';
