@@ -17,7 +17,7 @@
  */
 import type { ActorSystem, Clock, Logger, Timer, Transport } from '../../runtime/mod.ts';
 import {
-  imbalanceOf, planMigration, serverLoads, trafficRates, type ReplicaTraffic, type ShardPlan, type TrafficRate,
+  imbalanceOf, planMigration, serverLoads, trafficRates, type Migration, type ReplicaTraffic, type ShardPlan,
 } from '../../topology/mod.ts';
 import type { HealthView } from '../health/health.types.ts';
 import { publishEvent } from '../monitor/monitor.messages.ts';
@@ -154,11 +154,12 @@ export class LoadBalancer {
     const live = this.o.servers.filter((s) => this.o.health.stateOf(s) !== 'dead');
     const loads = serverLoads(plan.placement, rates, live);
     const { imbalance } = imbalanceOf(loads);
+    const busy = [...loads.values()].some((l) => l > 0);
     // The report keeps the last sample with traffic (not the idle one after training).
-    if ([...loads.values()].some((l) => l > 0)) { this.loads = loads; this.imbalance = imbalance; }
+    if (busy) { this.loads = loads; this.imbalance = imbalance; }
     const hold = this.holdReason(plan);
     const lastMove = this.migrations.at(-1);
-    if (hold === null && lastMove !== undefined && lastMove.measured_after === null && [...loads.values()].some((l) => l > 0)) {
+    if (hold === null && busy && lastMove !== undefined && lastMove.measured_after === null) {
       lastMove.measured_after = { loads: fmtLoads(loads), imbalance: Number(imbalance.toFixed(3)) };
       this.o.log.info(lastMove.measured_after, `load balancing: after moving shard ${lastMove.shard}, server loads ${showLoads(loads)} floats/s, imbalance ${imbalance.toFixed(2)}`);
     }
@@ -171,9 +172,7 @@ export class LoadBalancer {
     if (at - this.overSince < this.o.sustainS * 1000) return;
     const move = planMigration(plan.placement, rates, live, this.o.threshold);
     if (move === null) return;
-    const imbalanceNow = imbalance;
-    const loadsNow = loads;
-    this.moving = this.migrate(move.shard, move.from, move.to, move.seed, { loads: loadsNow, imbalance: imbalanceNow, expected: move.predicted, expectedImbalance: move.predictedImbalance })
+    this.moving = this.migrate(move, loads, imbalance)
       .catch((e: unknown) => this.o.log.warn({ err: (e as Error).message, shard: move.shard }, `load balancing: moving shard ${move.shard} failed: ${(e as Error).message}`))
       .finally(() => { this.moving = null; this.overSince = null; this.recent = []; });
     await this.moving;
@@ -194,14 +193,13 @@ export class LoadBalancer {
     return out;
   }
 
-  private async migrate(
-    shard: string, from: string, to: string, seed: boolean,
-    why: { loads: Map<string, number>; imbalance: number; expected: Map<string, number>; expectedImbalance: number },
-  ): Promise<void> {
+  /** Carries out `move`, decided on `loads` with `imbalance`. */
+  private async migrate(move: Migration, loads: Map<string, number>, imbalance: number): Promise<void> {
+    const { shard, from, to, seed } = move;
     const started = this.o.clock.monotonic();
     const { log } = this.o;
-    log.warn({ shard, from, to, seed, loads: fmtLoads(why.loads), imbalance: Number(why.imbalance.toFixed(3)) },
-      `load balancing: server loads ${showLoads(why.loads)} floats/s, imbalance ${why.imbalance.toFixed(2)} > ${this.o.threshold} for ${this.o.sustainS} s: `
+    log.warn({ shard, from, to, seed, loads: fmtLoads(loads), imbalance: Number(imbalance.toFixed(3)) },
+      `load balancing: server loads ${showLoads(loads)} floats/s, imbalance ${imbalance.toFixed(2)} > ${this.o.threshold} for ${this.o.sustainS} s: `
       + `moving shard ${shard}'s primary ${from} → ${to}${seed ? ' (seeding a replica there first)' : ''}`);
     if (seed) {
       const v = await this.o.failover.seedFor(shard, to);
@@ -224,14 +222,14 @@ export class LoadBalancer {
       return v;
     });
     const rec: MigrationRecord = {
-      shard, from, to, epoch, seeded: seed, loads: fmtLoads(why.loads), imbalance: Number(why.imbalance.toFixed(3)),
-      expected_loads: fmtLoads(why.expected), expected_imbalance: Number(why.expectedImbalance.toFixed(3)),
+      shard, from, to, epoch, seeded: seed, loads: fmtLoads(loads), imbalance: Number(imbalance.toFixed(3)),
+      expected_loads: fmtLoads(move.predicted), expected_imbalance: Number(move.predictedImbalance.toFixed(3)),
       took_ms: round(this.o.clock.monotonic() - started), at: new Date().toISOString(), measured_after: null,
     };
     this.migrations.push(rec);
     log.warn(rec, `load balancing: shard ${shard}'s primary is now ${to} (plan v${epoch}, ${rec.took_ms} ms)`);
     publishEvent(this.o.transport, this.o.job, 'scheduler', {
-      kind: 'migration', node: to, text: `shard ${shard}: primary moved ${from} → ${to} to balance the servers' load (imbalance ${why.imbalance.toFixed(2)}; plan v${epoch})`,
+      kind: 'migration', node: to, text: `shard ${shard}: primary moved ${from} → ${to} to balance the servers' load (imbalance ${imbalance.toFixed(2)}; plan v${epoch})`,
     });
   }
 

@@ -590,6 +590,11 @@ export class Replica {
     return { applied_to: this.rseq };
   }
 
+  /** One update of the primary's stream, at the primary's rates and with the part it left out (its reply's `dropped`). */
+  private applyUpdate(e: ReplicationEntry): void {
+    this.o.state.applyReplicated(e.push, e.lr_scale, e.sparse_lr_scale ?? e.lr_scale, e.reply?.dropped ?? null);
+  }
+
   private applyEntry(e: ReplicationEntry): void {
     if (e.kind === 'round_expected') {
       this.o.state.lowerRoundExpected(this.o.state.planVersion, e.push.round!, e.push.expected!);
@@ -600,7 +605,7 @@ export class Replica {
       for (const b of e.push.batches) this.refused.add(b);
       return;
     }
-    this.o.state.applyReplicated(e.push, e.lr_scale, e.sparse_lr_scale ?? e.lr_scale, e.reply?.dropped ?? null);
+    this.applyUpdate(e);
     if (e.reply !== null) this.dedup.record(e.from, e.seq, e.reply);
     this.noteApplied(e.push.batches);
     if (e.push.round !== null) this.trackRound(e);
@@ -618,7 +623,7 @@ export class Replica {
     for (const b of m.refused) this.refused.add(b);
     this.openRounds = [];
     for (const e of m.open_rounds) {
-      this.o.state.applyReplicated(e.push, e.lr_scale, e.sparse_lr_scale ?? e.lr_scale, e.reply?.dropped ?? null);
+      this.applyUpdate(e);
       this.trackRound(e);
     }
     this.rseq = m.base_rseq;
