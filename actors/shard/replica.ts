@@ -127,6 +127,15 @@ class ReplicationLink {
   private closed = false;
   private seeded: boolean;
   private reportedCaughtUp = false;
+  /**
+   * A seeded replica closing in on the stream: the stream's position when it
+   * was at most a message behind. From then on pushes wait for it as for a
+   * backup, so once it confirms that position it holds every acknowledged
+   * update and is reported caught up. (Waiting for a moment with nothing
+   * unconfirmed instead never came under a steady stream of pushes: the
+   * shard stayed unprotected until training quieted.)
+   */
+  private closingInAt: number | null = null;
   private readonly ref;
 
   /**
@@ -146,6 +155,9 @@ class ReplicationLink {
 
   /** Updates not yet confirmed by this replica. */
   get lag(): number { return this.entries.length; }
+
+  /** Pushes wait for this replica: a backup, or a seeded replica closing in on the stream. */
+  get holdsPushes(): boolean { return this.gating || this.closingInAt !== null; }
 
   append(e: ReplicationEntry): void {
     this.entries.push(e);
@@ -275,9 +287,19 @@ class ReplicationLink {
     this.reportIfCaughtUp();
   }
 
-  /** A seeded replica that has confirmed every update streamed to it is reported once, to be made a backup. */
+  /**
+   * A seeded replica is reported once, to be made a backup, when it has
+   * confirmed every update up to the position where pushes began to wait for
+   * it (`closingInAt`: at most a message behind then; at once when nothing
+   * was unconfirmed).
+   */
   private reportIfCaughtUp(): void {
-    if (!this.gating && this.seeded && !this.reportedCaughtUp && this.entries.length === 0) {
+    if (this.gating || !this.seeded || this.reportedCaughtUp) return;
+    if (this.closingInAt === null) {
+      if (this.entries.length > MAX_ENTRIES_PER_MESSAGE) return;
+      this.closingInAt = this.r.streamPosition;
+    }
+    if (this.ackedTo >= this.closingInAt) {
       this.reportedCaughtUp = true;
       this.r.caughtUp(this.node);
     }
@@ -488,7 +510,7 @@ export class Replica {
     const waits: Promise<void>[] = [];
     for (const link of this.links.values()) {
       link.append(entry);
-      if (!link.gating) continue;
+      if (!link.holdsPushes) continue;
       if (this.o.replication === 'sync') waits.push(link.waitFor(entry.rseq));
       else if (link.lag > this.o.lagLimit) waits.push(link.waitFor(entry.rseq - this.o.lagLimit));
     }

@@ -10,6 +10,7 @@ import assert from 'node:assert/strict';
 import {
   ActorSystem, InProcessBroker, SeededRandom, SimulatedClock, Transport, silentLogger, systemClock, type Clock,
 } from '../../runtime/mod.ts';
+import type { Bus } from '../../runtime/bus.ts';
 import {
   buildShardPlan, failover, placeReplicas, promoteSeeded, rereplicate, shardOfSparseId, withPlacement, type ShardPlan, type StalenessPolicy,
 } from '../../topology/mod.ts';
@@ -107,14 +108,16 @@ class Lab {
     this.client = this.system('client');
   }
 
-  system(node: string): ActorSystem {
-    const transport = new Transport(this.broker.client(), { clientId: node, clock: this.clock });
+  /** `deliveryDelayMs`: every message reaches this node that much later (a replica slower than its stream's primary). */
+  system(node: string, deliveryDelayMs = 0): ActorSystem {
+    const bus = deliveryDelayMs > 0 ? delayedDeliveries(this.broker.client(), deliveryDelayMs) : this.broker.client();
+    const transport = new Transport(bus, { clientId: node, clock: this.clock });
     return new ActorSystem({ transport, job: 'rep', node, clock: this.clock, random: new SeededRandom(1), defaultRequestTimeoutMs: 2_000 });
   }
 
   /** Starts a server node following `store` (default: the lab's; a node cut off from the plan gets one of its own). */
-  async start(node: string, store: PlanStore = this.store): Promise<Node> {
-    const system = this.system(node);
+  async start(node: string, store: PlanStore = this.store, deliveryDelayMs = 0): Promise<Node> {
+    const system = this.system(node, deliveryDelayMs);
     const host = new ShardHost({
       node, system, planStore: store, log: silentLogger(), replication: 'sync', lagLimit: 8, requestTimeoutMs: 300,
       newState: (shard, p) => new ShardState({
@@ -151,6 +154,14 @@ class Lab {
     for (const [, n] of this.nodes) { await n.host.stop().catch(() => undefined); await n.system.stop().catch(() => undefined); }
     await this.client.stop();
   }
+}
+
+/** The same bus, its deliveries to this node's subscribers held back by `ms` (a timer, not a microtask). */
+function delayedDeliveries(bus: Bus, ms: number): Bus {
+  return Object.assign(Object.create(bus) as Bus, {
+    subscribe: (subject: string, handler: Parameters<Bus['subscribe']>[1], opts?: { queue?: string | null }) =>
+      bus.subscribe(subject, (msg) => { setTimeout(() => handler(msg), ms); }, opts),
+  });
 }
 
 function push(p: ShardPlan, o: { grad?: number; batches?: string[]; round?: number | null; expected?: number | null } = {}): PushRequest {
@@ -425,6 +436,62 @@ describe('replicated shards', () => {
       assert.deepEqual(b!.applied, a!.applied);
       assert.ok(Object.values(a!.applied).every((n) => n === 1), 'every batch applied once');
       assert.equal(f.failovers.length, 1);
+      assert.deepEqual(f.replicas.map((r) => [r.node, r.kind]), [['n3', 'seeding'], ['n3', 'backup']]);
+    } finally {
+      f.dispose();
+      await sched.stop();
+      await lab.close();
+    }
+  });
+
+  test('a new replica slower than the push stream (never a moment with nothing unconfirmed) is still made a backup while pushes go on, and holds every acknowledged update', async () => {
+    const lab = new Lab(plan());
+    const health = fakeHealth();
+    const sched = lab.system('scheduler');
+    const f = new ShardFailover({ planStore: lab.store, health, servers: ['n1', 'n2', 'n3'], backupFactor: 1, transport: sched.transport, job: 'rep', clock: systemClock, log: silentLogger() });
+    await sched.spawn(createFailoverActor(f));
+    try {
+      await lab.start('n1'); await lab.start('n2');
+      // n3 gets every message 4 ms late: each of its confirmations finds the next pushes already streamed to it.
+      await lab.start('n3', lab.store, 4);
+      let stop = false;
+      let pushed = 0;
+      let backupSince: number | null = null;
+      const ackedWhileBackup: string[] = [];
+      const pusher = async (who: number) => {
+        for (let k = 0; !stop; k++) {
+          await new Promise((r) => setTimeout(r, 1));
+          const p = (await lab.store.get())!;
+          const primary = p.placement.replicas.s0!.primary;
+          const batch = `p${who}-${k}`;
+          try {
+            await lab.ask(primary, 'push', push(p, { grad: (k % 7) + 1, batches: [batch] }) as unknown as Record<string, unknown>);
+            pushed++;
+            if (backupSince !== null) ackedWhileBackup.push(batch);
+          } catch { await new Promise((r) => setTimeout(r, 20)); }
+        }
+      };
+      const pushers = [0, 1, 2, 3, 4, 5].map(pusher);
+      await until(() => pushed >= 30, '30 pushes', 5_000);
+      await lab.kill('n1');
+      health.set('n1', 'dead');
+      await until(async () => {
+        const p = (await lab.store.get())!;
+        if (p.placement.replicas.s0!.backups.includes('n3')) backupSince ??= pushed;
+        return backupSince !== null;
+      }, 'n3 seeded and made a backup while six clients keep pushing', 10_000);
+      const progressed = pushed;
+      await until(() => pushed >= progressed + 30, '30 more pushes with n3 as backup', 5_000);
+      // Every push acknowledged so far is on n3 already: the primary's replies waited for it.
+      const n3 = await lab.ask<IntegrityReply>('n3', 'integrity');
+      assert.ok(ackedWhileBackup.length >= 30);
+      assert.deepEqual(ackedWhileBackup.filter((b) => n3.applied[b] !== 1), [], 'every push acknowledged once n3 was a backup is applied on n3');
+      stop = true;
+      await Promise.all(pushers);
+      const [a, b] = await Promise.all(['n2', 'n3'].map((n) => lab.ask<IntegrityReply>(n, 'integrity')));
+      assert.equal(b!.role, 'backup');
+      assert.equal(b!.hash, a!.hash);
+      assert.deepEqual(b!.applied, a!.applied);
       assert.deepEqual(f.replicas.map((r) => [r.node, r.kind]), [['n3', 'seeding'], ['n3', 'backup']]);
     } finally {
       f.dispose();
