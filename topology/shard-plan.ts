@@ -50,8 +50,17 @@ export interface BuildShardPlanOptions {
   shards: string[];
   denseParams: DenseParamSize[];
   sparseTables: SparseTableSpec[];
-  /** Default: 64 per shard, so a later plan can move load in small steps. */
+  /** Default: 64 per shard (`partitionCount`), so a later plan can move load in small steps. */
   partitions: number | null;
+  /**
+   * Hotness sharding: the floats one batch moves to and from each partition
+   * (`partitionLoads`, from a warm-up sample of the training data; length
+   * `partitions`). Given, partitions go hottest first to the shard with the
+   * least load so far (its dense blocks' floats included), so hot ids land on
+   * different shards and the shards' traffic evens out; absent, they are dealt
+   * round-robin.
+   */
+  partitionLoads?: ArrayLike<number> | null;
   /** Largest dense block in bytes (keep it under the server's max_payload). */
   maxBlockBytes: number;
   /** Backups per shard (fault_tolerance.backup_factor); default 0. */
@@ -83,10 +92,7 @@ export function buildShardPlan(o: BuildShardPlanOptions): ShardPlan {
   const totalElems = o.denseParams.reduce((n, p) => n + (Number.isInteger(p.size) && p.size > 0 ? p.size : 0), 0);
   const shareElems = o.shards.length > 1 ? Math.max(MIN_BALANCED_BLOCK_ELEMS, Math.ceil(totalElems / (DENSE_BLOCKS_PER_SHARD * o.shards.length))) : Infinity;
   const blockElems = Math.max(1, Math.min(Math.floor(o.maxBlockBytes / 4), shareElems));
-  const partitions = o.partitions ?? 64 * o.shards.length;
-  if (!Number.isInteger(partitions) || partitions < o.shards.length) {
-    throw new ConfigError(`partitions must be an integer ≥ the number of shards (${o.shards.length}), got ${partitions}`);
-  }
+  const partitions = partitionCount(o.shards.length, o.partitions);
   const load = new Map(o.shards.map((s) => [s, 0]));
   const dense: DenseBlock[] = [];
   for (const p of o.denseParams) {
@@ -100,9 +106,68 @@ export function buildShardPlan(o: BuildShardPlanOptions): ShardPlan {
       dense.push({ id: dense.length, param: p.name, offset, length, shard: best });
     }
   }
-  const partitionOwner = Array.from({ length: partitions }, (_, i) => o.shards[i % o.shards.length]!);
+  const loads = o.partitionLoads ?? null;
+  if (loads !== null && loads.length !== partitions) throw new ConfigError(`partition loads cover ${loads.length} partitions; the plan has ${partitions}`);
+  const partitionOwner = loads === null
+    ? Array.from({ length: partitions }, (_, i) => o.shards[i % o.shards.length]!)
+    : hottestFirst(loads, o.shards, load);
   const placement = { ...placeReplicas(o.shards, o.servers ?? o.shards, o.backupFactor ?? 0), initial_version: o.version };
   return { version: o.version, shards: [...o.shards], denseParams: o.denseParams.map((p) => ({ ...p })), dense, sparseTables: o.sparseTables.map((t) => ({ ...t })), partitions, partitionOwner, placement };
+}
+
+/** Partitions of a plan over `shards` shards: `partitions`, or 64 per shard. */
+export function partitionCount(shards: number, partitions: number | null): number {
+  const n = partitions ?? 64 * shards;
+  if (!Number.isInteger(n) || n < shards) throw new ConfigError(`partitions must be an integer ≥ the number of shards (${shards}), got ${n}`);
+  return n;
+}
+
+/**
+ * Owners of the partitions, hottest first each to the shard with the least
+ * load so far (longest-processing-time first: within the hottest
+ * partition's load of the best split). `load` starts as each shard's dense
+ * floats and ends with its partitions added; ties go by index and shard order.
+ */
+function hottestFirst(loads: ArrayLike<number>, shards: readonly string[], load: Map<string, number>): string[] {
+  const order = Array.from({ length: loads.length }, (_, i) => i);
+  for (const i of order) {
+    const v = loads[i]!;
+    if (!Number.isFinite(v) || v < 0) throw new ConfigError(`partition ${i} has load ${v}; loads must be finite and ≥ 0`);
+  }
+  order.sort((a, b) => loads[b]! - loads[a]! || a - b);
+  const owner = new Array<string>(loads.length);
+  for (const i of order) {
+    let best = shards[0]!;
+    for (const s of shards) if (load.get(s)! < load.get(best)!) best = s;
+    load.set(best, load.get(best)! + loads[i]!);
+    owner[i] = best;
+  }
+  return owner;
+}
+
+/**
+ * Hotness statistics of a warm-up sample: the floats one batch moves per
+ * partition, on average over the sampled batches. `batches` yields each
+ * batch's distinct ids (a pull asks each id once, a push sends its row
+ * once); `floatsPerId` is the sum of the sparse tables' dims.
+ */
+export function partitionLoadsOf(batches: Iterable<Int32Array>, partitions: number, floatsPerId: number): { loads: Float64Array; batches: number } {
+  const loads = new Float64Array(partitions);
+  let n = 0;
+  for (const ids of batches) {
+    for (let k = 0; k < ids.length; k++) loads[partitionOf(ids[k]!, partitions)]! += floatsPerId;
+    n++;
+  }
+  if (n > 0) for (let i = 0; i < partitions; i++) loads[i]! /= n;
+  return { loads, batches: n };
+}
+
+/** Floats one batch moves per shard under `plan`: its dense blocks' lengths plus its partitions' loads. */
+export function shardLoadsOf(plan: ShardPlan, partitionLoads: ArrayLike<number>): Record<string, number> {
+  const out: Record<string, number> = Object.fromEntries(plan.shards.map((s) => [s, 0]));
+  for (const b of plan.dense) out[b.shard]! += b.length;
+  for (let i = 0; i < plan.partitions; i++) out[plan.partitionOwner[i]!]! += partitionLoads[i]!;
+  return out;
 }
 
 /** murmur3's finaliser: spreads consecutive and Zipf-hot ids evenly over partitions. */

@@ -2,7 +2,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { ConfigError, SeededRandom } from '../../runtime/mod.ts';
 import {
-  DENSE_BLOCKS_PER_SHARD, MIN_BALANCED_BLOCK_ELEMS, buildShardPlan, denseBlocksByShard, shardNames, partitionOf, shardOfSparseId, splitIdsByShard, validateShardPlan,
+  DENSE_BLOCKS_PER_SHARD, MIN_BALANCED_BLOCK_ELEMS, buildShardPlan, denseBlocksByShard, shardNames, partitionLoadsOf, partitionOf, shardLoadsOf, shardOfSparseId, splitIdsByShard, validateShardPlan,
   type BuildShardPlanOptions, type ShardPlan,
 } from '../../topology/mod.ts';
 
@@ -75,6 +75,52 @@ test('partitions default to 64 per shard, dealt round-robin; partitionOf spreads
   for (let id = 0; id < 30_000; id++) counts.set(shardOfSparseId(plan, id), counts.get(shardOfSparseId(plan, id))! + 1);
   for (const n of counts.values()) assert.ok(Math.abs(n - 10_000) < 600, `ids per shard ${[...counts.values()].join(', ')}`);
   assert.equal(partitionOf(-1, 7), partitionOf(0xffffffff, 7), 'an int32 id is its unsigned value');
+});
+
+test('hotness sharding: partitions go hottest first to the least-loaded shard, dense blocks counted; hot partitions land on different shards and the loads even out where round-robin leaves them apart', () => {
+  // 192 partitions: three very hot ones that round-robin deals to the same shard (0, 3, 6 → a), the rest light.
+  const loads = Array.from({ length: 192 }, (_, i) => (i === 0 || i === 3 || i === 6 ? 5_000 : 100 + (i % 5)));
+  const base = options({ denseParams: [{ name: 'w', size: 3_000 }], maxBlockBytes: 4_000 });
+  const rr = buildShardPlan(base);
+  const hot = buildShardPlan({ ...base, partitionLoads: loads });
+  validateShardPlan(hot);
+  assert.deepEqual([0, 3, 6].map((i) => rr.partitionOwner[i]), ['a', 'a', 'a']);
+  assert.equal(new Set([0, 3, 6].map((i) => hot.partitionOwner[i])).size, 3, 'the three hot partitions on three shards');
+  const spread = (l: Record<string, number>) => { const v = Object.values(l); return (Math.max(...v) - Math.min(...v)) / Math.max(...v); };
+  const rrLoads = shardLoadsOf(rr, loads);
+  const hotLoads = shardLoadsOf(hot, loads);
+  assert.ok(spread(rrLoads) > 0.3, `round-robin: ${JSON.stringify(rrLoads)}`);
+  // Within one partition's load of each other (the greedy's bound), here 0.5 %.
+  assert.ok(spread(hotLoads) < 0.005, `hotness: ${JSON.stringify(hotLoads)}`);
+  const total = (l: Record<string, number>) => Object.values(l).reduce((a, b) => a + b, 0);
+  assert.equal(total(hotLoads), total(rrLoads), 'the same work, placed differently');
+  // Deterministic: the same statistics give the same plan.
+  assert.deepEqual(buildShardPlan({ ...base, partitionLoads: loads }).partitionOwner, hot.partitionOwner);
+  // A shard already holding more dense floats takes fewer partitions: two shards, dense blocks of 1 000 and 500.
+  const two = { ...options({ shards: ['a', 'b'], denseParams: [{ name: 'w', size: 1_500 }], maxBlockBytes: 4_000 }) };
+  const flat = Array.from({ length: 128 }, () => 10);
+  const p2 = buildShardPlan({ ...two, partitionLoads: flat });
+  const dense = Object.fromEntries(['a', 'b'].map((s) => [s, p2.dense.filter((b) => b.shard === s).reduce((n, b) => n + b.length, 0)]));
+  assert.notEqual(dense.a, dense.b, `the dense part is uneven: ${JSON.stringify(dense)}`);
+  const l2 = shardLoadsOf(p2, flat);
+  assert.ok(Math.abs(l2.a! - l2.b!) <= 10, `dense and sparse together even out: ${JSON.stringify(l2)} (dense ${JSON.stringify(dense)})`);
+});
+
+test('hotness statistics: floats per batch per partition, averaged over the sampled batches; bad loads are refused naming the partition', () => {
+  const parts = 16;
+  const a = Int32Array.from([1, 2, 3]);
+  const b = Int32Array.from([1, 4]);
+  const { loads, batches } = partitionLoadsOf([a, b], parts, 17);
+  assert.equal(batches, 2);
+  const want = new Float64Array(parts);
+  for (const id of [1, 2, 3, 1, 4]) want[partitionOf(id, parts)]! += 17 / 2;
+  assert.deepEqual([...loads], [...want]);
+  assert.deepEqual([...partitionLoadsOf([], parts, 17).loads], new Array(parts).fill(0), 'no batches: no load');
+  assert.throws(() => buildShardPlan(options({ partitionLoads: [1, 2, 3] })), (e: unknown) => e instanceof ConfigError && /3 partitions; the plan has 192/.test(e.message));
+  const nan = new Array(192).fill(1); nan[7] = Number.NaN;
+  assert.throws(() => buildShardPlan(options({ partitionLoads: nan })), (e: unknown) => e instanceof ConfigError && /partition 7 has load NaN/.test(e.message));
+  const neg = new Array(192).fill(1); neg[9] = -1;
+  assert.throws(() => buildShardPlan(options({ partitionLoads: neg })), (e: unknown) => e instanceof ConfigError && /partition 9 has load -1/.test(e.message));
 });
 
 test('splitIdsByShard keeps positions so rows scatter back to the caller\'s order', () => {
