@@ -36,7 +36,7 @@ import { allWorkerNodes, balancerIdleReason, describeMaxStaleness, groupsMeasure
 import type { Evaluation } from '../native-bridge/mod.ts';
 import { replicaId } from '../actors/shard/replica.ts';
 import { ackWaitFromConfig } from '../actors/store/batch-queue.ts';
-import { batchDescriptors, checkpointModelOf, sparseLayoutFromConfig } from '../actors/node/config-bridge.ts';
+import { batchDescriptors, checkpointModelOf, partitionHotness, shardingReport, sparseLayoutFromConfig, type ShardingReport } from '../actors/node/config-bridge.ts';
 import { natsJobInfoStore, waitForJobInfo, type JobInfo } from '../actors/store/job-info.ts';
 import { planJobGroups, prepareJob, profilesOf, waitForProfiles, type JobGrouping, type PreparedJob } from '../actors/scheduler/job.ts';
 import {
@@ -210,6 +210,12 @@ export interface UpSummary {
    * (load_balancing.enabled false, or the embedded mode's one process).
    */
   load_balancing: LoadBalancingReport | null;
+  /**
+   * How the sparse partitions were placed: hotness sharding's warm-up (the
+   * batches read, the floats per batch each shard is expected to move, their
+   * imbalance and the round-robin plan's under the same statistics), or why not.
+   */
+  sharding: ShardingReport;
   /** The scheduler lease and the takeovers of the run. */
   scheduler: SchedulerReport;
 }
@@ -432,6 +438,10 @@ async function createJob(ctx: JobContext, backend: JobBackend, grouping: JobGrou
     // Measured groups waited for every profile already.
     ...(groupsMeasuredAtStart(config) ? {} : { beforeStart: () => startBarrier(ctx, backend) }),
   });
+  const sh = prepared.sharding;
+  out.line(sh.hotness
+    ? `hotness sharding: ${sh.warmup_batches} warm-up batches; floats per batch by shard ${Object.entries(sh.expected_loads!).map(([k, v]) => `${k} ${v}`).join(', ')}: imbalance ${sh.expected_imbalance} (round-robin ${sh.round_robin_imbalance})`
+    : `partitions dealt round-robin (${sh.skipped})`);
   out.line(`job created: plan v${prepared.plan.version} (${prepared.plan.dense.length} dense blocks, ${prepared.plan.partitions} sparse partitions over ${prepared.plan.shards.join(', ')}), `
     + `${prepared.descriptors.length} batches of ${config.data.batch_size} over ${config.data.epochs} epoch(s) queued`
     + (prepared.info.mode === 'bsp' ? `, ${prepared.info.rounds} bsp rounds` : ''));
@@ -595,6 +605,7 @@ interface Conducted {
   regroups: RegroupRecord[];
   shardClient: ShardClient;
   checkpoints: CheckpointTaken[];
+  sharding: ShardingReport;
 }
 
 /**
@@ -741,7 +752,7 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
       + `${integrity.dropped_stale ? `, ${integrity.dropped_stale} dropped as too stale` : ''}; replicas ${integrity.replicas_equal === null ? 'not all checked' : integrity.replicas_equal ? 'equal' : 'DIFFER'}`
       + ` (plan v${finalPlan.version}${failover && failover.failovers.length ? `, ${failover.failovers.length} failover(s)` : ''})`);
     if (integrity.lost || integrity.duplicated) log.warn({ lost: integrity.lost_examples, duplicated: integrity.duplicated_examples }, 'integrity check found lost or duplicated batches');
-    return { trained, evaluated, integrity, failover, balancer, regroups: regrouper.records, shardClient, checkpoints: checkpointer.taken };
+    return { trained, evaluated, integrity, failover, balancer, regroups: regrouper.records, shardClient, checkpoints: checkpointer.taken, sharding: prepared.sharding };
   } finally {
     stopCheckpoints();
     await balancer?.dispose().catch(() => undefined);
@@ -809,6 +820,7 @@ function summaryOf(ctx: RunContext, c: Conducted, o: {
       client_reroutes: c.shardClient.rerouted,
     },
     load_balancing: c.balancer?.report() ?? null,
+    sharding: c.sharding,
     scheduler: o.scheduler,
   };
 }
@@ -1044,7 +1056,9 @@ export async function runStandby(o: StandbyRunOptions, out: JobPrinter): Promise
     const paused = info.paused && info.resume_version < info.groups_version;
     if (paused) out.line(`the job is paused (groups v${info.groups_version}): it stays paused until ctl.resume`);
     const check = () => leaseCheck(lease) ?? (shutdownRequested !== null ? `ctl.shutdown: ${shutdownRequested}` : null);
-    conducted = await conductJob(ctx, backend, plane, { plan, descriptors, info }, {
+    // The warm-up reads the same batches the creating driver read: the report of the plan it wrote.
+    const sharding = shardingReport(config, md.model, driver.transport.bus.maxPayload, plan, partitionHotness(config, md));
+    conducted = await conductJob(ctx, backend, plane, { plan, sharding, descriptors, info }, {
       nats: true, evalEveryS: o.evalEveryS, evalSamples: o.evalSamples, control: new ControlScript(ctx, backend, []), check, profiles: [], pausedAtStart: paused,
     });
   } catch (e) {

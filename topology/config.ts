@@ -592,6 +592,18 @@ const configSchema = section({
     compress_pulls: bool().default(false),
   }).prefault({}),
   fault_tolerance: faultToleranceSchema.prefault({}),
+  sharding: section({
+    /**
+     * Hotness sharding (the reference article's warm-up statistics): before
+     * the plan is written, the driver reads `warmup_batches` training batches
+     * and counts the floats each sparse partition moves per batch; the
+     * partitions then go hottest first to the shard with the least load, so
+     * hot ids sit on different shards. false: partitions dealt round-robin.
+     */
+    hotness: bool().default(true),
+    /** Training batches (from the first of epoch 0) the warm-up counts. */
+    warmup_batches: posInt().default(64),
+  }).prefault({}),
   load_balancing: section({
     enabled: bool().default(true),
     /** Relative load difference between servers that counts as imbalance; the article: 30%. */

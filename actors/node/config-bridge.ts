@@ -7,10 +7,10 @@
  */
 import { ConfigError, MissingDependencyError } from '../../runtime/mod.ts';
 import {
-  buildShardPlan, shardNames, type HetpsConfig, type OptimizerSettings, type ScheduleConfig as YamlSchedule, type ShardPlan, type SparseTableSpec,
+  buildShardPlan, partitionCount, partitionLoadsOf, shardLoadsOf, shardNames, type HetpsConfig, type OptimizerSettings, type ScheduleConfig as YamlSchedule, type ShardPlan, type SparseTableSpec,
 } from '../../topology/mod.ts';
 import {
-  createOptimizer, createSpamAssassinSource, createSyntheticCtrSource, createSyntheticMlpSource, ctrModel, mlpModel, SPAM_ASSASSIN_PACKAGE,
+  bucketCtrIds, createOptimizer, createSpamAssassinSource, ctrBagIndex, createSyntheticCtrSource, createSyntheticMlpSource, ctrModel, mlpModel, SPAM_ASSASSIN_PACKAGE,
   streamOptions, type CtrModel, type DataSource, type MlpModel, type Optimizer, type OptimizerConfigInput, type ScheduleConfig,
 } from '../../native-bridge/mod.ts';
 import type { BatchDescriptor } from '../store/batch-queue.ts';
@@ -80,7 +80,7 @@ export function dataSourceFromConfig(config: HetpsConfig, spamPackage = SPAM_ASS
     case 'mlp-synthetic': {
       const m = config.model.mlp;
       if (m === null) throw new ConfigError('data.source mlp-synthetic needs model.type mlp', { data: { field: 'model.type' } });
-      return createSyntheticMlpSource({ seed: d.seed, featureDim: m.input_dim, numClasses: m.classes, trainSize: d.samples!, testSize: d.test_samples!, testOffset: d.test_offset! });
+      return createSyntheticMlpSource({ seed: d.seed, featureDim: m.input_dim, latentDim: Math.min(16, m.input_dim), numClasses: m.classes, trainSize: d.samples!, testSize: d.test_samples!, testOffset: d.test_offset! });
     }
   }
 }
@@ -137,7 +137,7 @@ const BLOCK_HEADROOM_BYTES = 16 * 1024;
  * fit one message under `maxPayload`, and the sparse tables, over the
  * config's server nodes.
  */
-export function shardPlanFromConfig(config: HetpsConfig, model: CtrModel | MlpModel, maxPayload: number, version = 1): ShardPlan {
+export function shardPlanFromConfig(config: HetpsConfig, model: CtrModel | MlpModel, maxPayload: number, version = 1, partitionLoads: ArrayLike<number> | null = null): ShardPlan {
   const layout = sparseLayoutFromConfig(config, model);
   return buildShardPlan({
     version,
@@ -145,10 +145,74 @@ export function shardPlanFromConfig(config: HetpsConfig, model: CtrModel | MlpMo
     denseParams: model.denseParams.map((p) => ({ name: p.name, size: p.dims.reduce((a, b) => a * b, 1) })),
     sparseTables: layout.tables,
     partitions: null,
+    partitionLoads,
     maxBlockBytes: Math.max(4096, Math.min(maxPayload, 8 << 20) - BLOCK_HEADROOM_BYTES),
     servers: [...config.cluster.server_nodes],
     backupFactor: config.fault_tolerance.backup_factor,
   });
+}
+
+/** What the warm-up measured and the plan it gave (the summary's and `hetps up`'s report). */
+export interface ShardingReport {
+  hotness: boolean;
+  /** Batches the warm-up read (0 without sparse tables or with hotness off). */
+  warmup_batches: number;
+  partitions: number;
+  /** Floats one batch moves to and from each shard (dense blocks and partitions), as the warm-up measured them; null when nothing was measured. */
+  expected_loads: Record<string, number> | null;
+  /** (max − min) / max of `expected_loads`, and of the round-robin plan under the same statistics. */
+  expected_imbalance: number | null;
+  round_robin_imbalance: number | null;
+  /** Why hotness did not place the partitions, when it did not. */
+  skipped: string | null;
+}
+
+/**
+ * The warm-up statistics of hotness sharding: the floats each sparse
+ * partition moves per batch, over the first `sharding.warmup_batches`
+ * training batches of epoch 0 (the ids each batch's pull asks for, after
+ * hashing). Null, with the reason, where there is nothing to measure.
+ */
+export function partitionHotness(config: HetpsConfig, md: { model: CtrModel | MlpModel; source: DataSource }): { loads: Float64Array; batches: number } | { skipped: string } {
+  if (!config.sharding.hotness) return { skipped: 'sharding.hotness is false' };
+  const layout = sparseLayoutFromConfig(config, md.model);
+  if (layout.tables.length === 0) return { skipped: 'the model has no sparse tables' };
+  const partitions = partitionCount(shardNames(config.cluster.server_nodes, config.cluster.shards_per_server).length, null);
+  const floatsPerId = layout.tables.reduce((n, t) => n + t.dim, 0);
+  const limit = Math.min(config.sharding.warmup_batches, epochShape(config, md.source).batches);
+  const r = partitionLoadsOf(trainingBatchIds(config, md, limit), partitions, floatsPerId);
+  return r.batches === 0 ? { skipped: 'no training batches to sample' } : r;
+}
+
+/**
+ * The distinct sparse ids of the first `limit` training batches of epoch 0,
+ * hashed as the config says: what each batch's pull asks the shards for
+ * (the worker's own indexing, `ctrBagIndex`).
+ */
+export function* trainingBatchIds(config: HetpsConfig, md: { model: CtrModel | MlpModel; source: DataSource }, limit: number): Generator<Int32Array> {
+  const layout = sparseLayoutFromConfig(config, md.model);
+  let n = 0;
+  for (const b of md.source.batchesSync(streamOptions('train', config.data.batch_size, { epoch: 0 }))) {
+    if (n++ >= limit) return;
+    if (b.kind !== 'ctr') throw new ConfigError(`sparse ids: the ${md.model.family} model has no sparse tables to read ${b.kind} batch ${b.batchId} for`);
+    const hashed = layout.hashBuckets === null ? b.ids : bucketCtrIds(b.offsets, b.ids, b.slots, layout.hashBuckets);
+    yield ctrBagIndex(b.offsets, hashed).uniqueIds;
+  }
+}
+
+/** The report of how `plan` placed its partitions, from the warm-up's result (`partitionHotness`). */
+export function shardingReport(config: HetpsConfig, model: CtrModel | MlpModel, maxPayload: number, plan: ShardPlan, hot: ReturnType<typeof partitionHotness>): ShardingReport {
+  if ('skipped' in hot) {
+    return { hotness: false, warmup_batches: 0, partitions: plan.partitions, expected_loads: null, expected_imbalance: null, round_robin_imbalance: null, skipped: hot.skipped };
+  }
+  const spread = (l: Record<string, number>) => { const v = Object.values(l); const max = Math.max(...v); return max > 0 ? Number(((max - Math.min(...v)) / max).toFixed(4)) : 0; };
+  const expected = shardLoadsOf(plan, hot.loads);
+  const roundRobin = shardPlanFromConfig(config, model, maxPayload, plan.version);
+  return {
+    hotness: true, warmup_batches: hot.batches, partitions: plan.partitions,
+    expected_loads: Object.fromEntries(Object.entries(expected).map(([k, v]) => [k, Math.round(v)])),
+    expected_imbalance: spread(expected), round_robin_imbalance: spread(shardLoadsOf(roundRobin, hot.loads)), skipped: null,
+  };
 }
 
 /**

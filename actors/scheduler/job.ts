@@ -11,7 +11,7 @@ import {
   type GroupCentroid, type Grouping, type HetpsConfig, type NodeProfile, type ShardPlan, type WorkerGroupConfig,
 } from '../../topology/mod.ts';
 import { ackWaitFromConfig, type BatchDescriptor, type BatchQueue } from '../store/batch-queue.ts';
-import { batchDescriptors, shardPlanFromConfig } from '../node/config-bridge.ts';
+import { batchDescriptors, partitionHotness, shardingReport, shardPlanFromConfig, type ShardingReport } from '../node/config-bridge.ts';
 import type { Evaluation } from '../../native-bridge/mod.ts';
 import { jobGroupsFromConfig, type JobInfo, type JobInfoStore } from '../store/job-info.ts';
 import type { ModelAndData } from '../node/nodes.ts';
@@ -21,6 +21,8 @@ import { nodeProfileOf, subscribeTelemetry, type ProfileTelemetry } from '../mon
 
 export interface PreparedJob {
   plan: ShardPlan;
+  /** How the partitions were placed (hotness sharding's warm-up). */
+  sharding: ShardingReport;
   /** The batches queued (a resume leaves out those done before it). */
   descriptors: BatchDescriptor[];
   info: JobInfo;
@@ -134,13 +136,17 @@ export async function prepareJob(o: {
   resumedFrom?: string;
 }): Promise<PreparedJob> {
   const { config } = o;
-  let plan = shardPlanFromConfig(config, o.md.model, o.maxPayload);
+  // Hotness sharding's warm-up reads the same batches every time: a config and its data always give the same plan.
+  const hot = partitionHotness(config, o.md);
+  const loads = 'skipped' in hot ? null : hot.loads;
+  let plan = shardPlanFromConfig(config, o.md.model, o.maxPayload, 1, loads);
   // A job name reused on a long-running NATS keeps its old plan: plans only move forward, so a different one gets the next version.
   const existing = await o.planStore.get().catch(() => null);
   if (existing !== null && (existing.version >= plan.version)) {
     const same = JSON.stringify({ ...existing, version: 0 }) === JSON.stringify({ ...plan, version: 0 });
-    plan = shardPlanFromConfig(config, o.md.model, o.maxPayload, same ? existing.version : existing.version + 1);
+    plan = shardPlanFromConfig(config, o.md.model, o.maxPayload, same ? existing.version : existing.version + 1, loads);
   }
+  const sharding = shardingReport(config, o.md.model, o.maxPayload, plan, hot);
   await o.planStore.put(plan);
   await o.beforeQueue?.(plan);
   const done = o.done ?? new Set<string>();
@@ -169,6 +175,6 @@ export async function prepareJob(o: {
   };
   await o.beforeStart?.();
   await o.jobStore.put(info);
-  return { plan, descriptors, info, done };
+  return { plan, sharding, descriptors, info, done };
 }
 

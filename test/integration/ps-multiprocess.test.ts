@@ -93,6 +93,13 @@ test('hps with cluster.shards_per_server 2: 4 shards on the 2 server processes (
   assert.equal(s.batches_acked, s.batches);
   assert.equal(s.duplicate_acks, 0);
   assert.ok(Math.abs((s.test_auc as number) - localAuc) <= 0.01, `AUC ${s.test_auc} vs train-local ${localAuc}`);
+  // Hotness sharding (on by default): the warm-up's plan, its expected loads no further apart than round-robin's.
+  const sh = s.sharding as { hotness: boolean; warmup_batches: number; partitions: number; expected_loads: Record<string, number>; expected_imbalance: number; round_robin_imbalance: number };
+  t.diagnostic(`sharding ${JSON.stringify(sh)}`);
+  // 64 batches by default, at most an epoch's (SAMPLES of 32).
+  assert.deepEqual([sh.hotness, sh.warmup_batches, sh.partitions, Object.keys(sh.expected_loads).sort()], [true, Math.ceil(SAMPLES / 32), 256, ['s1', 's1~2', 's2', 's2~2']]);
+  assert.ok(sh.expected_imbalance <= sh.round_robin_imbalance, JSON.stringify(sh));
+  assert.match(r.stderr, /hotness sharding: 38 warm-up batches; floats per batch by shard s1 \d+, s2 \d+, s1~2 \d+, s2~2 \d+: imbalance [\d.]+ \(round-robin [\d.]+\)/);
 });
 
 test('asp: nodes started before the driver, one worker SIGKILLed mid-epoch — every batch acknowledged exactly once, AUC within 0.01', { timeout: 110_000 }, async (t) => {

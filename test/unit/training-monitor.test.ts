@@ -33,7 +33,7 @@ test('TrainingMonitor: the curve starts when the first worker does, has a point 
   const info: JobInfo = {
     job: JOB, run_id: 'r', mode: 'asp', workers: ['w1', 'w2'], total_batches: 6, rounds: 3, epochs: 1, batch_size: 32, ack_wait_ms: 60_000, groups: null, groups_version: 0, resume_version: 0, paused: false, rejoining: [], standbys: [],
   };
-  const prepared: PreparedJob = { plan: {} as ShardPlan, descriptors, info };
+  const prepared: PreparedJob = { plan: {} as ShardPlan, sharding: { hotness: false, warmup_batches: 0, partitions: 0, expected_loads: null, expected_imbalance: null, round_robin_imbalance: null, skipped: 'no plan' }, descriptors, info };
   const monitor = new TrainingMonitor(driverT, JOB, clock, silentLogger());
 
   let evaluations = 0;
