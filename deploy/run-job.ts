@@ -32,7 +32,7 @@ import { writeAuthFiles } from './auth.ts';
 import {
   ConfigError, HetpsError, JSON_CONTENT_TYPE, MissingDependencyError, controlSubject, systemClock, type Actor, type NatsAuth, type NatsTls,
 } from '../runtime/mod.ts';
-import { allWorkerNodes, balancerIdleReason, describeMaxStaleness, groupsMeasuredAtStart, inactiveSettings, natsConnectionAs, tcLinkedNodes, type HetpsConfig, type NodeProfile, type ShardPlan } from '../topology/mod.ts';
+import { allWorkerNodes, balancerIdleReason, describeMaxStaleness, groupsMeasuredAtStart, inactiveSettings, natsConnectionAs, serverCapacities, tcLinkedNodes, type HetpsConfig, type NodeProfile, type ShardPlan } from '../topology/mod.ts';
 import type { Evaluation } from '../native-bridge/mod.ts';
 import { replicaId } from '../actors/shard/replica.ts';
 import { ackWaitFromConfig } from '../actors/store/batch-queue.ts';
@@ -684,7 +684,7 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
       const inactive = balancerIdleReason(config);
       balancer = new LoadBalancer({
         failover, planStore: backend.planStore, system: backend.system, health: plane.health, servers: config.cluster.server_nodes,
-        threshold: lb.imbalance_threshold, sustainS: lb.sustain_seconds, exclusive: (fn) => checkpointer.exclusive(fn),
+        threshold: lb.imbalance_threshold, sustainS: lb.sustain_seconds, capacity: serverCapacities(config), exclusive: (fn) => checkpointer.exclusive(fn),
         transport: backend.transport, job, clock: systemClock, log,
       }, inactive);
       balancer.start();

@@ -290,6 +290,13 @@ const emulateSchema = section({
 
 const nodeOverrideSchema = section({
   emulate: emulateSchema.nullable().default(null),
+  /**
+   * A server node's relative capacity (default 1): the plan gives the shards
+   * it holds a share of the parameter traffic in proportion, and load
+   * balancing compares servers' loads divided by it (the reference article:
+   * a stronger server takes more shards and more traffic).
+   */
+  capacity: posNum().nullable().default(null),
   provider: oneOf(PROVIDERS).nullable().default(null),
   threads: posInt().nullable().default(null),
 });
@@ -1081,6 +1088,16 @@ function crossChecks(raw: Obj, where: (p: Path) => string): RawIssue[] {
     }
   }
 
+  // nodes.<name>.capacity weighs a server's share of the parameter traffic: a worker has none
+  if (isObject(raw.nodes) && isObject(raw.cluster)) {
+    const servers = Array.isArray(cluster.server_nodes) ? cluster.server_nodes : [];
+    for (const [name, o] of Object.entries(raw.nodes)) {
+      if (isObject(o) && o.capacity !== undefined && o.capacity !== null && nodeSeen.has(name) && !servers.includes(name)) {
+        add(['nodes', name, 'capacity'], `capacity weighs a server node's share of the parameter traffic; "${name}" is not in cluster.server_nodes (a worker's speed is emulate.speed, or measured)`, 'key');
+      }
+    }
+  }
+
   // nodes.<name>.emulate.link tc is a limit at bandwidth_mbps: without one there is nothing to limit
   if (isObject(raw.nodes)) {
     for (const [name, o] of Object.entries(raw.nodes)) {
@@ -1389,6 +1406,16 @@ export function standbyWorkerNodes(config: HetpsConfig): WorkerNode[] {
 
 export function serverNodes(config: HetpsConfig): ServerNode[] {
   return config.cluster.server_nodes.map((name, rank) => ({ name, rank }));
+}
+
+/** `nodes.<server>.capacity` of the server nodes that set one (the others count 1); null when none does. */
+export function serverCapacities(config: HetpsConfig): Record<string, number> | null {
+  const out: Record<string, number> = {};
+  for (const s of config.cluster.server_nodes) {
+    const c = config.nodes[s]?.capacity ?? null;
+    if (c !== null) out[s] = c;
+  }
+  return Object.keys(out).length > 0 ? out : null;
 }
 
 const NO_OVERRIDE: Readonly<NodeOverride> = Object.freeze(nodeOverrideSchema.parse({}));

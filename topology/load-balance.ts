@@ -78,6 +78,16 @@ export function serverLoads(p: ReplicaPlacement, rates: ReadonlyMap<string, Traf
   return loads;
 }
 
+/**
+ * Loads for comparing servers of unequal capacity (`nodes.<server>.capacity`):
+ * each divided by its server's capacity (1 where none is given). Unchanged
+ * without capacities.
+ */
+export function relativeLoads(loads: ReadonlyMap<string, number>, capacity: ReadonlyMap<string, number> | null): ReadonlyMap<string, number> {
+  if (capacity === null) return loads;
+  return new Map([...loads].map(([s, l]) => [s, l / (capacity.get(s) ?? 1)]));
+}
+
 export interface Imbalance {
   /** (max − min) / max; 0 when every server is idle. */
   imbalance: number;
@@ -130,12 +140,15 @@ export interface Migration {
  */
 export function planMigration(
   p: ReplicaPlacement, rates: ReadonlyMap<string, TrafficRate>, live: readonly string[], threshold: number,
+  capacity: ReadonlyMap<string, number> | null = null,
 ): Migration | null {
   const loads = serverLoads(p, rates, live);
-  const now = imbalanceOf(loads);
+  const now = imbalanceOf(relativeLoads(loads, capacity));
   if (now.busiest === null || now.imbalance <= threshold) return null;
   const hot = now.busiest;
-  const max = loads.get(hot)!;
+  const hotLoad = loads.get(hot)!;
+  // Compared for capacity: the busiest server's load per unit of its capacity.
+  const max = relativeLoads(loads, capacity).get(hot)!;
   let best: Migration | null = null;
   let bestMax = max;
   for (const shard of Object.keys(p.replicas).sort()) {
@@ -151,19 +164,19 @@ export function planMigration(
       if (holder) {
         // The target stops applying the stream and serves instead; the old primary applies it again.
         const followerCost = (rates.get(key(shard, to)) ?? { pull: 0, push: rate.push }).push;
-        predicted.set(hot, max - cost + rate.push);
+        predicted.set(hot, hotLoad - cost + rate.push);
         predicted.set(to, loads.get(to)! - followerCost + cost);
       } else {
-        predicted.set(hot, max - cost);
+        predicted.set(hot, hotLoad - cost);
         predicted.set(to, loads.get(to)! + cost);
       }
-      const newMax = Math.max(...predicted.values());
+      const newMax = Math.max(...relativeLoads(predicted, capacity).values());
       if (newMax > max * (1 - MIN_GAIN)) continue;
       // Ties go to a target that is a caught-up backup already (no seed).
       const better = best === null || newMax < bestMax || (newMax === bestMax && best.seed && holder);
       if (!better) continue;
       bestMax = newMax;
-      best = { shard, from: hot, to, seed: !holder, predicted, predictedImbalance: imbalanceOf(predicted).imbalance };
+      best = { shard, from: hot, to, seed: !holder, predicted, predictedImbalance: imbalanceOf(relativeLoads(predicted, capacity)).imbalance };
     }
   }
   return best;

@@ -61,6 +61,14 @@ export interface BuildShardPlanOptions {
    * round-robin.
    */
   partitionLoads?: ArrayLike<number> | null;
+  /**
+   * Relative capacity of server nodes (`nodes.<server>.capacity`; absent: 1):
+   * a shard whose primary the initial placement puts on a server of
+   * capacity c is filled to c times the load of one on a server of capacity
+   * 1 — dense blocks by floats, partitions by their loads (or by count
+   * without hotness statistics).
+   */
+  serverCapacity?: Readonly<Record<string, number>> | null;
   /** Largest dense block in bytes (keep it under the server's max_payload). */
   maxBlockBytes: number;
   /** Backups per shard (fault_tolerance.backup_factor); default 0. */
@@ -82,7 +90,10 @@ export function shardNames(servers: readonly string[], perServer: number): strin
   return names;
 }
 
-/** The plan of a fresh job: dense blocks balanced by bytes, partitions dealt round-robin. */
+/**
+ * The plan of a fresh job: dense blocks balanced by bytes, partitions dealt
+ * round-robin or by measured hotness; both for the servers' capacities.
+ */
 export function buildShardPlan(o: BuildShardPlanOptions): ShardPlan {
   if (o.shards.length === 0) throw new ConfigError('a shard plan needs at least one shard (cluster.server_nodes is empty)');
   if (new Set(o.shards).size !== o.shards.length) throw new ConfigError(`shard names must be unique: ${o.shards.join(', ')}`);
@@ -93,25 +104,28 @@ export function buildShardPlan(o: BuildShardPlanOptions): ShardPlan {
   const shareElems = o.shards.length > 1 ? Math.max(MIN_BALANCED_BLOCK_ELEMS, Math.ceil(totalElems / (DENSE_BLOCKS_PER_SHARD * o.shards.length))) : Infinity;
   const blockElems = Math.max(1, Math.min(Math.floor(o.maxBlockBytes / 4), shareElems));
   const partitions = partitionCount(o.shards.length, o.partitions);
+  const placement = { ...placeReplicas(o.shards, o.servers ?? o.shards, o.backupFactor ?? 0), initial_version: o.version };
+  const capacity = shardCapacities(o.shards, placement.replicas, o.serverCapacity ?? null);
   const load = new Map(o.shards.map((s) => [s, 0]));
   const dense: DenseBlock[] = [];
   for (const p of o.denseParams) {
     if (!Number.isInteger(p.size) || p.size <= 0) throw new ConfigError(`dense parameter ${p.name} has size ${p.size}`);
     for (let offset = 0; offset < p.size; offset += blockElems) {
       const length = Math.min(blockElems, p.size - offset);
-      // Least-loaded shard first; ties by shard order, so the plan is deterministic.
-      let best = o.shards[0]!;
-      for (const s of o.shards) if (load.get(s)! < load.get(best)!) best = s;
+      // Least-loaded shard first (for its server's capacity); ties by shard order, so the plan is deterministic.
+      const best = leastLoaded(o.shards, load, capacity, length);
       load.set(best, load.get(best)! + length);
       dense.push({ id: dense.length, param: p.name, offset, length, shard: best });
     }
   }
   const loads = o.partitionLoads ?? null;
   if (loads !== null && loads.length !== partitions) throw new ConfigError(`partition loads cover ${loads.length} partitions; the plan has ${partitions}`);
-  const partitionOwner = loads === null
-    ? Array.from({ length: partitions }, (_, i) => o.shards[i % o.shards.length]!)
-    : hottestFirst(loads, o.shards, load);
-  const placement = { ...placeReplicas(o.shards, o.servers ?? o.shards, o.backupFactor ?? 0), initial_version: o.version };
+  const partitionOwner = loads !== null
+    ? hottestFirst(loads, o.shards, load, capacity)
+    // Unequal servers and no statistics: partitions by count, in proportion to capacity.
+    : capacity !== null
+      ? hottestFirst(new Array<number>(partitions).fill(1), o.shards, new Map(o.shards.map((s) => [s, 0])), capacity)
+      : Array.from({ length: partitions }, (_, i) => o.shards[i % o.shards.length]!);
   return { version: o.version, shards: [...o.shards], denseParams: o.denseParams.map((p) => ({ ...p })), dense, sparseTables: o.sparseTables.map((t) => ({ ...t })), partitions, partitionOwner, placement };
 }
 
@@ -128,7 +142,7 @@ export function partitionCount(shards: number, partitions: number | null): numbe
  * partition's load of the best split). `load` starts as each shard's dense
  * floats and ends with its partitions added; ties go by index and shard order.
  */
-function hottestFirst(loads: ArrayLike<number>, shards: readonly string[], load: Map<string, number>): string[] {
+function hottestFirst(loads: ArrayLike<number>, shards: readonly string[], load: Map<string, number>, capacity: ReadonlyMap<string, number> | null): string[] {
   const order = Array.from({ length: loads.length }, (_, i) => i);
   for (const i of order) {
     const v = loads[i]!;
@@ -137,12 +151,36 @@ function hottestFirst(loads: ArrayLike<number>, shards: readonly string[], load:
   order.sort((a, b) => loads[b]! - loads[a]! || a - b);
   const owner = new Array<string>(loads.length);
   for (const i of order) {
-    let best = shards[0]!;
-    for (const s of shards) if (load.get(s)! < load.get(best)!) best = s;
+    const best = leastLoaded(shards, load, capacity, loads[i]!);
     load.set(best, load.get(best)! + loads[i]!);
     owner[i] = best;
   }
   return owner;
+}
+
+/**
+ * The shard to take `add` more: the least loaded (ties: shard order), or
+ * with unequal servers the one that would carry it at the lowest load for
+ * its capacity (longest-processing-time on machines of unequal speed).
+ */
+function leastLoaded(shards: readonly string[], load: ReadonlyMap<string, number>, capacity: ReadonlyMap<string, number> | null, add: number): string {
+  let best = shards[0]!;
+  let bestAt = Infinity;
+  for (const s of shards) {
+    const at = capacity === null ? load.get(s)! : (load.get(s)! + add) / capacity.get(s)!;
+    if (at < bestAt) { best = s; bestAt = at; }
+  }
+  return best;
+}
+
+/** Each shard's capacity: its initial primary server's; null when every server is alike (the unweighted rule). */
+function shardCapacities(shards: readonly string[], replicas: ReplicaPlacement['replicas'], servers: Readonly<Record<string, number>> | null): Map<string, number> | null {
+  if (servers === null) return null;
+  for (const [node, c] of Object.entries(servers)) {
+    if (!Number.isFinite(c) || c <= 0) throw new ConfigError(`server ${node} has capacity ${c}; a capacity must be a positive number`);
+  }
+  const out = new Map(shards.map((s) => [s, servers[replicas[s]!.primary] ?? 1]));
+  return new Set(out.values()).size > 1 ? out : null;
 }
 
 /**

@@ -7,7 +7,7 @@
  */
 import { ConfigError, MissingDependencyError } from '../../runtime/mod.ts';
 import {
-  buildShardPlan, partitionCount, partitionLoadsOf, shardLoadsOf, shardNames, type HetpsConfig, type OptimizerSettings, type ScheduleConfig as YamlSchedule, type ShardPlan, type SparseTableSpec,
+  buildShardPlan, partitionCount, serverCapacities, partitionLoadsOf, shardLoadsOf, shardNames, type HetpsConfig, type OptimizerSettings, type ScheduleConfig as YamlSchedule, type ShardPlan, type SparseTableSpec,
 } from '../../topology/mod.ts';
 import {
   bucketCtrIds, createOptimizer, createSpamAssassinSource, ctrBagIndex, createSyntheticCtrSource, createSyntheticMlpSource, ctrModel, mlpModel, SPAM_ASSASSIN_PACKAGE,
@@ -146,6 +146,7 @@ export function shardPlanFromConfig(config: HetpsConfig, model: CtrModel | MlpMo
     sparseTables: layout.tables,
     partitions: null,
     partitionLoads,
+    serverCapacity: serverCapacities(config),
     maxBlockBytes: Math.max(4096, Math.min(maxPayload, 8 << 20) - BLOCK_HEADROOM_BYTES),
     servers: [...config.cluster.server_nodes],
     backupFactor: config.fault_tolerance.backup_factor,
@@ -160,7 +161,12 @@ export interface ShardingReport {
   partitions: number;
   /** Floats one batch moves to and from each shard (dense blocks and partitions), as the warm-up measured them; null when nothing was measured. */
   expected_loads: Record<string, number> | null;
-  /** (max − min) / max of `expected_loads`, and of the round-robin plan under the same statistics. */
+  /**
+   * (max − min) / max of `expected_loads` (each divided by its server's
+   * `capacity` where servers differ), and of the plan without hotness —
+   * partitions dealt round-robin, or by count in proportion to capacity —
+   * under the same statistics.
+   */
   expected_imbalance: number | null;
   round_robin_imbalance: number | null;
   /** Why hotness did not place the partitions, when it did not. */
@@ -205,7 +211,13 @@ export function shardingReport(config: HetpsConfig, model: CtrModel | MlpModel, 
   if ('skipped' in hot) {
     return { hotness: false, warmup_batches: 0, partitions: plan.partitions, expected_loads: null, expected_imbalance: null, round_robin_imbalance: null, skipped: hot.skipped };
   }
-  const spread = (l: Record<string, number>) => { const v = Object.values(l); const max = Math.max(...v); return max > 0 ? Number(((max - Math.min(...v)) / max).toFixed(4)) : 0; };
+  // Compared per unit of capacity where servers differ (each shard counts its initial primary's).
+  const caps = serverCapacities(config) ?? {};
+  const spread = (l: Record<string, number>) => {
+    const v = Object.entries(l).map(([shard, x]) => x / (caps[plan.placement.replicas[shard]!.primary] ?? 1));
+    const max = Math.max(...v);
+    return max > 0 ? Number(((max - Math.min(...v)) / max).toFixed(4)) : 0;
+  };
   const expected = shardLoadsOf(plan, hot.loads);
   const roundRobin = shardPlanFromConfig(config, model, maxPayload, plan.version);
   return {

@@ -17,7 +17,7 @@
  */
 import type { ActorSystem, Clock, Logger, Timer, Transport } from '../../runtime/mod.ts';
 import {
-  imbalanceOf, planMigration, serverLoads, trafficRates, type Migration, type ReplicaTraffic, type ShardPlan,
+  imbalanceOf, planMigration, relativeLoads, serverLoads, trafficRates, type Migration, type ReplicaTraffic, type ShardPlan,
 } from '../../topology/mod.ts';
 import type { HealthView } from '../health/health.types.ts';
 import { publishEvent } from '../monitor/monitor.messages.ts';
@@ -36,6 +36,8 @@ export interface LoadBalancerOptions {
   threshold: number;
   /** load_balancing.sustain_seconds */
   sustainS: number;
+  /** nodes.<server>.capacity where given (the others count 1): loads are compared divided by it. */
+  capacity?: Readonly<Record<string, number>> | null;
   /** Runs a handover between checkpoints (Checkpointer.exclusive); default: at once. */
   exclusive?: <T>(fn: () => Promise<T>) => Promise<T>;
   transport: Transport;
@@ -102,9 +104,11 @@ export class LoadBalancer {
   private moving: Promise<void> | null = null;
   /** The last reason an imbalance over the threshold was not acted on, said once per change. */
   private held: string | null = null;
+  private readonly capacity: ReadonlyMap<string, number> | null;
   private readonly sampleMs: number;
 
   constructor(private readonly o: LoadBalancerOptions, private readonly inactive: string | null = null) {
+    this.capacity = o.capacity ? new Map(Object.entries(o.capacity)) : null;
     this.sampleMs = o.sampleMs ?? Math.min(2_000, Math.max(250, (o.sustainS * 1000) / 6));
   }
 
@@ -153,7 +157,7 @@ export class LoadBalancer {
     const rates = trafficRates(prev.traffic, traffic, (at - prev.at) / 1000);
     const live = this.o.servers.filter((s) => this.o.health.stateOf(s) !== 'dead');
     const loads = serverLoads(plan.placement, rates, live);
-    const { imbalance } = imbalanceOf(loads);
+    const { imbalance } = imbalanceOf(relativeLoads(loads, this.capacity));
     const busy = [...loads.values()].some((l) => l > 0);
     // The report keeps the last sample with traffic (not the idle one after training).
     if (busy) { this.loads = loads; this.imbalance = imbalance; }
@@ -170,7 +174,7 @@ export class LoadBalancer {
     if (hold !== null || imbalance <= this.o.threshold) { this.overSince = null; return; }
     this.overSince ??= this.recent.at(-2)!.at;
     if (at - this.overSince < this.o.sustainS * 1000) return;
-    const move = planMigration(plan.placement, rates, live, this.o.threshold);
+    const move = planMigration(plan.placement, rates, live, this.o.threshold, this.capacity);
     if (move === null) return;
     this.moving = this.migrate(move, loads, imbalance)
       .catch((e: unknown) => this.o.log.warn({ err: (e as Error).message, shard: move.shard }, `load balancing: moving shard ${move.shard} failed: ${(e as Error).message}`))

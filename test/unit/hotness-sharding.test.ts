@@ -8,7 +8,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { ConfigError } from '../../runtime/mod.ts';
-import { parseConfig, type HetpsConfig } from '../../topology/mod.ts';
+import { parseConfig, serverCapacities, type HetpsConfig } from '../../topology/mod.ts';
 import { partitionHotness, shardingReport, shardPlanFromConfig, sparseLayoutFromConfig, trainingBatchIds } from '../../actors/node/config-bridge.ts';
 import { modelAndData } from '../../actors/node/nodes.ts';
 import { prepareJob } from '../../actors/scheduler/job.ts';
@@ -19,9 +19,9 @@ import { planExchange } from '../../actors/worker/param-exchange.ts';
 import { systemClock } from '../../runtime/mod.ts';
 
 const FILE = 'hotness.yaml';
-function ctrConfig(sharding = ''): HetpsConfig {
+function ctrConfig(sharding = '', perServer = 4): HetpsConfig {
   return parseConfig(`job: { name: hot }
-cluster: { server_nodes: [s1, s2], worker_nodes: [w1], shards_per_server: 4 }
+cluster: { server_nodes: [s1, s2], worker_nodes: [w1], shards_per_server: ${perServer} }
 model:
   type: ctr
   ctr: { embedding_dim: 8, hidden: [16], pooling: sum, wide: true }
@@ -108,4 +108,27 @@ test('prepareJob writes the hotness plan and reports it; the same config and dat
   const b = await make();
   assert.equal(b.plan.version, a.plan.version, 'the same plan: no new version');
   assert.deepEqual(b.plan.partitionOwner, a.plan.partitionOwner);
+});
+
+test('nodes.<server>.capacity: a server of capacity 3 is expected to move three times the floats of one of capacity 1, the report compares per unit of capacity; a capacity on a worker or ≤ 0 is refused', () => {
+  const config = ctrConfig('nodes: { s1: { capacity: 3 } }', 1);
+  assert.deepEqual(serverCapacities(config), { s1: 3 });
+  assert.equal(serverCapacities(ctrConfig()), null);
+  const md = modelAndData(config);
+  const hot = partitionHotness(config, md);
+  assert.ok(!('skipped' in hot));
+  const plan = shardPlanFromConfig(config, md.model, 1 << 20, 1, hot.loads);
+  const report = shardingReport(config, md.model, 1 << 20, plan, hot);
+  const l = report.expected_loads!;
+  assert.ok(Math.abs(l.s1! / 3 - l.s2!) / l.s2! < 0.02, `3 : 1: ${JSON.stringify(l)}`);
+  assert.ok(report.expected_imbalance! < 0.02, JSON.stringify(report));
+  // What the workers' pulls route over the epoch follows it.
+  const routed = routedFloats(config, plan).perShard;
+  assert.ok(Math.abs(routed.s1! / 3 - routed.s2!) / routed.s2! < 0.03, `routed ${JSON.stringify(routed)}`);
+  for (const [bad, what] of [
+    ['nodes: { w1: { capacity: 2 } }', /nodes\.w1\.capacity.*"w1" is not in cluster\.server_nodes/],
+    ['nodes: { s1: { capacity: 0 } }', /nodes\.s1\.capacity.*> 0/],
+  ] as const) {
+    assert.throws(() => ctrConfig(bad, 1), (e: unknown) => e instanceof ConfigError && what.test(e.message), bad);
+  }
 });

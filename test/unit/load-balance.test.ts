@@ -11,7 +11,7 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { ActorSystem, InProcessBroker, SeededRandom, Transport, isRetryable, silentLogger, systemClock } from '../../runtime/mod.ts';
 import {
-  buildShardPlan, handOver, imbalanceOf, planMigration, seedReplica, serverLoads, trafficRates, withPlacement,
+  buildShardPlan, handOver, imbalanceOf, planMigration, relativeLoads, seedReplica, serverLoads, trafficRates, withPlacement,
   type ReplicaPlacement, type ShardPlan, type TrafficRate,
 } from '../../topology/mod.ts';
 import { ShardState, type PushRequest } from '../../actors/mod.ts';
@@ -67,6 +67,21 @@ describe('the rule', () => {
     assert.equal(planMigration(two, rates({ 'a@n1': [100, 0], 'b@n1': [4, 0] }), ['n1', 'n2'], 0.3), null);
     const split = planMigration(two, rates({ 'a@n1': [70, 0], 'b@n1': [50, 0] }), ['n1', 'n2'], 0.3)!;
     assert.deepEqual([split.to, split.seed, Math.max(...split.predicted.values())], ['n2', true, 70], 'of 70 and 50, either move leaves 70 of 120');
+  });
+
+  test('servers of unequal capacity: loads are compared per unit of capacity (twice the load on a server of twice the capacity is balanced)', () => {
+    const two = placement({ a: { primary: 'n1', backups: [], seeding: [] }, b: { primary: 'n1', backups: [], seeding: [] }, c: { primary: 'n2', backups: [], seeding: [] } });
+    const r = rates({ 'a@n1': [100, 0], 'b@n1': [100, 0], 'c@n2': [100, 0] });
+    // Equal servers: n1 carries 200 against 100, imbalance 0.5 — a move, though it only trades the peak.
+    assert.equal(imbalanceOf(relativeLoads(serverLoads(two, r, ['n1', 'n2']), null)).imbalance, 0.5);
+    // n1 has twice n2's capacity: 200 / 2 against 100 / 1, balanced, no move.
+    const cap = new Map([['n1', 2]]);
+    assert.equal(imbalanceOf(relativeLoads(serverLoads(two, r, ['n1', 'n2']), cap)).imbalance, 0);
+    assert.equal(planMigration(two, r, ['n1', 'n2'], 0.3, cap), null);
+    // n2 has four times n1's capacity: n1 at 200 against n2 at 100 / 4 — a primary moves to n2.
+    const m = planMigration(two, r, ['n1', 'n2'], 0.3, new Map([['n1', 1], ['n2', 4]]))!;
+    assert.deepEqual([m.from, m.to, Object.fromEntries(m.predicted)], ['n1', 'n2', { n1: 100, n2: 200 }]);
+    assert.equal(m.predictedImbalance, 0.5, '100 / 1 against 200 / 4');
   });
 
   test('a server holding no replica of the shard is seeded first; ties go to a caught-up backup', () => {

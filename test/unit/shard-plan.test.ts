@@ -106,6 +106,21 @@ test('hotness sharding: partitions go hottest first to the least-loaded shard, d
   assert.ok(Math.abs(l2.a! - l2.b!) <= 10, `dense and sparse together even out: ${JSON.stringify(l2)} (dense ${JSON.stringify(dense)})`);
 });
 
+test('servers of unequal capacity: the shards on a server of capacity 3 take three times the dense floats and partitions of one on a server of capacity 1; equal capacities change nothing; bad ones are named', () => {
+  const two = options({ shards: ['a', 'b'], servers: ['a', 'b'], denseParams: [{ name: 'w', size: 40_000 }], maxBlockBytes: 4_000 });
+  const byCount = buildShardPlan({ ...two, serverCapacity: { a: 3 } });
+  const count = (p: ShardPlan, s: string) => p.partitionOwner.filter((o) => o === s).length;
+  assert.deepEqual([count(byCount, 'a'), count(byCount, 'b')], [96, 32], 'partitions by count, 3 : 1');
+  const dense = (p: ShardPlan, s: string) => p.dense.filter((b) => b.shard === s).reduce((n, b) => n + b.length, 0);
+  assert.deepEqual([dense(byCount, 'a'), dense(byCount, 'b')], [30_000, 10_000], 'dense floats 3 : 1');
+  const loads = Array.from({ length: 128 }, (_, i) => 50 + (i % 13) * 10);
+  const hot = buildShardPlan({ ...two, partitionLoads: loads, serverCapacity: { a: 3, b: 1 } });
+  const l = shardLoadsOf(hot, loads);
+  assert.ok(Math.abs(l.a! / 3 - l.b!) / l.b! < 0.01, `hotness, dense and rows together 3 : 1: ${JSON.stringify(l)}`);
+  assert.deepEqual(buildShardPlan({ ...two, serverCapacity: { a: 2, b: 2 } }).partitionOwner, buildShardPlan(two).partitionOwner, 'alike servers: the unweighted plan');
+  assert.throws(() => buildShardPlan({ ...two, serverCapacity: { a: 0 } }), (e: unknown) => e instanceof ConfigError && /server a has capacity 0/.test(e.message));
+});
+
 test('hotness statistics: floats per batch per partition, averaged over the sampled batches; bad loads are refused naming the partition', () => {
   const parts = 16;
   const a = Int32Array.from([1, 2, 3]);
