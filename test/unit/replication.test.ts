@@ -156,6 +156,27 @@ class Lab {
   }
 }
 
+/**
+ * n1 primary of s0 and n2 its backup, the scheduler's failover on fake
+ * health verdicts, and n3 (its messages `n3DelayMs` late) — the server a
+ * new replica goes to once the test kills n1.
+ */
+async function seedingLab(n3DelayMs: number, fn: (l: { lab: Lab; health: ReturnType<typeof fakeHealth>; f: ShardFailover }) => Promise<void>): Promise<void> {
+  const lab = new Lab(plan());
+  const health = fakeHealth();
+  const sched = lab.system('scheduler');
+  const f = new ShardFailover({ planStore: lab.store, health, servers: ['n1', 'n2', 'n3'], backupFactor: 1, transport: sched.transport, job: 'rep', clock: systemClock, log: silentLogger() });
+  await sched.spawn(createFailoverActor(f));
+  try {
+    await lab.start('n1'); await lab.start('n2'); await lab.start('n3', lab.store, n3DelayMs);
+    await fn({ lab, health, f });
+  } finally {
+    f.dispose();
+    await sched.stop();
+    await lab.close();
+  }
+}
+
 /** The same bus, its deliveries to this node's subscribers held back by `ms` (a timer, not a microtask). */
 function delayedDeliveries(bus: Bus, ms: number): Bus {
   return Object.assign(Object.create(bus) as Bus, {
@@ -397,13 +418,7 @@ describe('replicated shards', () => {
   });
 
   test('a new replica is seeded while pushes go on, then promoted to backup; it ends bit-identical to the primary', async () => {
-    const lab = new Lab(plan());
-    const health = fakeHealth();
-    const sched = lab.system('scheduler');
-    const f = new ShardFailover({ planStore: lab.store, health, servers: ['n1', 'n2', 'n3'], backupFactor: 1, transport: sched.transport, job: 'rep', clock: systemClock, log: silentLogger() });
-    await sched.spawn(createFailoverActor(f));
-    try {
-      await lab.start('n1'); await lab.start('n2'); await lab.start('n3');
+    await seedingLab(0, async ({ lab, health, f }) => {
       let stop = false;
       let pushed = 0;
       const pusher = (async () => {
@@ -437,23 +452,12 @@ describe('replicated shards', () => {
       assert.ok(Object.values(a!.applied).every((n) => n === 1), 'every batch applied once');
       assert.equal(f.failovers.length, 1);
       assert.deepEqual(f.replicas.map((r) => [r.node, r.kind]), [['n3', 'seeding'], ['n3', 'backup']]);
-    } finally {
-      f.dispose();
-      await sched.stop();
-      await lab.close();
-    }
+    });
   });
 
   test('a new replica slower than the push stream (never a moment with nothing unconfirmed) is still made a backup while pushes go on, and holds every acknowledged update', async () => {
-    const lab = new Lab(plan());
-    const health = fakeHealth();
-    const sched = lab.system('scheduler');
-    const f = new ShardFailover({ planStore: lab.store, health, servers: ['n1', 'n2', 'n3'], backupFactor: 1, transport: sched.transport, job: 'rep', clock: systemClock, log: silentLogger() });
-    await sched.spawn(createFailoverActor(f));
-    try {
-      await lab.start('n1'); await lab.start('n2');
-      // n3 gets every message 4 ms late: each of its confirmations finds the next pushes already streamed to it.
-      await lab.start('n3', lab.store, 4);
+    // n3 gets every message 4 ms late: each of its confirmations finds the next pushes already streamed to it.
+    await seedingLab(4, async ({ lab, health, f }) => {
       let stop = false;
       let pushed = 0;
       let backupSince: number | null = null;
@@ -493,11 +497,7 @@ describe('replicated shards', () => {
       assert.equal(b!.hash, a!.hash);
       assert.deepEqual(b!.applied, a!.applied);
       assert.deepEqual(f.replicas.map((r) => [r.node, r.kind]), [['n3', 'seeding'], ['n3', 'backup']]);
-    } finally {
-      f.dispose();
-      await sched.stop();
-      await lab.close();
-    }
+    });
   });
 
   test('a batch already applied (trained again after its worker died unacknowledged) is answered without applying it again', async () => {
