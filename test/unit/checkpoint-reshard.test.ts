@@ -91,6 +91,21 @@ test('blocks cut smaller (another max_payload) with the same shards: re-sharded,
   for (const s of ['s1', 's2']) assert.deepEqual([...out.get(s)!.sparse[0]!.ids].sort(), [...snaps.get(s)!.sparse[0]!.ids].sort());
 });
 
+test('a checkpoint of a round-robin plan resumed onto a hotness plan (the same shards, partitions placed otherwise): re-sharded, each row on the shard that owns its partition now', () => {
+  const ids = Array.from({ length: 400 }, (_, i) => i * 104_729 + 11);
+  const from = plan(['s1', 's2'], 1);
+  const snaps = snapshotsOf(from, ids);
+  // Hot partitions 0–9: the hotness plan places them otherwise than round-robin did.
+  const loads = Array.from({ length: from.partitions }, (_, i) => (i < 10 ? 1_000 - i : 1));
+  const to = buildShardPlan({ version: 2, shards: ['s1', 's2'], denseParams: PARAMS, sparseTables: TABLES, partitions: null, maxBlockBytes: 1024, servers: ['s1', 's2'], backupFactor: 0, partitionLoads: loads });
+  assert.notDeepEqual(to.partitionOwner, from.partitionOwner);
+  assert.equal(layoutMatches(snaps, to), false, 'rows sit on shards that no longer own them');
+  const out = reshard(snaps, to, '/ck');
+  assert.equal(layoutMatches(out, to), true);
+  const want = snapshotsOf(to, ids);
+  for (const s of ['s1', 's2']) assert.deepEqual([...out.get(s)!.sparse[0]!.ids].sort(), [...want.get(s)!.sparse[0]!.ids].sort(), s);
+});
+
 test('what cannot be re-sharded is refused by name: a parameter the model lacks, missing values, another table dim', () => {
   const from = plan(['s1', 's2'], 1);
   const to = plan(['s1', 's2', 's3'], 2);
