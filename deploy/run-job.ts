@@ -689,7 +689,7 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
       }, inactive);
       balancer.start();
     }
-    plane.scheduler.attach({ info: () => controller.jobInfo, plan: () => shardClient.plans.current, controller, checkpointer, ...(balancer ? { balancer } : {}) });
+    plane.scheduler.attach({ info: () => controller.jobInfo, plan: () => shardClient.plans.current, controller, checkpointer, ...(balancer ? { balancer } : {}), sharding: prepared.sharding });
     // checkpoint.every_s: one after each interval of training, counted from the first acknowledged batch, then
     // from the end of the last checkpoint. Before any batch is trained the shards may still be starting, and
     // there is nothing to save: a cut then would only pause the workers for a checkpoint that fails.

@@ -24,6 +24,7 @@ import type { RegroupController } from './regroup.ts';
 import { schedulerMessages, type JobStatus, type SchedulerMessages } from './scheduler.messages.ts';
 import type { Checkpointer } from './checkpointer.ts';
 import type { LoadBalancingReport } from './load-balancer.ts';
+import type { ShardingReport } from '../node/config-bridge.ts';
 
 export const SCHEDULER_ACTOR_ID = 'main';
 /**
@@ -43,6 +44,8 @@ export interface AttachedJob {
   checkpointer?: Checkpointer;
   /** Load balancing between the server nodes; absent where it does not run. */
   balancer?: { report(): LoadBalancingReport };
+  /** How the plan placed the sparse partitions (hotness sharding's warm-up). */
+  sharding?: ShardingReport;
 }
 
 export interface SchedulerActorOptions {
@@ -151,6 +154,7 @@ export function createSchedulerActor(o: SchedulerActorOptions): SchedulerActorDe
       shards,
       progress: { samples: p?.samples ?? 0, batches_acked: p?.batches_acked ?? 0, batches_total: info?.total_batches ?? null, samples_per_s: p?.samples_per_s ?? 0, loss: p?.loss ?? null },
       load_balancing: a?.balancer?.report() ?? null,
+      sharding: a?.sharding ?? null,
       regroups: a?.controller.records ?? [],
       events: events?.events ?? [],
     };

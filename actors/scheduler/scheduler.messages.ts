@@ -10,6 +10,7 @@ import { z } from 'zod';
 import { JSON_CONTENT_TYPE, controlSubject, type Transport } from '../../runtime/mod.ts';
 import { regroupRequestSchema } from './regroup.ts';
 import type { LoadBalancingReport } from './load-balancer.ts';
+import type { ShardingReport } from '../node/config-bridge.ts';
 
 export const schedulerMessages = {
   /** Where the job stands: groups, workers, shards, progress, regroups, recent events. */
@@ -66,6 +67,8 @@ export interface JobStatus {
    * balancer does not run (load_balancing.enabled false, the embedded mode).
    */
   load_balancing: LoadBalancingReport | null;
+  /** How the plan placed the sparse partitions: hotness sharding's expected floats per shard and their imbalance, or why not; null before the job is attached. */
+  sharding: ShardingReport | null;
   regroups: unknown[];
   events: { at_ms: number; kind: string; node: string | null; text: string }[];
 }

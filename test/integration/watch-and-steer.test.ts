@@ -134,10 +134,13 @@ test('the quick start, watched and steered: /metrics, hetps ctl / tail / top, an
       const st = JSON.parse(status.stdout) as {
         job: string; state: string; workers: { node: string }[]; shards: { shard: string }[]; groups: { name: string }[];
         load_balancing: { loads: Record<string, number> | null; threshold: number; inactive: string | null } | null;
+        sharding: { hotness: boolean; warmup_batches: number; expected_loads: Record<string, number> | null } | null;
       };
       assert.equal(st.job, job);
       assert.deepEqual([Object.keys(st.load_balancing?.loads ?? {}).sort(), st.load_balancing?.threshold, st.load_balancing?.inactive], [['server-1', 'server-2'], 0.3, null]);
       assert.ok(Object.values(st.load_balancing!.loads!).every((l) => l > 0), `both servers carry traffic: ${JSON.stringify(st.load_balancing)}`);
+      // The quick start's plan: hotness sharding over its 2 shards, from 64 warm-up batches.
+      assert.deepEqual([st.sharding?.hotness, st.sharding?.warmup_batches, Object.keys(st.sharding?.expected_loads ?? {}).sort()], [true, 64, ['server-1', 'server-2']], JSON.stringify(st.sharding));
       assert.equal(st.state, 'training');
       assert.deepEqual(st.workers.map((w) => w.node).sort(), WORKERS);
       assert.deepEqual(st.groups.map((g) => g.name).sort(), ['fast', 'slow']);
