@@ -644,8 +644,8 @@ describe('helpers', () => {
   });
 
   test('nodeOverrides: the node\'s entry, all-null for nodes without one, an error for strangers', () => {
-    assert.deepEqual(nodeOverrides(c, 'cpu-node-1:8080'), { emulate: { speed: 0.25, bandwidth_mbps: null, link: 'hold' }, provider: 'cpu', threads: 8 });
-    assert.deepEqual(nodeOverrides(c, 'server-1:9090'), { emulate: null, provider: null, threads: null });
+    assert.deepEqual(nodeOverrides(c, 'cpu-node-1:8080'), { emulate: { speed: 0.25, bandwidth_mbps: null, link: 'hold' }, capacity: null, provider: 'cpu', threads: 8 });
+    assert.deepEqual(nodeOverrides(c, 'server-1:9090'), { emulate: null, capacity: null, provider: null, threads: null });
     assert.throws(() => nodeOverrides(c, 'nobody'), (e: unknown) => e instanceof ConfigError && /node "nobody" is not in/.test(e.message));
   });
 
