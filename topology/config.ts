@@ -773,6 +773,8 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   { path: 'load_balancing.enabled', when: (c) => c.load_balancing.enabled && !balancerActs(c), instead: BALANCER_IDLE },
   { path: 'load_balancing.imbalance_threshold', when: (c) => !balancerActs(c), instead: BALANCER_IDLE },
   { path: 'load_balancing.sustain_seconds', when: (c) => !balancerActs(c), instead: BALANCER_IDLE },
+  // The warm-up runs only for hotness sharding.
+  { path: 'sharding.warmup_batches', when: (c) => !c.sharding.hotness, instead: 'sharding.hotness is false: no warm-up is read, and the partitions are dealt round-robin (by count in proportion to nodes.<server>.capacity where servers differ)' },
   { path: 'server.use_gpu', when: (c) => c.server.use_gpu, instead: 'server-side optimizers run on the CPU' },
   { path: 'server.gpu_id', when: () => true, instead: 'server-side optimizers run on the CPU' },
 ];

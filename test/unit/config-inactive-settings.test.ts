@@ -124,6 +124,16 @@ ${rest}`, FILE));
     }
   });
 
+  test('sharding.warmup_batches is read only with sharding.hotness: listed with hotness false, saying so', () => {
+    const at = (sharding: string) => inactiveSettings(parseConfig(`${CLUSTER}sharding: ${sharding}\n`, FILE));
+    assert.deepEqual(at('{ warmup_batches: 16 }'), []);
+    assert.deepEqual(at('{ hotness: true, warmup_batches: 16 }'), []);
+    assert.deepEqual(at('{ hotness: false }'), []);
+    const listed = at('{ hotness: false, warmup_batches: 16 }');
+    assert.deepEqual(listed.map(pathOf), ['sharding.warmup_batches']);
+    assert.match(listed[0]!, /sharding\.warmup_batches=16 \(not active yet: sharding\.hotness is false: no warm-up is read/);
+  });
+
   test('values that ask for nothing are not listed', () => {
     const text = `${CLUSTER}training: { sync_initial_params: true }
 communication: { backend: nats, compression: none }
