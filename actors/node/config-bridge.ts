@@ -177,7 +177,7 @@ export interface ShardingReport {
  * The warm-up statistics of hotness sharding: the floats each sparse
  * partition moves per batch, over the first `sharding.warmup_batches`
  * training batches of epoch 0 (the ids each batch's pull asks for, after
- * hashing). Null, with the reason, where there is nothing to measure.
+ * hashing); `{ skipped }`, saying why, where there is nothing to measure.
  */
 export function partitionHotness(config: HetpsConfig, md: { model: CtrModel | MlpModel; source: DataSource }): { loads: Float64Array; batches: number } | { skipped: string } {
   if (!config.sharding.hotness) return { skipped: 'sharding.hotness is false' };
