@@ -55,8 +55,9 @@ test('hps: a group member cut off for 5 s degrades its group to async on its dea
     const driver = hetps(['up', '--config', cfg, '--no-launch', '--summary', summaryFile], { timeoutMs: 290_000 });
     children.push(driver);
 
+    // Where each node stands if training does not get going (it once saw no acknowledgement at all in a full-suite run).
     await until(() => (byNode.get('w1') ?? 0) >= 4, 'w1 acknowledged 4 batches', 120_000,
-      () => `${JSON.stringify(Object.fromEntries(byNode))}\n${driver.stderr().slice(-3000)}`);
+      () => `${JSON.stringify(Object.fromEntries(byNode))}\n--- driver:\n${driver.stderr().slice(-3000)}\n--- w1:\n${w1Out().slice(-3000)}\n--- w2:\n${w2.stderr().slice(-3000)}`);
     const cutAt = Date.now();
     await lab.cut('w1');
     const w2AtCut = byNode.get('w2') ?? 0;
