@@ -12,7 +12,7 @@ import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { availableParallelism, cpus, totalmem } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseConfig, type HetpsConfig, type ShardPlan } from '../topology/mod.ts';
+import { imbalanceOf, parseConfig, type HetpsConfig, type ShardPlan } from '../topology/mod.ts';
 import { partitionHotness, shardingReport, shardPlanFromConfig, sparseLayoutFromConfig, trainingBatchIds } from '../actors/node/config-bridge.ts';
 import { modelAndData } from '../actors/node/nodes.ts';
 import { planExchange } from '../actors/worker/param-exchange.ts';
@@ -50,7 +50,7 @@ function epochFloats(config: HetpsConfig, md: ReturnType<typeof modelAndData>, p
   for (const s of plan.shards) perShard[s] = Math.round(perShard[s]! / batches);
   return { perShard, batches };
 }
-const spread = (l: Record<string, number>) => { const v = Object.values(l); return Number(((Math.max(...v) - Math.min(...v)) / Math.max(...v)).toFixed(4)); };
+const spread = (l: Record<string, number>) => Number(imbalanceOf(new Map(Object.entries(l))).imbalance.toFixed(4));
 
 const results = CASES.map(({ workload, yaml }) => {
   const config = parseConfig(yaml, workload);

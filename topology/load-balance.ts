@@ -143,12 +143,13 @@ export function planMigration(
   capacity: ReadonlyMap<string, number> | null = null,
 ): Migration | null {
   const loads = serverLoads(p, rates, live);
-  const now = imbalanceOf(relativeLoads(loads, capacity));
+  // Compared for capacity: each server's load per unit of its capacity.
+  const relative = relativeLoads(loads, capacity);
+  const now = imbalanceOf(relative);
   if (now.busiest === null || now.imbalance <= threshold) return null;
   const hot = now.busiest;
   const hotLoad = loads.get(hot)!;
-  // Compared for capacity: the busiest server's load per unit of its capacity.
-  const max = relativeLoads(loads, capacity).get(hot)!;
+  const max = relative.get(hot)!;
   let best: Migration | null = null;
   let bestMax = max;
   for (const shard of Object.keys(p.replicas).sort()) {

@@ -7,7 +7,7 @@
  */
 import { ConfigError, MissingDependencyError } from '../../runtime/mod.ts';
 import {
-  buildShardPlan, partitionCount, serverCapacities, partitionLoadsOf, shardLoadsOf, shardNames, type HetpsConfig, type OptimizerSettings, type ScheduleConfig as YamlSchedule, type ShardPlan, type SparseTableSpec,
+  buildShardPlan, imbalanceOf, partitionCount, relativeLoads, serverCapacities, partitionLoadsOf, shardLoadsOf, shardNames, type HetpsConfig, type OptimizerSettings, type ScheduleConfig as YamlSchedule, type ShardPlan, type SparseTableSpec,
 } from '../../topology/mod.ts';
 import {
   bucketCtrIds, createOptimizer, createSpamAssassinSource, ctrBagIndex, createSyntheticCtrSource, createSyntheticMlpSource, ctrModel, mlpModel, SPAM_ASSASSIN_PACKAGE,
@@ -211,13 +211,10 @@ export function shardingReport(config: HetpsConfig, model: CtrModel | MlpModel, 
   if ('skipped' in hot) {
     return { hotness: false, warmup_batches: 0, partitions: plan.partitions, expected_loads: null, expected_imbalance: null, round_robin_imbalance: null, skipped: hot.skipped };
   }
-  // Compared per unit of capacity where servers differ (each shard counts its initial primary's).
-  const caps = serverCapacities(config) ?? {};
-  const spread = (l: Record<string, number>) => {
-    const v = Object.entries(l).map(([shard, x]) => x / (caps[plan.placement.replicas[shard]!.primary] ?? 1));
-    const max = Math.max(...v);
-    return max > 0 ? Number(((max - Math.min(...v)) / max).toFixed(4)) : 0;
-  };
+  // Compared per unit of capacity where servers differ (each shard counts its primary's), as load balancing compares servers.
+  const caps = serverCapacities(config);
+  const shardCaps = caps === null ? null : new Map(plan.shards.map((s) => [s, caps[plan.placement.replicas[s]!.primary] ?? 1]));
+  const spread = (l: Record<string, number>) => Number(imbalanceOf(relativeLoads(new Map(Object.entries(l)), shardCaps)).imbalance.toFixed(4));
   const expected = shardLoadsOf(plan, hot.loads);
   const roundRobin = shardPlanFromConfig(config, model, maxPayload, plan.version);
   return {
