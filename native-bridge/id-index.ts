@@ -32,6 +32,26 @@ export class IdIndex {
     return absent;
   }
 
+  /** The value of `id`; when absent, `id` is set to `value` and `value` returned (one probe for a lookup-or-insert). */
+  getOrSet(id: number, value: number): number {
+    if ((this.count + 1) > (this.mask + 1) * MAX_LOAD) this.grow();
+    const k = id >>> 0;
+    let h = mix32(k) & this.mask;
+    for (; this.used[h]; h = (h + 1) & this.mask) if (this.keys[h] === k) return this.vals[h]!;
+    this.used[h] = 1;
+    this.keys[h] = k;
+    this.vals[h] = value;
+    this.count++;
+    return value;
+  }
+
+  /** Forgets every id, keeping the room it has grown to (a caller that fills it again and again allocates once). */
+  clear(): void {
+    if (this.count === 0) return;
+    this.used.fill(0);
+    this.count = 0;
+  }
+
   set(id: number, value: number): void {
     if ((this.count + 1) > (this.mask + 1) * MAX_LOAD) this.grow();
     const k = id >>> 0;

@@ -275,6 +275,25 @@ export interface TableRowsUpdate {
   lrScale: number;
 }
 
+/**
+ * Rows held apart from their optimizer state (`updateGatheredRows`): row r
+ * of `values` and `grads` (`[count, dim]`) is updated with the state of
+ * row `stateRows[r]` (slot k at `state[k][stateRows[r]·dim …]`).
+ */
+export interface GatheredRowsUpdate {
+  values: Float32Array;
+  grads: Float32Array;
+  /** One array per state slot, `[rows, dim]`. */
+  state: readonly Float32Array[];
+  stateRows: Int32Array;
+  /** Updates so far per state row; each updated row's count is incremented before its update. */
+  rowSteps: Uint32Array;
+  count: number;
+  dim: number;
+  scheduleStep: number;
+  lrScale: number;
+}
+
 export interface Optimizer {
   readonly config: OptimizerConfig;
   readonly schedule: LearningRateSchedule;
@@ -314,6 +333,15 @@ export interface Optimizer {
    * and the rate are checked.
    */
   updateTableRows(update: TableRowsUpdate): void;
+  /**
+   * Updates rows whose optimizer state lives elsewhere (a worker's local
+   * copy of the rows it trained), for a caller that has checked the
+   * gradient (finite) and the indices (in range): no allocation or check per
+   * row. Rows are updated in order, so a state row named twice is updated
+   * twice, as with `updateRow` row by row. Only the step and the rate are
+   * checked.
+   */
+  updateGatheredRows(update: GatheredRowsUpdate): void;
 }
 
 /** Index of the first NaN or ±Inf in `a[start, end)`, or -1. */
@@ -464,6 +492,20 @@ abstract class BaseOptimizer implements Optimizer {
       const t = rowSteps[row]! + 1;
       rowSteps[row] = t;
       this.apply(table, row * dim, grads, r * dim, dim, state, row * dim, t, lr);
+    }
+  }
+
+  updateGatheredRows(u: GatheredRowsUpdate): void {
+    assertStep('scheduleStep', u.scheduleStep);
+    assertLrScale(u.lrScale);
+    const d = u.dim;
+    const lr = this.learningRateAt(u.scheduleStep, u.lrScale);
+    const { values, grads, state, stateRows, rowSteps } = u;
+    for (let r = 0; r < u.count; r++) {
+      const s = stateRows[r]!;
+      const t = rowSteps[s]! + 1;
+      rowSteps[s] = t;
+      this.apply(values, r * d, grads, r * d, d, state, s * d, t, lr);
     }
   }
 

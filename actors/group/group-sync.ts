@@ -59,8 +59,8 @@
 import {
   ActorStoppedError, HetpsError, ValidationError, Wakeup, groupMemberId, isRetryable, type Actor, type ActorContext, type ActorDefinition, type ActorRef, type ActorSystem, type Clock, type Logger,
 } from '../../runtime/mod.ts';
-import { groupLrMultiplier, splitIdsByShard, type GroupLrRule, type ShardPlan, type WorkerGroupConfig } from '../../topology/mod.ts';
-import type { Batch } from '../../native-bridge/mod.ts';
+import { groupLrMultiplier, splitIdsByShard, type GroupLrRule, type IdsForShard, type ShardPlan, type WorkerGroupConfig } from '../../topology/mod.ts';
+import { IdIndex, type Batch } from '../../native-bridge/mod.ts';
 import { wireTensorBytes, type GradientTensors, type PushRequest } from '../shard/shard.messages.ts';
 import { StopRequestedError } from '../worker/shard-client.ts';
 import { anyPartDropped, maxPushStaleness, type ComputedStep, type PreparedStep, type PushResult, type WorkerStepper } from '../worker/step.ts';
@@ -110,37 +110,60 @@ export function reduceOwners(shards: readonly string[], members: readonly string
 
 // ---------------------------------------------------------------- gradient sums
 
-/** Σ scale·row per id, in float64, ids in first-seen order. */
+/**
+ * Σ scale·row per id, in float64, ids in first-seen order. A member fills
+ * one per step and table every window (and a reducer one per step index
+ * every round): the index, the id list and the sums are typed arrays kept
+ * across `clear`, so a window allocates nothing once they have grown to a
+ * step's ids, and the ids' split by shard is made once per fill, not once
+ * per owner that is sent a part of it.
+ */
 class RowSums {
-  private readonly rowOf = new Map<number, number>();
-  private idList: number[] = [];
+  private readonly index = new IdIndex(1024);
+  private idBuf = new Int32Array(1024);
+  private count = 0;
   private sums: Float64Array;
-  constructor(readonly dim: number) { this.sums = new Float64Array(dim * 64); }
-  get size(): number { return this.idList.length; }
+  /** `splitIdsByShard` of the ids as they are now; null after a change. */
+  private split: Map<string, IdsForShard> | null = null;
+  constructor(readonly dim: number) { this.sums = new Float64Array(dim * 1024); }
+  get size(): number { return this.count; }
 
   /** Adds scale·grads[k] to the row of ids[k]. */
   add(ids: ArrayLike<number>, grads: Float32Array, scale: number): void {
     const d = this.dim;
+    this.split = null;
     for (let k = 0; k < ids.length; k++) {
-      const id = ids[k]!;
-      let row = this.rowOf.get(id);
-      if (row === undefined) {
-        row = this.idList.length;
-        this.rowOf.set(id, row);
-        this.idList.push(id);
-        if ((row + 1) * d > this.sums.length) {
-          const grown = new Float64Array(this.sums.length * 2);
-          grown.set(this.sums);
-          this.sums = grown;
-        }
-      }
+      const id = ids[k]! | 0;
+      const row = this.index.getOrSet(id, this.count);
       const to = row * d;
       const from = k * d;
-      for (let c = 0; c < d; c++) this.sums[to + c] = this.sums[to + c]! + scale * grads[from + c]!;
+      const sums = row === this.count ? this.newRow(id) : this.sums;
+      for (let c = 0; c < d; c++) sums[to + c] = sums[to + c]! + scale * grads[from + c]!;
     }
   }
 
-  ids(): Int32Array { return Int32Array.from(this.idList); }
+  /** Appends `id` as the next row (its sums zero), growing the arrays when full; the sums array to write to. */
+  private newRow(id: number): Float64Array {
+    const row = this.count++;
+    if (row === this.idBuf.length) {
+      const ids = new Int32Array(row * 2); ids.set(this.idBuf); this.idBuf = ids;
+    }
+    this.idBuf[row] = id;
+    if ((row + 1) * this.dim > this.sums.length) {
+      const grown = new Float64Array(this.sums.length * 2);
+      grown.set(this.sums);
+      this.sums = grown;
+    }
+    return this.sums;
+  }
+
+  ids(): Int32Array { return this.idBuf.slice(0, this.count); }
+
+  /** The ids split by the shard that owns them (`splitIdsByShard`), computed once per change. */
+  byShard(plan: ShardPlan): Map<string, IdsForShard> {
+    this.split ??= splitIdsByShard(plan, this.idBuf.subarray(0, this.count));
+    return this.split;
+  }
 
   /** The rows at `positions` (row indices), times `scale`, as float32. */
   rows(positions: ArrayLike<number>, scale: number): Float32Array<ArrayBuffer> {
@@ -154,9 +177,10 @@ class RowSums {
   }
 
   clear(): void {
-    this.rowOf.clear();
-    this.idList = [];
-    this.sums.fill(0);
+    this.index.clear();
+    this.sums.fill(0, 0, this.count * this.dim);
+    this.count = 0;
+    this.split = null;
   }
 }
 
@@ -169,12 +193,15 @@ export type ShardTensors = GradientTensors;
  * of the members' slices.
  */
 export class ShardedSums {
-  /** By plan block id; null until something is added. */
+  /** By plan block id; allocated on first use and kept across `clear`. */
   private readonly blocks: (Float64Array | null)[];
+  /** Whether block i holds sums since the last `clear` (a block's first add writes it, so `clear` zeroes nothing). */
+  private readonly filled: boolean[];
   private readonly tables = new Map<string, RowSums>();
 
   constructor(private readonly plan: ShardPlan) {
     this.blocks = plan.dense.map(() => null);
+    this.filled = plan.dense.map(() => false);
     for (const t of plan.sparseTables) this.tables.set(t.name, new RowSums(t.dim));
   }
 
@@ -209,7 +236,12 @@ export class ShardedSums {
     if (b === undefined || g.length !== b.length) throw new HetpsError(`dense block ${id}: ${g.length} values do not fit the plan`);
     let acc = this.blocks[id];
     if (acc === null || acc === undefined) { acc = new Float64Array(b.length); this.blocks[id] = acc; }
-    for (let i = 0; i < acc.length; i++) acc[i] = acc[i]! + scale * g[i]!;
+    if (this.filled[id]) {
+      for (let i = 0; i < acc.length; i++) acc[i] = acc[i]! + scale * g[i]!;
+    } else {
+      for (let i = 0; i < acc.length; i++) acc[i] = scale * g[i]!;
+      this.filled[id] = true;
+    }
   }
 
   /** The sums (times `scale`) of the blocks and rows the given shards own, as float32, one entry per shard. */
@@ -222,14 +254,14 @@ export class ShardedSums {
     };
     for (const b of this.plan.dense) {
       const acc = this.blocks[b.id];
-      if (!shards.has(b.shard) || acc === null || acc === undefined) continue;
+      if (!shards.has(b.shard) || !this.filled[b.id] || acc === null || acc === undefined) continue;
       const grad = new Float32Array(acc.length);
       for (let i = 0; i < acc.length; i++) grad[i] = acc[i]! * scale;
       of(b.shard).dense.push({ block: b.id, grad });
     }
     for (const [table, sums] of this.tables) {
       if (sums.size === 0) continue;
-      for (const [shard, part] of splitIdsByShard(this.plan, sums.ids())) {
+      for (const [shard, part] of sums.byShard(this.plan)) {
         if (!shards.has(shard)) continue;
         of(shard).sparse.push({ table, ids: part.ids as Int32Array<ArrayBuffer>, grads: sums.rows(part.positions, scale) });
       }
@@ -238,7 +270,7 @@ export class ShardedSums {
   }
 
   clear(): void {
-    this.blocks.fill(null);
+    this.filled.fill(false);
     for (const t of this.tables.values()) t.clear();
   }
 }
@@ -556,6 +588,8 @@ const sameMembers = (a: readonly string[], b: readonly string[]) => a.length ===
  */
 export class GroupMember {
   readonly inbox = new GroupInbox();
+  /** The reducer's sums per step index, reused round after round. */
+  private readonly reduceSums: ShardedSums[] = [];
   /** The window whose slices all said drained: the group's last round (its members leave once they pushed their part). */
   private endingWindow: number | null = null;
   /** Every member pushed its part of the last round: the group is over. */
@@ -1029,7 +1063,9 @@ export class GroupMember {
       const nParts = Math.max(0, ...slices.map((s) => s.parts.length));
       const parts: Map<string, ShardTensors>[] = [];
       for (let k = 0; k < nParts; k++) {
-        const sums = new ShardedSums(this.o.plan);
+        // Kept between rounds (byShard copies out what the pushes carry).
+        const sums = this.reduceSums[k] ??= new ShardedSums(this.o.plan);
+        sums.clear();
         let weight = 0;
         for (const s of slices) {
           const p = s.parts[k];

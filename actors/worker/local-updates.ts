@@ -40,14 +40,17 @@ class LocalRows {
   private cap = 1024;
   private delta: Float32Array;
   private readonly state: Float32Array[];
-  private rowSteps: Int32Array;
+  private rowSteps: Uint32Array;
+  /** Per call of `step`: each id's row, and the rows as updated (grown, never shrunk). */
+  private scratchRows = new Int32Array(0);
+  private scratchValues = new Float32Array(0);
   /** The window a row's delta belongs to; a delta of an earlier window counts as zero. */
   private stamp: Int32Array;
 
   constructor(private readonly optimizer: Optimizer, readonly dim: number) {
     this.delta = new Float32Array(this.cap * dim);
     this.state = optimizer.allocateState(this.cap * dim);
-    this.rowSteps = new Int32Array(this.cap);
+    this.rowSteps = new Uint32Array(this.cap);
     this.stamp = new Int32Array(this.cap).fill(-1);
   }
 
@@ -68,21 +71,28 @@ class LocalRows {
   /** One local step of every row: `values` are the rows as the step used them, `grads` their gradients (both `[ids.length, dim]`). */
   step(ids: ArrayLike<number>, values: Float32Array, grads: Float32Array, window: number, scheduleStep: number, lrScale: number): void {
     const d = this.dim;
-    const row = new Float32Array(d);
-    for (let u = 0; u < ids.length; u++) {
+    const n = ids.length;
+    if (this.scratchRows.length < n) { this.scratchRows = new Int32Array(n); this.scratchValues = new Float32Array(n * d); }
+    const rowOf = this.scratchRows;
+    for (let u = 0; u < n; u++) {
       let r = this.index.get(ids[u]!);
       if (r < 0) {
         r = this.rows++;
         if (r >= this.cap) this.grow();
         this.index.set(ids[u]!, r);
       }
-      const at = r * d;
-      if (this.stamp[r] !== window) { this.delta.fill(0, at, at + d); this.stamp[r] = window; }
-      row.set(values.subarray(u * d, (u + 1) * d));
-      const before = values.subarray(u * d, (u + 1) * d);
-      this.rowSteps[r] = this.rowSteps[r]! + 1;
-      this.optimizer.updateRow(row, grads.subarray(u * d, (u + 1) * d), this.state.map((s) => s.subarray(at, at + d)), this.rowSteps[r]!, scheduleStep, lrScale);
-      for (let c = 0; c < d; c++) this.delta[at + c] = this.delta[at + c]! + (row[c]! - before[c]!);
+      if (this.stamp[r] !== window) { this.delta.fill(0, r * d, r * d + d); this.stamp[r] = window; }
+      rowOf[u] = r;
+    }
+    // The rows updated in a copy (the step's rows stay as they were used); the delta is what the update changed.
+    const after = this.scratchValues;
+    after.set(values.subarray(0, n * d));
+    this.optimizer.updateGatheredRows({ values: after, grads, state: this.state, stateRows: rowOf, rowSteps: this.rowSteps, count: n, dim: d, scheduleStep, lrScale });
+    const delta = this.delta;
+    for (let u = 0; u < n; u++) {
+      const at = rowOf[u]! * d;
+      const from = u * d;
+      for (let c = 0; c < d; c++) delta[at + c] = delta[at + c]! + (after[from + c]! - values[from + c]!);
     }
   }
 
@@ -92,7 +102,7 @@ class LocalRows {
     const delta = new Float32Array(cap * d); delta.set(this.delta); this.delta = delta;
     const fresh = this.optimizer.allocateState(cap * d);
     for (let k = 0; k < this.state.length; k++) { fresh[k]!.set(this.state[k]!); this.state[k] = fresh[k]!; }
-    const steps = new Int32Array(cap); steps.set(this.rowSteps); this.rowSteps = steps;
+    const steps = new Uint32Array(cap); steps.set(this.rowSteps); this.rowSteps = steps;
     const stamp = new Int32Array(cap).fill(-1); stamp.set(this.stamp); this.stamp = stamp;
     this.cap = cap;
   }
