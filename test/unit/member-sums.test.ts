@@ -18,7 +18,7 @@ const plan: ShardPlan = buildShardPlan({
 });
 const ownerOf = (id: number) => plan.partitionOwner[partitionOf(id, plan.partitions)]!;
 
-interface Step { dense: Float32Array; ids: Int32Array; emb: Float32Array; wide: Float32Array; scale: number }
+interface Step { dense: Float32Array<ArrayBuffer>; ids: Int32Array<ArrayBuffer>; emb: Float32Array<ArrayBuffer>; wide: Float32Array<ArrayBuffer>; scale: number }
 
 function randomStep(rng: SeededRandom, idRange: number, n: number, scale: number): Step {
   const ids = Int32Array.from({ length: n }, () => Math.floor(rng.next() * idRange) - (idRange >> 3)); // some negative ids too
@@ -33,12 +33,12 @@ function reference(steps: Step[]) {
   const dense = new Float64Array(25);
   const rows = new Map<string, Map<number, number[]>>([['emb', new Map()], ['wide', new Map()]]);
   for (const s of steps) {
-    for (let i = 0; i < 25; i++) dense[i] += s.scale * s.dense[i]!;
+    for (let i = 0; i < 25; i++) dense[i] = dense[i]! + s.scale * s.dense[i]!;
     for (const [table, g, d] of [['emb', s.emb, 3], ['wide', s.wide, 1]] as const) {
       for (let k = 0; k < s.ids.length; k++) {
         const m = rows.get(table)!;
         const row = m.get(s.ids[k]!) ?? new Array<number>(d).fill(0);
-        for (let c = 0; c < d; c++) row[c] += s.scale * g[k * d + c]!;
+        for (let c = 0; c < d; c++) row[c] = row[c]! + s.scale * g[k * d + c]!;
         m.set(s.ids[k]!, row);
       }
     }
@@ -144,7 +144,7 @@ test('local updates of rows, done in one batch per step, equal the job\'s optimi
           const row = values.slice(u * d, u * d + d);
           r.steps++;
           ref.updateRow(row, grads.subarray(u * d, u * d + d), r.state, r.steps, step, 0.5);
-          for (let c = 0; c < d; c++) r.delta[c] += row[c]! - values[u * d + c]!;
+          for (let c = 0; c < d; c++) r.delta[c] = r.delta[c]! + (row[c]! - values[u * d + c]!);
         }
         // What the member adds to the next pull of these rows is the reference's delta, exactly.
         const probe = Int32Array.from(new Set(ids));
