@@ -117,6 +117,8 @@ export class HpsLoop {
       shouldStop: () => control.stopRequested, requestTimeoutMs, groupsVersionSeen: () => control.seen,
       // The job is pausing (a checkpoint's cut, ctl.pause, a regroup): end the window after the step in progress, so the pause waits for one step, not a whole window.
       closeEarly: () => control.jobPausePending,
+      // It turns true only with a job-info write, which wakes the control's waiters: no polling while stepping.
+      closeEarlyChanged: (ms) => control.nextChange(ms),
       // And the window's steps are dropped when the member has not sent them yet: its batches go back to the queue below.
       discardOnPause: true,
       groupLr: o.groupLr ?? null,

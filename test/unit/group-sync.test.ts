@@ -792,6 +792,37 @@ for (const streamSlices of [false, true]) test(`discardOnPause: a pause that arr
   }
 });
 
+test('discardOnPause with closeEarlyChanged: a member waiting for its next batch does not poll closeEarly; it drops the window when told that it may have changed', async () => {
+  const c = await cluster('discard-signalled');
+  try {
+    const g = group('sync', ['a'], 4);
+    let pausing = false;
+    let wake: (() => void) | null = null;
+    let waits = 0;
+    // The signal only this test gives (its `ms` fallback ignored): were the member polling, it would see the pause without it.
+    const closeEarlyChanged = () => new Promise<void>((r) => { waits++; wake = r; });
+    const ma = await member(c, g, 'a', sessions[0]!, { closeEarly: () => pausing, discardOnPause: true, closeEarlyChanged });
+    const [b1] = batches;
+    let asked = 0;
+    // The first batch, then a fetch that never completes (a batch still on its way when the pause comes).
+    const src: WindowSource = { next: () => (asked++ === 0 ? Promise.resolve(b1!) : new Promise<never>(() => undefined)), drained: async () => false };
+    let finished: WindowOutcome | null = null;
+    const running = ma.runWindow(src).then((o) => { finished = o; return o; });
+    await until(() => asked >= 2 && waits > 0, 'the member waiting for its second batch', 10_000);
+    pausing = true;
+    await new Promise((r) => setTimeout(r, 150));
+    assert.equal(finished, null, 'the pause is not seen before the member is told');
+    (wake as (() => void) | null)?.();
+    const out = await running;
+    assert.equal(out.steps.length, 0, 'the step taken is dropped');
+    assert.ok(out.discarded >= 1, `a dropped the batch it took (${out.discarded})`);
+    const reader = c.client(await c.system('reader'));
+    for (const shard of ['s1', 's2']) assert.equal((await reader.stats(shard)).version, 0, `${shard}: nothing pushed for the dropped window`);
+  } finally {
+    await c.close();
+  }
+});
+
 test('closeEarly (a pause pending): the window ends after the step in progress, not after sync_steps; the batches left are trained in the windows after', async () => {
   const c = await cluster('close-early');
   try {
