@@ -27,21 +27,17 @@ export class IdIndex {
 
   /** The value of `id`, or `absent`. */
   get(id: number, absent = -1): number {
-    const k = id >>> 0;
-    for (let h = mix32(k) & this.mask; this.used[h]; h = (h + 1) & this.mask) if (this.keys[h] === k) return this.vals[h]!;
-    return absent;
+    const h = this.slot(id >>> 0);
+    return this.used[h] ? this.vals[h]! : absent;
   }
 
   /** The value of `id`; when absent, `id` is set to `value` and `value` returned (one probe for a lookup-or-insert). */
   getOrSet(id: number, value: number): number {
     if ((this.count + 1) > (this.mask + 1) * MAX_LOAD) this.grow();
     const k = id >>> 0;
-    let h = mix32(k) & this.mask;
-    for (; this.used[h]; h = (h + 1) & this.mask) if (this.keys[h] === k) return this.vals[h]!;
-    this.used[h] = 1;
-    this.keys[h] = k;
-    this.vals[h] = value;
-    this.count++;
+    const h = this.slot(k);
+    if (this.used[h]) return this.vals[h]!;
+    this.insertAt(h, k, value);
     return value;
   }
 
@@ -55,10 +51,19 @@ export class IdIndex {
   set(id: number, value: number): void {
     if ((this.count + 1) > (this.mask + 1) * MAX_LOAD) this.grow();
     const k = id >>> 0;
+    const h = this.slot(k);
+    if (this.used[h]) this.vals[h] = value;
+    else this.insertAt(h, k, value);
+  }
+
+  /** The slot holding key `k`, or the empty slot where it would go (linear probing). */
+  private slot(k: number): number {
     let h = mix32(k) & this.mask;
-    for (; this.used[h]; h = (h + 1) & this.mask) {
-      if (this.keys[h] === k) { this.vals[h] = value; return; }
-    }
+    while (this.used[h] && this.keys[h] !== k) h = (h + 1) & this.mask;
+    return h;
+  }
+
+  private insertAt(h: number, k: number, value: number): void {
     this.used[h] = 1;
     this.keys[h] = k;
     this.vals[h] = value;

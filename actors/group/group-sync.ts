@@ -163,8 +163,6 @@ class RowSums {
     return this.sums;
   }
 
-  ids(): Int32Array { return this.idBuf.slice(0, this.count); }
-
   /** The ids split by the shard that owns them (`splitIdsByShard`), computed once per change. */
   byShard(plan: ShardPlan): Map<string, IdsForShard> {
     this.split ??= splitIdsByShard(plan, this.idBuf.subarray(0, this.count));

@@ -75,12 +75,8 @@ class LocalRows {
     if (this.scratchRows.length < n) { this.scratchRows = new Int32Array(n); this.scratchValues = new Float32Array(n * d); }
     const rowOf = this.scratchRows;
     for (let u = 0; u < n; u++) {
-      let r = this.index.get(ids[u]!);
-      if (r < 0) {
-        r = this.rows++;
-        if (r >= this.cap) this.grow();
-        this.index.set(ids[u]!, r);
-      }
+      const r = this.index.getOrSet(ids[u]!, this.rows);
+      if (r === this.rows) { this.rows++; if (r >= this.cap) this.grow(); }
       if (this.stamp[r] !== window) { this.delta.fill(0, r * d, r * d + d); this.stamp[r] = window; }
       rowOf[u] = r;
     }
