@@ -145,7 +145,7 @@ export async function runLaunch(flags: LaunchFlags): Promise<number> {
   const conn = natsConnectionAs(config, flags.role === 'server' ? 'shard' : 'worker', flags.authDir ?? null, flags.role === 'server' ? node : null);
   const transport = await connectTransport({
     servers, name: `hetps-${node}`, auth: conn.auth, tls: conn.tls, logger: log,
-    pingIntervalMs: conn.pingIntervalMs, connectTimeoutMs: conn.connectTimeoutMs,
+    pingIntervalMs: conn.pingIntervalMs, connectTimeoutMs: conn.connectTimeoutMs, maxMessageBytes: conn.maxMessageBytes,
   });
   const nc = natsConnectionOf(transport)!;
   const system = new ActorSystem({

@@ -22,7 +22,7 @@ export async function embeddedBackend(ctx: JobContext): Promise<JobBackend> {
   const transports: Transport[] = [];
   const systems: ActorSystem[] = [];
   const mk = async (name: string): Promise<ActorSystem> => {
-    const t = await connectTransport({ servers: null, broker, name: `hetps-${name}` });
+    const t = await connectTransport({ servers: null, broker, name: `hetps-${name}`, maxMessageBytes: config.communication.max_message_bytes });
     transports.push(t);
     const s = new ActorSystem({
       transport: t, job, node: name, clock: systemClock, random: new SeededRandom(hashString(name, config.training.random_seed)), logger: log.child({ node: name }),

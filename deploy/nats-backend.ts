@@ -142,6 +142,7 @@ export async function connectDriver(o: { config: HetpsConfig; job: string; log: 
   const conn = natsConnectionAs(config, 'scheduler', o.authDir);
   const transport: Transport = await setupStep({ what: 'connecting to NATS', servers, check: connectCheck(o.natsDir) }, () => connectTransport({
     servers, name: o.name, auth: conn.auth, tls: conn.tls, logger: log, pingIntervalMs: conn.pingIntervalMs, connectTimeoutMs: conn.connectTimeoutMs,
+    maxMessageBytes: conn.maxMessageBytes,
   }));
   const nc = natsConnectionOf(transport)!;
   // Every driver of the job, active or standby, is node `driver`; its incarnation tells them apart.

@@ -15,7 +15,7 @@ import type { Transport, TransportMsg } from './transport.ts';
 import { encode, decode } from './codec.ts';
 import { PROTOCOL_VERSION, decodeEnvelope, encodeEnvelope, registryOf, type Envelope, type MessageSchemas, type MessageShapes } from './envelope.ts';
 import {
-  ActorStoppedError, DecodeError, HandlerError, HetpsError, ProtocolVersionError, UnknownMessageTypeError,
+  ActorStoppedError, DecodeError, HandlerError, HetpsError, PayloadTooLargeError, ProtocolVersionError, UnknownMessageTypeError,
   fromWire, isRetryable, toWire, type WireError,
 } from './errors.ts';
 import { actorAddress, actorMailboxWildcard, actorOpSubject, token, type ActorKind } from './subjects.ts';
@@ -462,6 +462,13 @@ export class Actor<M extends MessageShapes = MessageShapes> {
       this.system.transport.publish(reply, bytes, { headers });
     } catch (e) {
       this.log.warn({ err: (e as Error).message }, 'could not send reply');
+      // The requester hears why at once (an error reply is small) rather than waiting out its timeout; a retry of the
+      // same seq gets the same answer from the reply cache.
+      if (!error) {
+        const why = `${this.address}: its reply could not be sent: ${(e as Error).message}`;
+        const err = e instanceof PayloadTooLargeError ? new PayloadTooLargeError(why, { data: e.data }) : new HandlerError(why, { cause: e });
+        return this.sendReply(reply, json, null, err, seq);
+      }
     }
     return bytes;
   }

@@ -22,6 +22,10 @@ export const CHUNK_HEADER = 'Hps-Chunk';
 export const CHUNK_HEADER_NAME = CHUNK_HEADER;
 /** Total byte length of a split message, on its first chunk. */
 export const CHUNK_SIZE_HEADER = 'Hps-Chunk-Bytes';
+/** The largest message a transport sends or takes unless told otherwise (config: communication.max_message_bytes). */
+export const DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024 * 1024;
+/** Where a user raises the limit, for the errors that hit it. */
+const LIMIT_SETTING = 'communication.max_message_bytes';
 /** Room left in each chunk for NATS and our headers. */
 const HEADER_RESERVE = 1024;
 
@@ -86,7 +90,7 @@ export class Transport {
     this.opts = {
       clock: systemClock,
       reassemblyTimeoutMs: 30_000,
-      maxMessageBytes: 1024 * 1024 * 1024,
+      maxMessageBytes: DEFAULT_MAX_MESSAGE_BYTES,
       onDrop: () => {},
       ...opts,
     } as TransportOptions;
@@ -109,7 +113,9 @@ export class Transport {
     }
     if (data.byteLength > this.opts.maxMessageBytes) {
       throw new PayloadTooLargeError(
-        `message of ${data.byteLength} bytes to ${subject} exceeds the ${this.opts.maxMessageBytes}-byte limit; split the tensor or raise transport.max_message_bytes`,
+        `message of ${data.byteLength} bytes to ${subject} exceeds the ${this.opts.maxMessageBytes}-byte limit (${LIMIT_SETTING}); `
+          + `raise ${LIMIT_SETTING} in the job's config (every process reads it; at most 4 GiB) or send less at once (a shard's whole state is one message: shard more finely)`,
+        { data: { bytes: data.byteLength, limit: this.opts.maxMessageBytes, setting: LIMIT_SETTING } },
       );
     }
     const total = Math.ceil(data.byteLength / limit);
@@ -245,7 +251,7 @@ export class Transport {
       if (p) { p.timer.cancel(); partials.delete(id); }
       const size = Number(m.headers?.[CHUNK_SIZE_HEADER]);
       if (!Number.isSafeInteger(size) || size <= 0 || size > this.opts.maxMessageBytes) {
-        this.drop(new PayloadTooLargeError(`chunked message ${id} on ${m.subject} declares ${m.headers?.[CHUNK_SIZE_HEADER]} bytes (limit ${this.opts.maxMessageBytes})`), m.subject);
+        this.drop(new PayloadTooLargeError(`chunked message ${id} on ${m.subject} declares ${m.headers?.[CHUNK_SIZE_HEADER]} bytes (limit ${this.opts.maxMessageBytes}, ${LIMIT_SETTING}: does the sender read another config?)`), m.subject);
         return null;
       }
       const headers = { ...m.headers };

@@ -23,6 +23,7 @@ import { z } from 'zod';
 import { ConfigError } from '../runtime/errors.ts';
 import type { NatsAuth, NatsTls } from '../runtime/nats-bus.ts';
 import { token } from '../runtime/subjects.ts';
+import { DEFAULT_MAX_MESSAGE_BYTES } from '../runtime/transport.ts';
 import { GROUP_LR_SCALINGS } from './group-lr.ts';
 import { DEFAULT_COMPRESSION_THRESHOLD } from './compression.ts';
 
@@ -160,6 +161,9 @@ const isMaxStalenessSetting = perKind((v: unknown): v is number => typeof v === 
 /** cluster.shards_per_server at most. */
 export const MAX_SHARDS_PER_SERVER = 64;
 
+/** communication.max_message_bytes' range (a Node Buffer holds at most 4 GiB); its default is the transport's. */
+const MIN_MESSAGE_BYTES = 1024 * 1024;
+const MAX_MESSAGE_BYTES = 4 * 1024 * 1024 * 1024;
 const posInt = () => z.number({ error: mustBe('a positive integer') }).int().positive();
 const nonNegInt = () => z.number({ error: mustBe('an integer ≥ 0') }).int().nonnegative();
 const posNum = () => z.number({ error: mustBe('a number > 0') }).positive();
@@ -597,6 +601,18 @@ const configSchema = section({
      * worker computes from values rounded to 11 significant bits.
      */
     compress_pulls: bool().default(false),
+    /**
+     * The largest message a hetps process sends or takes, in bytes (one larger
+     * than NATS' max_payload goes as chunks and is reassembled). A shard's
+     * whole state crosses as one message — its frozen copy to the driver in a
+     * checkpoint, the driver's copy to it on a resume, a primary's to a
+     * replica it seeds — so this bounds one shard's state: raise it for
+     * bigger shards (up to 4 GiB, a Node Buffer) or shard more finely. Every
+     * process of the job reads it from the config, so senders and receivers
+     * agree.
+     */
+    max_message_bytes: z.number({ error: mustBe(`a whole number of bytes from 1 MiB (${MIN_MESSAGE_BYTES}) to 4 GiB (${MAX_MESSAGE_BYTES})`) })
+      .int().min(MIN_MESSAGE_BYTES).max(MAX_MESSAGE_BYTES).default(DEFAULT_MAX_MESSAGE_BYTES),
   }).prefault({}),
   fault_tolerance: faultToleranceSchema.prefault({}),
   sharding: section({
@@ -1433,7 +1449,7 @@ export function nodeOverrides(config: HetpsConfig, name: string): NodeOverride {
 }
 
 /** The `nats` section as the runtime's connect options take it; auth and tls are null when not set. */
-export function natsConnection(config: HetpsConfig): { servers: string[] | null; auth: NatsAuth | null; tls: NatsTls | null; connectTimeoutMs: number; pingIntervalMs: number } {
+export function natsConnection(config: HetpsConfig): { servers: string[] | null; auth: NatsAuth | null; tls: NatsTls | null; connectTimeoutMs: number; pingIntervalMs: number; maxMessageBytes: number } {
   const n = config.nats;
   const hasAuth = n.user !== null || n.token !== null || n.nkey_seed !== null || n.creds_file !== null;
   return {
@@ -1442,5 +1458,6 @@ export function natsConnection(config: HetpsConfig): { servers: string[] | null;
     tls: n.tls ? { caFile: n.tls.ca_file, certFile: n.tls.cert_file, keyFile: n.tls.key_file, handshakeFirst: n.tls.handshake_first } : null,
     connectTimeoutMs: n.connect_timeout_ms,
     pingIntervalMs: n.ping_interval_ms,
+    maxMessageBytes: config.communication.max_message_bytes,
   };
 }

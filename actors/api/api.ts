@@ -153,7 +153,7 @@ export class HeterogeneousParameterServer {
     }
     // Secure (nats.secure): the shard role for a server, the worker role for a worker.
     const conn = natsConnectionAs(config, o.role === 'server' ? 'shard' : 'worker', null, o.role === 'server' ? node : null);
-    this.transport = await connectTransport({ servers, name: `hetps-api-${node}`, auth: conn.auth, tls: conn.tls, logger: this.log, connectTimeoutMs: conn.connectTimeoutMs });
+    this.transport = await connectTransport({ servers, name: `hetps-api-${node}`, auth: conn.auth, tls: conn.tls, logger: this.log, connectTimeoutMs: conn.connectTimeoutMs, maxMessageBytes: conn.maxMessageBytes });
     const nc = natsConnectionOf(this.transport)!;
     const job = config.job.name;
     this.system = new ActorSystem({

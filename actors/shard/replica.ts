@@ -27,7 +27,7 @@
  *   answered without applying it again.
  */
 import {
-  DeferredReply, HetpsError, isRetryable, type ActorDefinition, type ActorSystem, type Logger, type Timer,
+  DeferredReply, HetpsError, PayloadTooLargeError, isRetryable, type ActorDefinition, type ActorSystem, type Logger, type Timer,
 } from '../../runtime/mod.ts';
 import { replicaNodes, type ReplicaRole, type ShardPlan } from '../../topology/mod.ts';
 import type { ShardState } from './shard.actor.ts';
@@ -108,6 +108,8 @@ export class DedupTable {
 interface Waiter { rseq: number; resolve: () => void; reject: (e: Error) => void }
 
 const MAX_ENTRIES_PER_MESSAGE = 64;
+/** A seed or update over communication.max_message_bytes is tried again this seldom (it fits only once the limit is raised). */
+const TOO_LARGE_RETRY_MS = 30_000;
 /** Updates a backup keeps after applying them (what a failover's other backups may lack is what was in flight: a few per client). */
 const RETAINED_ENTRIES = 256;
 
@@ -251,6 +253,15 @@ class ReplicationLink {
       }
       this.sentTo = this.ackedTo;
       this.attempt++;
+      if (e instanceof PayloadTooLargeError) {
+        // Re-sending cannot help until the limit is raised (a restart with the new config): say so, and try seldom.
+        if (this.attempt === 1 || this.attempt % 10 === 0) {
+          this.r.o.log.error({ shard: this.r.o.shard, to: this.node, err: e.message },
+            `shard ${this.r.o.shard}: cannot ${this.seeded ? 'replicate' : 'seed its replica'} on ${this.node}: ${e.message}`);
+        }
+        this.schedule(TOO_LARGE_RETRY_MS);
+        return;
+      }
       if (this.attempt === 1 || this.attempt % 20 === 0) {
         this.r.o.log.warn({ shard: this.r.o.shard, to: this.node, err: (e as Error).message, retryable: isRetryable(e), lag: this.entries.length },
           `shard ${this.r.o.shard}: replica on ${this.node} does not confirm updates yet; re-sending (it is dropped from the plan if it is dead)`);

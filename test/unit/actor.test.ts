@@ -2,7 +2,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { z } from 'zod';
 import {
-  ActorSystem, InProcessBroker, Transport, SeededRandom, SimulatedClock, systemClock, HandlerError, NoRespondersError,
+  ActorSystem, InProcessBroker, Transport, SeededRandom, SimulatedClock, systemClock, HandlerError, NoRespondersError, PayloadTooLargeError,
   TimeoutError, ValidationError, UnknownMessageTypeError, JSON_CONTENT_TYPE, encode, transferAttemptMs, type Clock, type ActorDefinition,
 } from '../../runtime/mod.ts';
 
@@ -107,6 +107,38 @@ test('messages above max_payload are chunked and reassembled transparently', asy
   assert.ok(b.transport.stats.chunksSent > 10);
   assert.equal(a.transport.stats.reassembled, 1);
   await a.stop();
+});
+
+test('a reply over the responder\'s message limit is answered at once with PayloadTooLargeError naming communication.max_message_bytes (not left to time out); a retry of the same seq gets the same answer; a send over the limit throws', async () => {
+  const broker = new InProcessBroker(64 * 1024);
+  const limit = 1024 * 1024;
+  const limited = (node: string) => new ActorSystem({
+    transport: new Transport(broker.client(), { clientId: node, clock: systemClock, reassemblyTimeoutMs: 1_000, maxMessageBytes: limit }),
+    job: 'test', node, clock: systemClock, random: new SeededRandom(1), defaultRequestTimeoutMs: 20_000,
+  });
+  const a = limited('a'); const b = limited('b');
+  let served = 0;
+  await a.spawn({
+    kind: 'actor', id: 'state', idempotent: true,
+    messages: { dump: z.object({ floats: z.number() }) },
+    handlers: { dump: (m) => { served++; return { values: new Float32Array(m.floats) }; } },
+  });
+  const ref = b.ref('actor', 'state');
+  // Under the limit, chunked: answered.
+  const small = await ref.request<{ values: Float32Array }>('dump', { floats: 200_000 });
+  assert.equal(small.values.length, 200_000);
+  const tooLarge = (e: unknown) => e instanceof PayloadTooLargeError && /communication\.max_message_bytes/.test((e as Error).message)
+    && /its reply could not be sent/.test((e as Error).message) && (e as PayloadTooLargeError).data?.limit === limit;
+  const t0 = performance.now();
+  await assert.rejects(ref.request('dump', { floats: 300_000 }, { seq: 77 }), tooLarge);
+  assert.ok(performance.now() - t0 < 5_000, `answered in ${Math.round(performance.now() - t0)} ms, not after the 20 s timeout`);
+  await assert.rejects(ref.request('dump', { floats: 300_000 }, { seq: 77 }), tooLarge);
+  assert.equal(served, 2, 'the retry was answered from the reply cache');
+  // The sender's own limit: refused before anything is sent.
+  assert.throws(() => ref.tell('dump', { floats: 1, pad: new Uint8Array(limit + 1) }), (e: unknown) => e instanceof PayloadTooLargeError && /raise communication\.max_message_bytes/.test((e as Error).message));
+  // The actor keeps serving.
+  assert.equal((await ref.request<{ values: Float32Array }>('dump', { floats: 10 })).values.length, 10);
+  await a.stop(); await b.stop();
 });
 
 test('an idempotent actor applies each (from, seq) once and replays the reply on retry', async () => {

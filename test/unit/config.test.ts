@@ -90,7 +90,7 @@ describe('accepted configs', () => {
       ['cpu_group', ['cpu-node-1:8080'], 'async', null],
     ]);
     assert.deepEqual(c.cluster.server_nodes, ['server-1:9090', 'server-2:9090']);
-    assert.deepEqual(c.communication, { backend: 'auto', compression: 'adaptive', compression_threshold: 0.5, compress_pulls: false });
+    assert.deepEqual(c.communication, { backend: 'auto', compression: 'adaptive', compression_threshold: 0.5, compress_pulls: false, max_message_bytes: 1024 ** 3 });
     assert.equal(c.fault_tolerance.worker_recovery_timeout, 30);
     assert.equal(c.fault_tolerance.server_recovery_timeout, 60);
     assert.equal(c.fault_tolerance.backup_factor, 1);
@@ -205,7 +205,7 @@ ${MODEL_AND_DATA}`);
     assert.deepEqual(c.optimizer.schedule, { type: 'constant' });
     assert.equal(c.optimizer.sparse.type, 'adam');
     assert.deepEqual(c.training, { mode: 'hps', random_seed: 42, sync_initial_params: true, max_staleness: 32, staleness_tolerance: 'auto', group_lr_scaling: 'none', group_lr_warmup_windows: 20, local_updates: true, stream_slices: true, tail_dispatch: true, eval_every: 100, emulation_reference_step_ms: 100 });
-    assert.deepEqual(c.communication, { backend: 'auto', compression: 'adaptive', compression_threshold: 0.5, compress_pulls: false });
+    assert.deepEqual(c.communication, { backend: 'auto', compression: 'adaptive', compression_threshold: 0.5, compress_pulls: false, max_message_bytes: 1024 ** 3 });
     assert.equal(c.fault_tolerance.backup_factor, 1);
     assert.deepEqual(c.server, { use_gpu: false, gpu_id: 0 });
     assert.deepEqual(c.logging, { level: 'info' });
@@ -657,8 +657,18 @@ describe('helpers', () => {
       tls: { caFile: 'ca.pem', certFile: null, keyFile: null, handshakeFirst: false },
       connectTimeoutMs: 20_000,
       pingIntervalMs: 2_000,
+      maxMessageBytes: 1024 ** 3,
     });
     assert.deepEqual(natsConnection(parse(BASE)).auth, null);
+  });
+
+  test('communication.max_message_bytes: every process connects with it; whole bytes from 1 MiB to 4 GiB, refused by name otherwise', () => {
+    assert.equal(natsConnection(parse(`${BASE}communication: { max_message_bytes: 2147483648 }\n`)).maxMessageBytes, 2 ** 31);
+    assert.equal(natsConnection(parse(`${BASE}communication: { max_message_bytes: 4294967296 }\n`)).maxMessageBytes, 2 ** 32);
+    for (const bad of ['0', '65536', '4294967297', '1500000.5', '"1GiB"']) {
+      const text = `${BASE}communication: { max_message_bytes: ${bad} }\n`;
+      expectIssue(text, { path: 'communication.max_message_bytes', words: ['must be a whole number of bytes from 1 MiB (1048576) to 4 GiB (4294967296)'], line: lineOf(text, 'max_message_bytes') });
+    }
   });
 });
 
