@@ -24,7 +24,7 @@ import { ConfigError } from '../runtime/errors.ts';
 import type { NatsAuth, NatsTls } from '../runtime/nats-bus.ts';
 import { token } from '../runtime/subjects.ts';
 import { DEFAULT_MAX_MESSAGE_BYTES } from '../runtime/transport.ts';
-import { GROUP_LR_SCALINGS } from './group-lr.ts';
+import { GROUP_LR_SCALINGS, GROUP_UPDATES } from './group-lr.ts';
 import { DEFAULT_COMPRESSION_THRESHOLD } from './compression.ts';
 
 // ---------------------------------------------------------------- choices
@@ -570,6 +570,19 @@ const configSchema = section({
      */
     stream_slices: z.boolean().default(true),
     /**
+     * hps, groups in `sync` and `adaptive`: how a window's gradients reach
+     * the shards. `reduce`: the members exchange gradient slices, each sums
+     * the group's slices of the shards it reduces and pushes that one update
+     * (at the group_lr_scaling rate). `direct`: each member pushes its own
+     * window to the shards, each of its steps an update of its own at the
+     * job's rate (no group learning-rate rule: nothing is averaged), and
+     * the members exchange only the round's bookkeeping, so every member
+     * still starts its next window from parameters holding the whole
+     * group's window; no slices cross the members' links (no
+     * stream_slices). Accumulation groups always reduce.
+     */
+    group_update: oneOf(GROUP_UPDATES).default('reduce'),
+    /**
      * asp and hps: near the end of the job a worker leaves the last batches
      * to workers that would take all of them before it finished one of its own
      * (topology/tail-dispatch.ts), so the job does not wait for a slow node's
@@ -778,6 +791,7 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   { path: 'training.group_lr_scaling', when: (c) => c.training.mode !== 'hps' && c.training.group_lr_scaling !== 'none', instead: 'only hps groups average their members\' batches into one update; every update is at the configured learning rate' },
   { path: 'training.local_updates', when: (c) => c.training.mode !== 'hps' && c.training.local_updates, instead: 'only hps windows take several steps between pulls; asp and bsp pull before every step' },
   { path: 'training.stream_slices', when: (c) => c.training.mode !== 'hps' && c.training.stream_slices, instead: 'only hps groups exchange gradient slices; asp and bsp workers push their own gradients' },
+  { path: 'training.group_update', when: (c) => c.training.mode !== 'hps' && c.training.group_update !== 'reduce', instead: 'only hps groups exchange their updates; asp and bsp workers push their own gradients' },
   { path: 'training.tail_dispatch', when: (c) => c.training.mode === 'bsp' && c.training.tail_dispatch, instead: 'in bsp every worker takes part in every round, so there is no tail to dispatch' },
   { path: 'training.max_staleness', when: (c) => c.training.mode === 'asp', instead: 'in asp stale gradients are applied as they come; staleness is only measured (training.mode hps enforces it)' },
   { path: 'communication.backend', when: (c) => c.communication.backend === 'nccl' || c.communication.backend === 'gloo', instead: 'every tensor goes over NATS' },

@@ -18,6 +18,8 @@
  * member) is always at ×1.
  */
 export const GROUP_LR_SCALINGS = ['none', 'linear', 'sqrt'] as const;
+/** training.group_update: how a sync group's window reaches the shards (see the config). */
+export const GROUP_UPDATES = ['reduce', 'direct'] as const;
 export type GroupLrScaling = (typeof GROUP_LR_SCALINGS)[number];
 
 export interface GroupLrRule {

@@ -230,7 +230,7 @@ export class HeterogeneousParameterServer {
             system, group: g, member: node, runId: version === 0 ? info.run_id : `${info.run_id}/g${version}`, plan, stepper, log: this.log,
             shouldStop: () => this.closed, recoveryTimeoutMs: info.recovery_timeout_ms ?? info.ack_wait_ms, health,
             groupsVersionSeen: () => control.seen, closeEarly: () => control.jobPausePending, groupLr: groupLrRuleFromConfig(config),
-            streamSlices: config.training.stream_slices,
+            streamSlices: config.training.stream_slices, directPush: config.training.group_update === 'direct',
           });
           await m.start();
           return m;

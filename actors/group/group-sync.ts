@@ -581,6 +581,15 @@ export interface GroupMemberOptions {
    * window closes. What the owners reduce is the same. Default false.
    */
   streamSlices?: boolean;
+  /**
+   * training.group_update `direct` (groups in `sync` and `adaptive`): this
+   * member pushes its own window to the shards (each step an update of its
+   * own, at ×1) before the round, whose slices then carry no gradients, only
+   * the round's bookkeeping: the round still ends once every member has
+   * pushed, so the next window starts from the whole group's window. Default
+   * false (`reduce`).
+   */
+  directPush?: boolean;
 }
 
 /** A window's parts streamed so far (training.stream_slices): under which owners, how many, and their sends. */
@@ -631,6 +640,8 @@ export class GroupMember {
   private unwatchHealth: (() => void) | null = null;
   /** training.stream_slices applies: a reducing group that pushes per step. */
   private readonly streams: boolean;
+  /** training.group_update `direct` applies: a group that pushes per step, each member its own window. */
+  private readonly direct: boolean;
 
   constructor(private readonly o: GroupMemberOptions) {
     const g = o.group;
@@ -640,7 +651,8 @@ export class GroupMember {
     this.acc = new GradientAccumulator(o.plan, pushesPerStep(g.sync_mode));
     this.stepLimit = windowStepLimit(g);
     this.localSteps = o.stepper.localUpdates && pushesPerStep(g.sync_mode) && this.stepLimit > 1;
-    this.streams = (o.streamSlices ?? false) && this.reduces && pushesPerStep(g.sync_mode);
+    this.direct = (o.directPush ?? false) && this.reduces && pushesPerStep(g.sync_mode);
+    this.streams = (o.streamSlices ?? false) && this.reduces && pushesPerStep(g.sync_mode) && !this.direct;
     this.clock = o.system.clock;
     const policy: SyncPolicy = { ...syncPolicyFromConfig(g), adaptiveMaxSteps: this.adaptive ? this.stepLimit : null };
     // An async member pushes on its own: its replica's group is itself.
@@ -856,7 +868,7 @@ export class GroupMember {
       }
       acc.add(c);
       // Local SGD: the window's next step computes from this member's parameters after this step, at the rate the shards will apply the group's update.
-      if (this.localSteps) stepper.stepLocally(p, c, alone ? 1 : groupLrMultiplier(this.o.groupLr ?? null, this.active().length, w));
+      if (this.localSteps) stepper.stepLocally(p, c, alone || this.direct ? 1 : groupLrMultiplier(this.o.groupLr ?? null, this.active().length, w));
       this.windowBatches.push(p.batch.batchId);
       if (st !== null) this.streamPart(st, w, acc.steps - 1);
       const step: WindowStep = { loss: c.loss, samples: c.samples, computeMs: c.computeMs, stepMs: c.stepMs };
@@ -990,7 +1002,8 @@ export class GroupMember {
   private slice(w: number, owners: readonly string[], to: string, steps: number, idle: boolean, drained: boolean, from = 0): SliceMessage {
     const acc = this.acc;
     const shards = ownedBy(this.o.plan.shards, owners, to);
-    const parts = acc.parts().slice(from).map((p) => ({ weight: p.weight, ...mergeShardTensors(p.sums.byShard(shards).values()) }));
+    // direct: this member pushed its window itself; its slices carry the round's bookkeeping only.
+    const parts = this.direct ? [] : acc.parts().slice(from).map((p) => ({ weight: p.weight, ...mergeShardTensors(p.sums.byShard(shards).values()) }));
     const base_versions: SliceMessage['base_versions'] = [];
     for (const shard of shards) {
       const v = acc.baseVersion(shard);
@@ -1041,6 +1054,9 @@ export class GroupMember {
     // Streamed parts count only when all of them went out under the owners the window is dealt to now (not for an idle window: its steps were dropped).
     if (st !== null) await Promise.all(st.sends);
     let streamed = st !== null && !idle && sameMembers(st.owners, owners) ? st.sent : 0;
+    // direct: this member's own window goes to the shards first; the round below ends once every member's has.
+    const own = this.direct && !idle ? await this.pushOwn(idle, drained, phases) : null;
+    if (own !== null) mark = this.clock.monotonic();
     await this.sendSlices(w, owners, steps, idle, drained, streamed);
     this.machine.send(groupEvents.memberReady(member, round));
     lap('slices');
@@ -1051,7 +1067,7 @@ export class GroupMember {
       lap(phase);
       this.o.log.info({ group: this.o.group.name, window: w, alone: owners.filter((m) => this.inbox.window(w).own.has(m)) },
         `group ${this.o.group.name} window ${w}: a member pushes this window alone (the group is degraded by a dead member); ${member} pushes its own gradient too`);
-      return this.closeAlone(w, await this.pushOwn(idle, drained, phases));
+      return this.closeAlone(w, own ?? await this.pushOwn(idle, drained, phases));
     };
     const roundMembers = await this.waitUntil(w, 'the group to start its round', () => this.dues.get(round) ?? (anyAlone() ? 'alone' as const : null),
       () => owners.filter((m) => !this.inbox.window(w).slices.has(m)));
@@ -1142,21 +1158,23 @@ export class GroupMember {
     // The group's last round is pushed by everyone: its members leave now.
     if (this.endingWindow === w) this.ended = true;
     const reported = new Set(reports.map((r) => r.member));
-    const lostShards = [...reduceOwners(this.o.plan.shards, owners)].filter(([, m]) => !reported.has(m)).map(([s]) => s);
+    // direct: nobody pushes for another member, so a dropped member takes no shard's update with it.
+    const lostShards = this.direct ? [] : [...reduceOwners(this.o.plan.shards, owners)].filter(([, m]) => !reported.has(m)).map(([s]) => s);
     if (lostShards.length > 0) {
       this.o.log.warn({ group: this.o.group.name, window: w, shards: lostShards },
         `group ${this.o.group.name} window ${w}: the update of shard(s) ${lostShards.join(', ')} was lost with a dropped member (it may or may not have been pushed)`);
     }
     this.inbox.finish(w);
-    const version = Math.max(0, ...results.flatMap((x) => (x.r.refused ? [] : [x.r.reply.version])));
+    const version = Math.max(own?.version ?? 0, ...results.flatMap((x) => (x.r.refused ? [] : [x.r.reply.version])));
     this.machine.send(groupEvents.syncCompleted(round, version));
     if (reports.some((p) => p.refused.length > 0)) {
       this.o.log.info({ group: this.o.group.name, window: w, refused: reports.flatMap((p) => p.refused) }, 'part of the group\'s update was refused as too stale and dropped; the next window pulls fresh parameters');
     }
     return {
-      droppedStale: reports.some((p) => p.refused.length > 0),
-      partDropped: reports.some((p) => p.part_dropped.length > 0),
-      staleness: Math.max(0, ...reports.map((p) => p.staleness)),
+      // direct: what the shards did with this member's own pushes (the reports carry none).
+      droppedStale: (own?.droppedStale ?? false) || reports.some((p) => p.refused.length > 0),
+      partDropped: (own?.partDropped ?? false) || reports.some((p) => p.part_dropped.length > 0),
+      staleness: Math.max(own?.staleness ?? 0, ...reports.map((p) => p.staleness)),
       done: slices.every((s) => s.drained),
       // Only what the round's slices and push reports say (this member's own among them): every member of the round
       // waits for the same reports, so all decide on the same value and pause after the same window. A pause noticed

@@ -259,6 +259,7 @@ export async function startWorkerNode(o: {
     groupSync,
     groupLr: groupLrRuleFromConfig(config),
     streamSlices: config.training.stream_slices,
+    directPush: config.training.group_update === 'direct',
     localOptimizers: localOptimizersFromConfig(config),
     ...workerCompressionOptions(config),
     tailDispatch: config.training.mode !== 'bsp' && config.training.tail_dispatch,

@@ -123,6 +123,7 @@ export class HpsLoop {
       discardOnPause: true,
       groupLr: o.groupLr ?? null,
       streamSlices: o.streamSlices ?? false,
+      directPush: o.directPush ?? false,
       // A silent member that is not dead is waited for this long (fault_tolerance.worker_recovery_timeout); a dead one leaves at once.
       recoveryTimeoutMs: o.job.recovery_timeout_ms ?? o.job.ack_wait_ms,
       // Without health verdicts: silent for half of it (at most 10 s) is reported lost, so the recovery timeout starts.

@@ -69,6 +69,8 @@ export interface WorkerActorOptions {
   groupLr?: GroupLrRule | null;
   /** hps: training.stream_slices (each step's slices sent as it completes; the config's default is true); absent: false. */
   streamSlices?: boolean;
+  /** hps: training.group_update is `direct` (each member pushes its own window; the group only keeps the rounds); absent: false. */
+  directPush?: boolean;
   /** hps: training.local_updates' optimizers (local-updates.ts); null or absent: none. */
   localOptimizers?: LocalOptimizers | null;
   /**

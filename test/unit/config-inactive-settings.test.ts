@@ -105,6 +105,15 @@ describe('inactiveSettings', () => {
     assert.deepEqual(at('none, compress_pulls: false'), []);
   });
 
+  test('training.group_update direct is acted on in hps; listed in asp and bsp, saying why', () => {
+    const at = (mode: string) => inactiveSettings(parseConfig(`${CLUSTER}training: { mode: ${mode}, group_update: direct }\n`, FILE));
+    assert.ok(!at('hps').map(pathOf).includes('training.group_update'));
+    for (const mode of ['asp', 'bsp']) {
+      const line = at(mode).find((l) => pathOf(l) === 'training.group_update');
+      assert.ok(line !== undefined && /asp and bsp workers push their own gradients/.test(line), `${mode}: ${at(mode).join('; ')}`);
+    }
+  });
+
   test('load_balancing is acted on with two or more server nodes under sync replication; listed otherwise, saying why', () => {
     const at = (servers: string, rest: string) => inactiveSettings(parseConfig(`cluster:
   worker_groups:

@@ -204,7 +204,7 @@ ${MODEL_AND_DATA}`);
     assert.equal(c.optimizer.momentum, null);
     assert.deepEqual(c.optimizer.schedule, { type: 'constant' });
     assert.equal(c.optimizer.sparse.type, 'adam');
-    assert.deepEqual(c.training, { mode: 'hps', random_seed: 42, sync_initial_params: true, max_staleness: 32, staleness_tolerance: 'auto', group_lr_scaling: 'none', group_lr_warmup_windows: 20, local_updates: true, stream_slices: true, tail_dispatch: true, eval_every: 100, emulation_reference_step_ms: 100 });
+    assert.deepEqual(c.training, { mode: 'hps', random_seed: 42, sync_initial_params: true, max_staleness: 32, staleness_tolerance: 'auto', group_lr_scaling: 'none', group_lr_warmup_windows: 20, local_updates: true, stream_slices: true, group_update: 'reduce', tail_dispatch: true, eval_every: 100, emulation_reference_step_ms: 100 });
     assert.deepEqual(c.communication, { backend: 'auto', compression: 'adaptive', compression_threshold: 0.5, compress_pulls: false, max_message_bytes: 1024 ** 3 });
     assert.equal(c.fault_tolerance.backup_factor, 1);
     assert.deepEqual(c.server, { use_gpu: false, gpu_id: 0 });

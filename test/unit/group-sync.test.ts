@@ -5,7 +5,7 @@
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { type ActorSystem, ValidationError, silentLogger, systemClock } from '../../runtime/mod.ts';
+import { type ActorSystem, ValidationError, actorAddress, actorOpSubject, decode, groupMemberId, silentLogger, systemClock } from '../../runtime/mod.ts';
 import { parseConfig, type HetpsConfig, type ShardPlan, type WorkerGroupConfig } from '../../topology/mod.ts';
 import { StepSession, bucketCtrIds, ctrBagIndex, streamOptions, type CtrBatch } from '../../native-bridge/mod.ts';
 import { shardPlanFromConfig, sparseLayoutFromConfig, type SparseLayout } from '../../actors/node/config-bridge.ts';
@@ -156,9 +156,9 @@ function compare(ours: Awaited<ReturnType<typeof readParams>>, ref: typeof ours,
 }
 
 /** Runs `work` over a fresh group cluster and a reference step sequence over another; compares the parameters of `ids` to 1e-5. */
-async function sameAsReference(work: (c: Cluster) => Promise<void>, reference: CtrBatch[] | ((stepper: WorkerStepper) => Promise<void>), ids: Int32Array): Promise<void> {
-  const ours = await cluster('grp');
-  const ref = await cluster('ref');
+async function sameAsReference(work: (c: Cluster) => Promise<void>, reference: CtrBatch[] | ((stepper: WorkerStepper) => Promise<void>), ids: Int32Array, cfg: HetpsConfig = config): Promise<void> {
+  const ours = await cluster('grp', cfg);
+  const ref = await cluster('ref', cfg);
   try {
     const refSys = await ref.system('r');
     const initial = await readParams(ref.client(refSys), ids);
@@ -501,6 +501,54 @@ test('group_lr_scaling linear, no warm-up: a sync window of 2 members is the uni
       assert.equal(r.refused, false);
     }
   }, uniqueIdsOf(u));
+});
+
+for (const [n, windows] of [[1, 2], [2, 1]] as const) test(`training.group_update direct, sync group of 2, sync_steps ${n}, ${windows} window(s): each member pushes its own window (no gradient crosses between the members) and the next window starts only after both: with SGD, every step's gradient at its window's parameters, i.e. per window the union step at ${2 * n}× the rate`, async () => {
+  const mine = { a: batches.slice(0, n * windows), b: batches.slice(n * windows, 2 * n * windows) };
+  const perWindow = Array.from({ length: windows }, (_, k) => union([...mine.a.slice(k * n, (k + 1) * n), ...mine.b.slice(k * n, (k + 1) * n)]));
+  // Pushes up to 4 updates stale at the full rate: the second member's push is 1 stale (computed at the window's start).
+  const tolerant = parseConfig(configText(8).replace('max_staleness: 8', 'max_staleness: 8, staleness_tolerance: 4'), 'group-sync.yaml');
+  const sliceParts: number[] = [];
+  await sameAsReference(async (c) => {
+    const g = group('sync', ['a', 'b'], n);
+    // What reaches each member's mailbox as a slice: the round's bookkeeping, no gradient parts.
+    const spy = await c.system('spy');
+    for (const m of ['a', 'b']) {
+      spy.transport.subscribe(actorOpSubject(actorAddress('grp', 'group', groupMemberId('g', m)), 'slice'), (msg) => {
+        sliceParts.push((decode(msg.data) as { parts: unknown[] }).parts.length);
+      });
+    }
+    // a's pushes take a while to land: b's next window must still start from parameters holding them.
+    const sysA = await c.system('a');
+    const slowStepper = c.stepper(sysA, sessions[0]!);
+    const push = slowStepper.push.bind(slowStepper);
+    slowStepper.push = async (shard, body) => { await new Promise((r) => setTimeout(r, 150)); return push(shard, body); };
+    const ma = new GroupMember({ system: sysA, group: g, member: 'a', runId: 'run-1', plan, stepper: slowStepper, log: silentLogger(), shouldStop: () => false, directPush: true });
+    await ma.start();
+    const mb = await member(c, g, 'b', sessions[1]!, { directPush: true });
+    const [oa, ob] = await Promise.all([runUntilDone(ma, source(mine.a)), runUntilDone(mb, source(mine.b))]);
+    const shape = [...Array.from({ length: windows }, () => n), 0];
+    assert.deepEqual(oa.map((o) => o.steps.length), shape, 'the windows, then an idle one in which the group agrees it is done');
+    assert.deepEqual(ob.map((o) => o.steps.length), shape);
+    assert.ok([...oa, ...ob].every((o) => !o.droppedStale && o.lostShards.length === 0));
+    // Every shard took one update per member step, where a reduced window is one per step of the group.
+    const client = c.client(spy);
+    for (const ex of planExchange(plan, new Int32Array(0), { dense: true, allShards: true })) {
+      const r = await client.pull(ex.shard, pullRequest(plan, ex, layout.tables, null));
+      assert.equal(r.version, 2 * n * windows, `${ex.shard}: one update per member step`);
+    }
+  }, async (stepper) => {
+    for (const u of perWindow) {
+      const g = await stepper.compute(u, { reuseDense: false });
+      const times = (m: ReadonlyMap<string, Float32Array>) => new Map([...m].map(([k, v]) => [k, v.map((x) => 2 * n * x)]));
+      for (const ex of planExchange(plan, g.uniqueIds, { dense: true, allShards: false })) {
+        const r = await stepper.push(ex.shard, pushRequest(plan, ex, layout.tables, times(g.denseGrads), g.rowGrads && times(g.rowGrads), { round: null, expected: null, weight: g.samples, baseVersion: g.versions.get(ex.shard) ?? 0 }));
+        assert.equal(r.refused, false);
+      }
+    }
+  }, uniqueIdsOf(union([...mine.a, ...mine.b])), tolerant);
+  assert.ok(sliceParts.length >= 2 * windows, `slices were exchanged (${sliceParts.length})`);
+  assert.deepEqual([...new Set(sliceParts)], [0], 'no slice carried gradient parts');
 });
 
 test('training.stream_slices: an owner that lost the streamed parts refuses the slice that counts on them, and the sender sends the whole slice; the update is unchanged', async () => {
