@@ -22,6 +22,7 @@ import { memoryPlanStore, type PlanStore } from '../../actors/store/plan-store.t
 import { ShardFailover, createFailoverActor } from '../../actors/scheduler/failover.ts';
 import type { HealthState, HealthView } from '../../actors/health/health.types.ts';
 import { until } from '../support/until.ts';
+import { pino, type Logger } from 'pino';
 
 // ---------------------------------------------------------------- the rules
 
@@ -98,12 +99,16 @@ function plan(): ShardPlan {
 
 interface Node { system: ActorSystem; host: ShardHost; store: PlanStore }
 
+/** Lab options: the bus's max_payload, a node's message limit (communication.max_message_bytes) and its log. */
+interface LabOptions { maxPayload?: number; maxMessageBytes?: Record<string, number>; log?: Record<string, Logger> }
+
 class Lab {
-  readonly broker = new InProcessBroker();
+  readonly broker: InProcessBroker;
   readonly nodes = new Map<string, Node>();
   readonly client: ActorSystem;
   readonly store: PlanStore;
-  constructor(readonly plan: ShardPlan, readonly clock: Clock = systemClock, readonly staleness: StalenessPolicy | null = null) {
+  constructor(readonly plan: ShardPlan, readonly clock: Clock = systemClock, readonly staleness: StalenessPolicy | null = null, readonly opts: LabOptions = {}) {
+    this.broker = new InProcessBroker(opts.maxPayload);
     this.store = memoryPlanStore(plan);
     this.client = this.system('client');
   }
@@ -111,7 +116,8 @@ class Lab {
   /** `deliveryDelayMs`: every message reaches this node that much later (a replica slower than its stream's primary). */
   system(node: string, deliveryDelayMs = 0): ActorSystem {
     const bus = deliveryDelayMs > 0 ? delayedDeliveries(this.broker.client(), deliveryDelayMs) : this.broker.client();
-    const transport = new Transport(bus, { clientId: node, clock: this.clock });
+    const limit = this.opts.maxMessageBytes?.[node];
+    const transport = new Transport(bus, { clientId: node, clock: this.clock, ...(limit !== undefined ? { maxMessageBytes: limit } : {}) });
     return new ActorSystem({ transport, job: 'rep', node, clock: this.clock, random: new SeededRandom(1), defaultRequestTimeoutMs: 2_000 });
   }
 
@@ -119,7 +125,7 @@ class Lab {
   async start(node: string, store: PlanStore = this.store, deliveryDelayMs = 0): Promise<Node> {
     const system = this.system(node, deliveryDelayMs);
     const host = new ShardHost({
-      node, system, planStore: store, log: silentLogger(), replication: 'sync', lagLimit: 8, requestTimeoutMs: 300,
+      node, system, planStore: store, log: this.opts.log?.[node] ?? silentLogger(), replication: 'sync', lagLimit: 8, requestTimeoutMs: 300,
       newState: (shard, p) => new ShardState({
         shard, plan: p, initialDense: new Map([['w', Float32Array.from([1, 2, 3, 4])]]),
         denseOptimizer: { type: 'sgd', learningRate: 0.1 }, sparseOptimizer: { type: 'sgd', learningRate: 0.1 },
@@ -380,6 +386,33 @@ describe('replicated shards', () => {
       const [p, b] = await Promise.all(['n1', 'n2'].map((n) => lab.ask<IntegrityReply>(n, 'integrity')));
       assert.equal(b!.hash, p!.hash, 'the reseeded backup holds the primary\'s state');
       assert.equal(b!.applied.only, 1);
+    } finally {
+      await lab.close();
+    }
+  });
+
+  test('a seed over the primary\'s message limit (communication.max_message_bytes) is logged as an error naming the setting and tried again seldom, not re-sent every few milliseconds; a sync push waits for that replica until it leaves the plan', async () => {
+    const errors: string[] = [];
+    const warnings: string[] = [];
+    const log = pino({ level: 'warn' }, { write: (l: string) => { const o = JSON.parse(l) as { level: number; msg: string }; (o.level >= 50 ? errors : warnings).push(o.msg); } });
+    // Pushes (a few hundred bytes) fit; the primary's seed (its state with every batch id it applied) does not.
+    const lab = new Lab(plan(), systemClock, null, { maxPayload: 2048, maxMessageBytes: { n1: 1536 }, log: { n1: log } });
+    try {
+      await lab.start('n1'); await lab.start('n2');
+      const long = (k: number) => Array.from({ length: 8 }, (_, j) => `batch-${k}-${j}-${'x'.repeat(24)}`);
+      for (let k = 0; k < 3; k++) await lab.ask('n1', 'push', push(lab.plan, { grad: k + 1, batches: long(k) }) as unknown as Record<string, unknown>);
+      await lab.kill('n2');
+      await lab.start('n2');
+      // This push finds the restarted backup at update 0: the primary must seed it, and cannot.
+      const waiting = lab.client.ref('shard', replicaId('s0', 'n1')).request('push', push(lab.plan, { grad: 7, batches: ['after'] }) as unknown as Record<string, unknown>, { timeoutMs: 30_000 });
+      await until(() => errors.length > 0, 'the seed refused as too large', 5_000);
+      assert.match(errors[0]!, /shard s0: cannot seed its replica on n2: message of \d+ bytes .* exceeds the 1536-byte limit \(communication\.max_message_bytes\); raise communication\.max_message_bytes/);
+      await new Promise((r) => setTimeout(r, 1_500));
+      assert.equal(errors.length, 1, `tried again seldom: ${errors.length} errors in 1.5 s`);
+      assert.deepEqual(warnings.filter((w) => /re-sending/.test(w)), [], 'not reported as a replica that does not confirm');
+      // Until the replica leaves the plan, the push waits for it (sync replication); then it is answered.
+      await lab.next((p) => withPlacement(p, failover(p.placement, new Set(['n2']))!.placement));
+      await waiting;
     } finally {
       await lab.close();
     }
