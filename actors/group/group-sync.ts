@@ -1101,7 +1101,8 @@ export class GroupMember {
 
     lap('gather');
     // Reduce this member's shards: per part, Σ over members of Σ samples·grad, divided by the part's samples.
-    const mine = ownedBy(this.o.plan.shards, owners, member);
+    // direct: the members pushed their own windows; nobody reduces.
+    const mine = this.direct ? new Set<string>() : ownedBy(this.o.plan.shards, owners, member);
     let results: { shard: string; r: PushResult }[] = [];
     if (mine.size > 0) {
       const nParts = Math.max(0, ...slices.map((s) => s.parts.length));

@@ -19,7 +19,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { connect, headers } from '@nats-io/transport-node';
 import { decode } from '@msgpack/msgpack';
-import { assertNothingLost, clusterAndDirForFile, explainExit, hetps, launchQuickstartNodes, ROOT, type Child } from '../support/ps.ts';
+import { assertNothingLost, clusterAndDirForFile, explainExit, hetps, launchQuickstartNodes, ROOT, type Child, QUICKSTART_NODES } from '../support/ps.ts';
 import { until } from '../support/until.ts';
 
 const env = clusterAndDirForFile('hetps-scheduler-failover-');
@@ -103,8 +103,7 @@ test('quick start: the active driver SIGKILLed at 30 % is replaced by the standb
 
     const r = await standby.exited;
     // The nodes' output too: once (a full suite) the last 3 batches stayed unacknowledged with every worker running.
-    const NODE_NAMES = ['server-1', 'server-2', 'fast-1', 'fast-2', 'fast-3', 'slow-1', 'slow-2'];
-    assert.equal(r.code, 0, `${explainExit(r)}\n${nodes.map((n, i) => `--- ${NODE_NAMES[i]}:\n${n.stderr().slice(-2500)}`).join('\n')}`);
+    assert.equal(r.code, 0, `${explainExit(r)}\n${nodes.map((n, i) => `--- ${QUICKSTART_NODES[i]!.name}:\n${n.stderr().slice(-2500)}`).join('\n')}`);
     const a = await active.exited;
     assert.equal(a.signal, 'SIGKILL');
     assert.ok(!existsSync(activeSummary), 'the killed driver wrote no summary');

@@ -74,13 +74,14 @@ export function hetps(args: string[], opts: { env?: NodeJS.ProcessEnv; timeoutMs
  * outlive any driver.
  */
 export function launchQuickstartNodes(cfg: string, timeoutMs = 400_000): Child[] {
-  const nodes: Child[] = [];
-  for (const s of ['server-1', 'server-2']) nodes.push(hetps(['launch', '--role', 'server', '--config', cfg, '--server-id', s], { timeoutMs }));
-  for (const [g, n] of [['fast', 3], ['slow', 2]] as const) {
-    for (let r = 0; r < n; r++) nodes.push(hetps(['launch', '--role', 'worker', '--config', cfg, '--group', g, '--node-rank', String(r)], { timeoutMs }));
-  }
-  return nodes;
+  return QUICKSTART_NODES.map((n) => hetps(['launch', ...n.args, '--config', cfg], { timeoutMs }));
 }
+
+/** The quick start's nodes in the order launchQuickstartNodes starts them, with their `hetps launch` arguments. */
+export const QUICKSTART_NODES: readonly { name: string; args: readonly string[] }[] = [
+  ...['server-1', 'server-2'].map((s) => ({ name: s, args: ['--role', 'server', '--server-id', s] })),
+  ...([['fast', 3], ['slow', 2]] as const).flatMap(([g, n]) => Array.from({ length: n }, (_, r) => ({ name: `${g}-${r + 1}`, args: ['--role', 'worker', '--group', g, '--node-rank', String(r)] }))),
+];
 
 export interface JobConfigOptions {
   job: string;

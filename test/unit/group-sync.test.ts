@@ -104,9 +104,11 @@ function group(mode: WorkerGroupConfig['sync_mode'], nodes: string[], n: number 
 }
 
 /** A member over the cluster, fed from a list of batches; drained once its list is empty. */
-async function member(c: Cluster, g: WorkerGroupConfig, name: string, session: StepSession, more: Partial<GroupMemberOptions> = {}) {
+async function member(c: Cluster, g: WorkerGroupConfig, name: string, session: StepSession, more: Partial<GroupMemberOptions> = {}, adjust: (s: WorkerStepper) => void = () => {}) {
   const sys = await c.system(name);
-  const m = new GroupMember({ system: sys, group: g, member: name, runId: 'run-1', plan, stepper: c.stepper(sys, session), log: silentLogger(), shouldStop: () => false, ...more });
+  const stepper = c.stepper(sys, session);
+  adjust(stepper);
+  const m = new GroupMember({ system: sys, group: g, member: name, runId: 'run-1', plan, stepper, log: silentLogger(), shouldStop: () => false, ...more });
   await m.start();
   return m;
 }
@@ -153,6 +155,16 @@ function compare(ours: Awaited<ReturnType<typeof readParams>>, ref: typeof ours,
     }
   }
   return { diff, moved };
+}
+
+/** The reference's step on `u` at `factor` × its gradient (SGD: `factor` × the learning rate), pushed to every shard it touches. */
+async function stepScaled(stepper: WorkerStepper, u: CtrBatch, factor: number): Promise<void> {
+  const c = await stepper.compute(u, { reuseDense: false });
+  const scaled = (m: ReadonlyMap<string, Float32Array>) => new Map([...m].map(([k, v]) => [k, v.map((x) => factor * x)]));
+  for (const ex of planExchange(plan, c.uniqueIds, { dense: true, allShards: false })) {
+    const r = await stepper.push(ex.shard, pushRequest(plan, ex, layout.tables, scaled(c.denseGrads), c.rowGrads && scaled(c.rowGrads), { round: null, expected: null, weight: c.samples, baseVersion: c.versions.get(ex.shard) ?? 0 }));
+    assert.equal(r.refused, false);
+  }
 }
 
 /** Runs `work` over a fresh group cluster and a reference step sequence over another; compares the parameters of `ids` to 1e-5. */
@@ -493,14 +505,7 @@ test('group_lr_scaling linear, no warm-up: a sync window of 2 members is the uni
     const groupLr = { scaling: 'linear' as const, warmupWindows: 0 };
     const [ma, mb] = [await member(c, g, 'a', sessions[0]!, { groupLr }), await member(c, g, 'b', sessions[1]!, { groupLr })];
     await Promise.all([runUntilDone(ma, source([b1!])), runUntilDone(mb, source([b2!]))]);
-  }, async (stepper) => {
-    const c = await stepper.compute(u, { reuseDense: false });
-    const twice = (m: ReadonlyMap<string, Float32Array>) => new Map([...m].map(([k, v]) => [k, v.map((x) => 2 * x)]));
-    for (const ex of planExchange(plan, c.uniqueIds, { dense: true, allShards: false })) {
-      const r = await stepper.push(ex.shard, pushRequest(plan, ex, layout.tables, twice(c.denseGrads), c.rowGrads && twice(c.rowGrads), { round: null, expected: null, weight: c.samples, baseVersion: c.versions.get(ex.shard) ?? 0 }));
-      assert.equal(r.refused, false);
-    }
-  }, uniqueIdsOf(u));
+  }, (stepper) => stepScaled(stepper, u, 2), uniqueIdsOf(u));
 });
 
 for (const [n, windows] of [[1, 2], [2, 1]] as const) test(`training.group_update direct, sync group of 2, sync_steps ${n}, ${windows} window(s): each member pushes its own window (no gradient crosses between the members) and the next window starts only after both: with SGD, every step's gradient at its window's parameters, i.e. per window the union step at ${2 * n}× the rate`, async () => {
@@ -519,12 +524,10 @@ for (const [n, windows] of [[1, 2], [2, 1]] as const) test(`training.group_updat
       });
     }
     // a's pushes take a while to land: b's next window must still start from parameters holding them.
-    const sysA = await c.system('a');
-    const slowStepper = c.stepper(sysA, sessions[0]!);
-    const push = slowStepper.push.bind(slowStepper);
-    slowStepper.push = async (shard, body) => { await new Promise((r) => setTimeout(r, 150)); return push(shard, body); };
-    const ma = new GroupMember({ system: sysA, group: g, member: 'a', runId: 'run-1', plan, stepper: slowStepper, log: silentLogger(), shouldStop: () => false, directPush: true });
-    await ma.start();
+    const ma = await member(c, g, 'a', sessions[0]!, { directPush: true }, (stepper) => {
+      const push = stepper.push.bind(stepper);
+      stepper.push = async (shard, body) => { await new Promise((r) => setTimeout(r, 150)); return push(shard, body); };
+    });
     const mb = await member(c, g, 'b', sessions[1]!, { directPush: true });
     const [oa, ob] = await Promise.all([runUntilDone(ma, source(mine.a)), runUntilDone(mb, source(mine.b))]);
     const shape = [...Array.from({ length: windows }, () => n), 0];
@@ -538,14 +541,7 @@ for (const [n, windows] of [[1, 2], [2, 1]] as const) test(`training.group_updat
       assert.equal(r.version, 2 * n * windows, `${ex.shard}: one update per member step`);
     }
   }, async (stepper) => {
-    for (const u of perWindow) {
-      const g = await stepper.compute(u, { reuseDense: false });
-      const times = (m: ReadonlyMap<string, Float32Array>) => new Map([...m].map(([k, v]) => [k, v.map((x) => 2 * n * x)]));
-      for (const ex of planExchange(plan, g.uniqueIds, { dense: true, allShards: false })) {
-        const r = await stepper.push(ex.shard, pushRequest(plan, ex, layout.tables, times(g.denseGrads), g.rowGrads && times(g.rowGrads), { round: null, expected: null, weight: g.samples, baseVersion: g.versions.get(ex.shard) ?? 0 }));
-        assert.equal(r.refused, false);
-      }
-    }
+    for (const u of perWindow) await stepScaled(stepper, u, 2 * n);
   }, uniqueIdsOf(union([...mine.a, ...mine.b])), tolerant);
   assert.ok(sliceParts.length >= 2 * windows, `slices were exchanged (${sliceParts.length})`);
   assert.deepEqual([...new Set(sliceParts)], [0], 'no slice carried gradient parts');
