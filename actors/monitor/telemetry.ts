@@ -75,6 +75,22 @@ export const progressTelemetrySchema = z.object({
   compression: z.enum(['fp16', 'none']).nullable().default(null),
   /** The worker's link utilisation over the last 10 s (topology/compression.ts); null before a second of link activity, or not reported. */
   link_utilisation: z.number().min(0).max(1).nullable().default(null),
+  /**
+   * The batches the worker holds now (taken from the queue, not yet
+   * acknowledged or given back): the first 32 ids, and how many in all. A
+   * stalled job's driver names who holds what is still unacknowledged.
+   * Absent (an older worker): not reported.
+   */
+  held: z.array(z.string()).max(32).nullable().default(null),
+  held_count: z.number().int().nonnegative().nullable().default(null),
+  /** The training loop's state (starting, training, pausing, paused, …); null: not reported. */
+  loop_state: z.string().nullable().default(null),
+  /** hps: the group's lifecycle state as the worker sees it (running.sync.reducing, degraded, …); null otherwise. */
+  group_state: z.string().nullable().default(null),
+  /** hps: sync windows completed; null otherwise. */
+  windows: z.number().int().nonnegative().nullable().default(null),
+  /** How long before this message the worker last acknowledged a batch; null before its first. */
+  last_ack_ago_ms: msOrNull(),
 });
 export type ProgressTelemetry = z.infer<typeof progressTelemetrySchema>;
 

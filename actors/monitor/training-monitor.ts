@@ -10,7 +10,7 @@ import { HetpsError, type Clock, type Logger, type Transport } from '../../runti
 import type { Evaluation } from '../../native-bridge/mod.ts';
 import type { BatchQueue } from '../store/batch-queue.ts';
 import type { PreparedJob } from '../scheduler/job.ts';
-import { subscribeTelemetry } from './telemetry.ts';
+import { subscribeTelemetry, type ProgressTelemetry } from './telemetry.ts';
 
 export interface TrainingProgress {
   samples: number;
@@ -160,6 +160,9 @@ function newActivity(): WorkerActivity {
   return { steps: 0, samples: 0, emulatedSpeed: null, stepMs: null, computeMs: null, droppedStale: 0, partDropped: 0, windowPhasesS: null, windows: null, tailDeclined: 0 };
 }
 
+/** Batch ids a stall warning names per holder (and of those held by no one); the rest are counted. */
+const STALL_IDS_SHOWN = 8;
+
 /**
  * The workers' telemetry, from before the job is created (nodes may already
  * be waiting for it) until training ends. `supervise` follows training until
@@ -187,6 +190,8 @@ export class TrainingMonitor {
   private readonly activity = new Map<string, WorkerActivity>();
   /** Each worker's samples/s in its latest progress telemetry. */
   private readonly latestRate = new Map<string, number>();
+  /** Each worker's latest progress telemetry and when it arrived (monotonic ms): who holds which batches, for a stall's warning. */
+  private readonly latestProgress = new Map<string, { t: ProgressTelemetry; at: number }>();
 
   private activityOf(node: string): WorkerActivity {
     let a = this.activity.get(node);
@@ -200,6 +205,7 @@ export class TrainingMonitor {
       progress: (t) => {
         seen(t.node);
         this.latestRate.set(t.node, t.samples_per_s);
+        this.latestProgress.set(t.node, { t, at: this.clock.monotonic() });
         if (t.first_step_ago_ms !== null) {
           const at = this.clock.monotonic() - t.first_step_ago_ms;
           if (this.firstStep === null || at < this.firstStep) this.firstStep = at;
@@ -390,8 +396,10 @@ export class TrainingMonitor {
       if (now - lastAckAt >= stallWarnMs && now - lastStallNote >= stallWarnMs) {
         lastStallNote = now;
         const running = workers.filter((w) => !this.done.has(w));
-        log.warn({ pending, acked: this.acks.size, total, workers_running: running },
-          `no batch acknowledged for ${Math.round((now - lastAckAt) / 1000)} s: ${pending} unacknowledged batch(es); workers still running: ${running.join(', ') || 'none'}`
+        const undelivered = await o.queue.undelivered().catch(() => null);
+        const stall = this.stallReport(prepared, running, undelivered);
+        log.warn({ pending, acked: this.acks.size, total, workers_running: running, ...stall.fields },
+          `no batch acknowledged for ${Math.round((now - lastAckAt) / 1000)} s: ${pending} unacknowledged batch(es)${stall.text}; workers still running: ${running.join(', ') || 'none'}`
           + (prepared.info.mode === 'bsp' ? ' (bsp waits for every worker each round)' : ''));
       }
     }
@@ -426,6 +434,52 @@ export class TrainingMonitor {
       train_s: trainS, first_step_s: this.firstStep === null ? null : Math.max(0, this.firstStep - origin) / 1000, samples_per_s: trainS > 0 ? samples / trainS : 0, final_loss: ts > 0 ? tl / ts : null,
       per_worker: { ...this.perWorker }, per_worker_group: JSON.parse(JSON.stringify(this.perWorkerGroup)) as Record<string, Record<string, number>>, missing: prepared.descriptors.filter((d) => !this.acks.has(d.batch_id)).map((d) => d.batch_id),
       curve, utilisation: this.utilisation(prepared.info.workers, trainS, o.nominalStepMs ?? (() => null)),
+    };
+  }
+
+  /**
+   * Who holds the batches not acknowledged yet, as the workers' latest
+   * progress telemetry says: each holder with its loop's and group's state,
+   * and the batches no worker reports holding (not delivered yet, or
+   * delivered to a worker that lost them: back after ack_wait).
+   */
+  private stallReport(prepared: PreparedJob, running: readonly string[], undelivered: number | null): { text: string; fields: Record<string, unknown> } {
+    const now = this.clock.monotonic();
+    const missing = prepared.descriptors.filter((d) => !this.acks.has(d.batch_id)).map((d) => d.batch_id);
+    const open = new Set(missing);
+    const heldBy = new Set<string>();
+    const holders: Record<string, unknown>[] = [];
+    const parts: string[] = [];
+    const secs = (ms: number | null) => (ms === null ? '?' : `${Math.round(ms / 1000)} s`);
+    const list = (ids: readonly string[], count: number) => ids.slice(0, STALL_IDS_SHOWN).join(', ') + (count > STALL_IDS_SHOWN ? `, … (+${count - STALL_IDS_SHOWN} more)` : '');
+    for (const node of running) {
+      const p = this.latestProgress.get(node);
+      if (p === undefined || p.t.held === null) continue;
+      const ids = p.t.held.filter((id) => open.has(id));
+      for (const id of ids) heldBy.add(id);
+      if (ids.length === 0) continue;
+      const reportedAgo = now - p.at;
+      const lastAck = p.t.last_ack_ago_ms === null ? null : p.t.last_ack_ago_ms + reportedAgo;
+      const where = [`loop ${p.t.loop_state ?? '?'}`];
+      if (p.t.group_state !== null) where.push(`group ${p.t.group}: ${p.t.group_state}${p.t.windows !== null ? ` after ${p.t.windows} window(s)` : ''}`);
+      where.push(lastAck === null ? 'no batch acknowledged yet' : `its last acknowledgement ${secs(lastAck)} ago`);
+      where.push(`reported ${secs(reportedAgo)} ago`);
+      parts.push(`${node} holds ${ids.length} (${list(ids, ids.length)}; ${where.join(', ')})`);
+      holders.push({ node, held: ids, loop_state: p.t.loop_state, group: p.t.group, group_state: p.t.group_state, windows: p.t.windows, last_ack_ago_ms: lastAck, reported_ago_ms: reportedAgo });
+    }
+    const unheld = missing.filter((id) => !heldBy.has(id));
+    const silent = running.filter((w) => this.latestProgress.get(w)?.t.held == null);
+    const truncated = running.filter((w) => { const t = this.latestProgress.get(w)?.t; return t != null && t.held !== null && (t.held_count ?? 0) > t.held.length; });
+    if (unheld.length > 0) {
+      parts.push(`held by no worker that reports: ${unheld.length} (${list(unheld, unheld.length)}; `
+        + (undelivered !== null ? `the queue has ${undelivered} not delivered yet; ` : '')
+        + `a delivered batch that nobody holds goes back to the queue after ack_wait, ${secs(prepared.info.ack_wait_ms)})`
+        + (silent.length > 0 ? `; no holdings reported by ${silent.join(', ')}` : '')
+        + truncated.map((w) => `; ${w} holds ${this.latestProgress.get(w)!.t.held_count}, named only in part`).join(''));
+    }
+    return {
+      text: parts.length > 0 ? ` — ${parts.join('; ')}` : '',
+      fields: { holders, unheld: unheld.slice(0, STALL_IDS_SHOWN), undelivered },
     };
   }
 

@@ -65,6 +65,9 @@ export interface TrainingLedgerOptions {
   compression?: () => { choice: CompressionChoice; linkUtilisation: number | null };
 }
 
+/** Batch ids a progress message names at most (`held_count` counts them all). */
+export const PROGRESS_HELD_IDS = 32;
+
 const firstStepAgo = (at: number | null, now: number): number | null => (at === null ? null : Math.max(0, now - at));
 
 export class TrainingLedger {
@@ -74,6 +77,10 @@ export class TrainingLedger {
   private progress: Timer | null = null;
   /** When the loop started (monotonic ms). */
   startedAt = 0;
+  /** What each `keepAlive` in force holds: the batches this worker has taken and not yet acknowledged or given back. */
+  private readonly holders = new Set<() => Iterable<QueuedBatch | null>>();
+  /** When this worker last acknowledged a trained batch (monotonic ms); null before the first. */
+  private lastAckAt: number | null = null;
 
   constructor(private readonly o: TrainingLedgerOptions) {}
 
@@ -95,6 +102,7 @@ export class TrainingLedger {
         first_step_ago_ms: firstStepAgo(this.o.firstStepAt?.() ?? null, now),
         bytes_out: this.o.transport.stats.bytesOut, bytes_in: this.o.transport.stats.bytesIn,
         compression: wire?.choice ?? null, link_utilisation: wire?.linkUtilisation ?? null,
+        ...this.holding(),
       };
       publishTelemetry(this.o.transport, this.o.job, 'progress', this.o.node, body);
       this.since = { loss: 0, samples: 0, start: now, busy: 0, stepMs: 0 };
@@ -110,6 +118,7 @@ export class TrainingLedger {
   async account(item: QueuedBatch, t: TrainedBatch): Promise<void> {
     const { stats, log } = this.o;
     const confirmed = await item.ack();
+    this.lastAckAt = this.o.clock.monotonic();
     stats.steps++; stats.samples += t.samples;
     stats.busy_ms += t.computeMs; stats.emulated_step_ms += t.stepMs;
     this.since.samples += t.samples; this.since.loss += t.loss * t.samples; this.lossSum += t.loss * t.samples;
@@ -131,9 +140,33 @@ export class TrainingLedger {
     this.o.onBatchTrained?.(tel);
   }
 
-  /** Restarts the ack_wait of the batches held, every third of it: a long wait must not let a held batch be redelivered. */
+  /**
+   * Restarts the ack_wait of the batches held, every third of it: a long wait
+   * must not let a held batch be redelivered. While in force, the batches
+   * `held` returns are the ones this worker reports holding (`heldBatchIds`).
+   */
   keepAlive(held: () => Iterable<QueuedBatch | null>): Timer {
-    return this.o.clock.setInterval(() => { for (const h of held()) h?.working(); }, Math.max(250, Math.floor(this.o.ackWaitMs / 3)));
+    this.holders.add(held);
+    const t = this.o.clock.setInterval(() => { for (const h of held()) h?.working(); }, Math.max(250, Math.floor(this.o.ackWaitMs / 3)));
+    return { cancel: () => { t.cancel(); this.holders.delete(held); } };
+  }
+
+  /** The ids of the batches this worker holds now: taken from the queue, not yet acknowledged or given back. */
+  heldBatchIds(): string[] {
+    const ids = new Set<string>();
+    for (const held of this.holders) for (const b of held()) if (b !== null) ids.add(b.desc.batch_id);
+    return [...ids];
+  }
+
+  /** What progress telemetry says of the loop: the batches it holds (the first PROGRESS_HELD_IDS of them) and where it is. */
+  private holding(): Pick<ProgressTelemetry, 'held' | 'held_count' | 'loop_state' | 'group_state' | 'windows' | 'last_ack_ago_ms'> {
+    const ids = this.heldBatchIds();
+    const { stats, clock } = this.o;
+    return {
+      held: ids.slice(0, PROGRESS_HELD_IDS), held_count: ids.length, loop_state: stats.state, group_state: stats.group_state,
+      windows: stats.sync_mode !== null ? stats.windows : null,
+      last_ack_ago_ms: this.lastAckAt === null ? null : Math.max(0, clock.monotonic() - this.lastAckAt),
+    };
   }
 }
 

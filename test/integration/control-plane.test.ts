@@ -6,7 +6,9 @@
  * second; ctl.pause stops acknowledgements and ctl.resume continues them; a
  * shard stopped for 20 s (SIGSTOP … SIGCONT) makes no worker dead and drops
  * no group member, loses nothing, and the job ends with every batch
- * acknowledged exactly once and test AUC ≥ 0.99.
+ * acknowledged exactly once and test AUC ≥ 0.99. While the shard is
+ * stopped, the workers' progress telemetry names the batches they hold
+ * (none already acknowledged; each acknowledged once later).
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -42,6 +44,7 @@ test('quick start over a 3-node cluster: status, heartbeats, pause/resume, a sha
   const verdicts: { node: string; role: string; state: string; reason: string; at: number }[] = [];
   const acks = new Map<string, number>();
   let lastAckAt = 0;
+  const holdings: { node: string; held: string[] | null; held_count: number | null; loop_state: string | null; group_state: string | null; at: number; ackedThen: string[] }[] = [];
   const subs = [
     nc.subscribe(`hps.${JOB}.hb.*`, { callback: (_e, m) => {
       const b = decode(m.data) as { node: string; role: string; incarnation: string; state: string; seq: number };
@@ -50,6 +53,11 @@ test('quick start over a 3-node cluster: status, heartbeats, pause/resume, a sha
     nc.subscribe(`hps.${JOB}.tel.health.*`, { callback: (_e, m) => {
       const v = decode(m.data) as { node: string; role: string; state: string; reason: string };
       verdicts.push({ ...v, at: Date.now() });
+    } }),
+    // What each worker says it holds (taken, not yet acknowledged): a stalled job's driver names the holders from it.
+    nc.subscribe(`hps.${JOB}.tel.progress.*`, { callback: (_e, m) => {
+      const p = decode(m.data) as { node: string; held: string[] | null; held_count: number | null; loop_state: string | null; group_state: string | null };
+      holdings.push({ ...p, at: Date.now(), ackedThen: (p.held ?? []).filter((id) => acks.has(id)) });
     } }),
     nc.subscribe(`hps.${JOB}.tel.batch.*`, { callback: (_e, m) => {
       const b = decode(m.data) as { batch_id: string; ack_confirmed: boolean };
@@ -141,6 +149,18 @@ test('quick start over a 3-node cluster: status, heartbeats, pause/resume, a sha
     assert.equal(acks.size, summary.batches, 'every batch id acknowledged');
     assert.deepEqual([...acks].filter(([, n]) => n !== 1), [], 'each exactly once');
     assert.ok(summary.test_auc >= 0.99, `test AUC ${summary.test_auc}`);
+
+    // Holdings: while server-1 was stopped the workers said which batches they held (named, not yet acknowledged then), each acknowledged once later.
+    const whileStopped = holdings.filter((h) => h.at >= stopAt + 5_000 && h.at <= contAt);
+    assert.ok(whileStopped.length >= 5, `progress reports while stopped: ${whileStopped.length}`);
+    for (const h of whileStopped) {
+      assert.ok(h.held !== null && h.held_count === h.held.length, JSON.stringify(h));
+      assert.deepEqual(h.ackedThen, [], `${h.node} named batches already acknowledged: ${JSON.stringify(h)}`);
+      for (const id of h.held) assert.equal(acks.get(id), 1, `${id}, held by ${h.node} while server-1 was stopped, acknowledged once`);
+    }
+    const holding = whileStopped.filter((h) => h.held_count! > 0);
+    assert.ok(holding.length > 0 && holding.every((h) => h.loop_state === 'training' && h.group_state !== null), JSON.stringify(whileStopped.slice(-5)));
+    t.diagnostic(`while server-1 was stopped: ${new Set(holding.map((h) => h.node)).size} worker(s) reported holding batches, e.g. ${JSON.stringify(holding.at(-1))}`);
 
     const workerDeaths = verdicts.filter((v) => v.role === 'worker' && v.state === 'dead' && !v.reason.startsWith('left'));
     assert.deepEqual(workerDeaths, [], 'no worker declared dead');

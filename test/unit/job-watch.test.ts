@@ -40,6 +40,7 @@ test('adaptive: the wire line counts the workers whose latest progress telemetry
   const progress = (node: string, compression: ProgressTelemetry['compression'], link_utilisation: number | null): ProgressTelemetry => ({
     node, group: 'g', steps: 1, samples: 32, loss: 0.5, samples_per_s: 10, round: null, emulated_speed: null, emulated: false,
     busy_ms: 1, emulated_step_ms: 1, window_ms: 2000, first_step_ago_ms: 10, bytes_out: 0, bytes_in: 0, compression, link_utilisation,
+    held: null, held_count: null, loop_state: null, group_state: null, windows: null, last_ack_ago_ms: null,
   });
   try {
     publishTelemetry(transport, 'j', 'progress', 'w1', progress('w1', 'none', 0.9));

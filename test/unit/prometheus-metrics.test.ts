@@ -38,7 +38,7 @@ test('JobMetrics: batch, progress, event, verdict and status figures come out in
   m.batch(batch('f1', 0));
   m.batch(batch('f2', 3));
   m.batch({ ...batch('s1', 9), ack_confirmed: false });
-  m.progress({ node: 'f1', group: 'fast', steps: 1, samples: 32, loss: 0.5, samples_per_s: 12, round: null, emulated_speed: 1, emulated: true, busy_ms: 3, emulated_step_ms: 40, window_ms: 2000, first_step_ago_ms: 10, bytes_out: 1000, bytes_in: 5000, compression: null, link_utilisation: null });
+  m.progress({ node: 'f1', group: 'fast', steps: 1, samples: 32, loss: 0.5, samples_per_s: 12, round: null, emulated_speed: 1, emulated: true, busy_ms: 3, emulated_step_ms: 40, window_ms: 2000, first_step_ago_ms: 10, bytes_out: 1000, bytes_in: 5000, compression: null, link_utilisation: null, held: null, held_count: null, loop_state: null, group_state: null, windows: null, last_ack_ago_ms: null });
   m.event({ at_ms: 1, kind: 'checkpoint', node: null, text: 'ckpt' });
   m.event({ at_ms: 2, kind: 'failover', node: 'server-1', text: 'promoted' });
   m.event({ at_ms: 3, kind: 'migration', node: 'server-2', text: 'shard s1: primary moved server-1 → server-2' });

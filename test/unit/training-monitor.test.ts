@@ -129,6 +129,71 @@ test('TrainingMonitor: the curve starts when the first worker does, has a point 
   await workerT.close();
 });
 
+test('TrainingMonitor: a stall\'s warning names who holds the unacknowledged batches, where their loops are, and the ones no worker holds', async () => {
+  const clock = new SimulatedClock();
+  const broker = new InProcessBroker();
+  const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
+  const workerT = await connectTransport({ servers: null, broker, name: 'worker' });
+  const queue = memoryBatchQueue({ clock, ackWaitMs: 30_000 });
+  const descriptors = [0, 1, 2, 3, 4].map(desc);
+  await queue.publish(descriptors);
+  const info: JobInfo = {
+    job: JOB, run_id: 'r', mode: 'hps', workers: ['w1', 'w2', 'w3'], total_batches: 5, rounds: 2, epochs: 1, batch_size: 32, ack_wait_ms: 30_000, groups: null, groups_version: 0, resume_version: 0, paused: false, rejoining: [], standbys: [],
+  };
+  const prepared: PreparedJob = { plan: {} as ShardPlan, sharding: { hotness: false, warmup_batches: 0, partitions: 0, expected_loads: null, expected_imbalance: null, round_robin_imbalance: null, skipped: 'no plan' }, descriptors, info };
+  const lines: string[] = [];
+  const fields: Record<string, unknown>[] = [];
+  const log = silentLogger();
+  log.warn = ((obj: unknown, msg?: string) => { lines.push(typeof obj === 'string' ? obj : msg ?? ''); if (typeof obj === 'object' && obj !== null) fields.push(obj as Record<string, unknown>); }) as typeof log.warn;
+  const monitor = new TrainingMonitor(driverT, JOB, clock, log);
+  const supervised = monitor.supervise({ queue, prepared, onProgress: () => undefined, stallWarnMs: 10_000, telemetryGraceMs: 100 });
+  const advance = async (ms: number) => { for (let t = 0; t < ms; t += 250) { clock.increment(250); await flush(); await flush(); } };
+  for (const w of ['w1', 'w2', 'w3']) publishTelemetry(workerT, JOB, 'start', w, { node: w, group: 'fast', mode: 'hps', emulated_speed: null });
+  // b0 acknowledged by w2; w1 takes b1 and b2 and is stuck in its group's round; b3 was delivered to w3, which lost it (it holds nothing); b4 is not delivered.
+  const b0 = (await queue.next(0))!;
+  assert.equal(await b0.ack(), true);
+  publishTelemetry(workerT, JOB, 'batch', 'w2', { node: 'w2', batch_id: b0.desc.batch_id, samples: 32, loss: 0.5, redelivered: false, ack_confirmed: true, staleness: 0, round: null });
+  for (let i = 0; i < 3; i++) assert.ok(await queue.next(0));
+  await advance(500);
+  const progress = (node: string, held: string[] | null, extra: Record<string, unknown> = {}) => ({
+    node, group: 'fast', steps: 1, samples: 32, loss: 0.5, samples_per_s: 0, round: null, emulated_speed: null, first_step_ago_ms: 100,
+    ...(held !== null ? { held, held_count: held.length, loop_state: 'training', group_state: 'running.sync.reducing', windows: 7, last_ack_ago_ms: 2_000 } : {}), ...extra,
+  });
+  publishTelemetry(workerT, JOB, 'progress', 'w1', progress('w1', [desc(1).batch_id, desc(2).batch_id, desc(0).batch_id]));
+  publishTelemetry(workerT, JOB, 'progress', 'w2', progress('w2', []));
+  publishTelemetry(workerT, JOB, 'progress', 'w3', progress('w3', null)); // an older worker: reports no holdings
+  await advance(1_000);
+  assert.equal(lines.filter((l) => l.startsWith('no batch acknowledged')).length, 0, 'no warning before stallWarnMs');
+  await advance(9_000);
+  const warned = lines.filter((l) => l.startsWith('no batch acknowledged'));
+  assert.equal(warned.length, 1, lines.join('\n'));
+  const w = warned[0]!;
+  assert.match(w, /4 unacknowledged batch\(es\)/);
+  // b0 is acknowledged: w1 still naming it (its telemetry trails) does not make it a held unacknowledged batch.
+  assert.match(w, /w1 holds 2 \(src\/train\/e0\/b1, src\/train\/e0\/b2; loop training, group fast: running\.sync\.reducing after 7 window\(s\), its last acknowledgement (11|12) s ago, reported (9|10) s ago\)/, w);
+  assert.doesNotMatch(w, /w2 holds/);
+  assert.match(w, /held by no worker that reports: 2 \(src\/train\/e0\/b3, src\/train\/e0\/b4; the queue has 1 not delivered yet; a delivered batch that nobody holds goes back to the queue after ack_wait, 30 s\); no holdings reported by w3/, w);
+  assert.match(w, /workers still running: w1, w2, w3$/);
+  const f = fields.find((x) => Array.isArray(x.holders))!;
+  assert.deepEqual((f.holders as { node: string; held: string[] }[]).map((h) => [h.node, h.held]), [['w1', [desc(1).batch_id, desc(2).batch_id]]]);
+  assert.deepEqual(f.unheld, [desc(3).batch_id, desc(4).batch_id]);
+  assert.equal(f.undelivered, 1);
+
+  // The stall ends: the delivered ones come back after ack_wait, every batch is acknowledged, and supervise returns.
+  await advance(31_000);
+  for (let i = 1; i < 5; i++) {
+    const item = (await queue.next(0))!;
+    assert.equal(await item.ack(), true);
+    publishTelemetry(workerT, JOB, 'batch', 'w2', { node: 'w2', batch_id: item.desc.batch_id, samples: 32, loss: 0.5, redelivered: true, ack_confirmed: true, staleness: 0, round: null });
+  }
+  await advance(500);
+  const report = await supervised;
+  assert.equal(report.batches_acked, 5);
+  monitor.dispose();
+  await driverT.close();
+  await workerT.close();
+});
+
 test('CPU accounting: a busy process shows its CPU seconds, the fraction is CPU over wall × cores', { skip: !existsSync('/proc/self/stat') && 'no /proc' }, () => {
   const t0 = Date.now();
   while (Date.now() - t0 < 150) { /* burn CPU */ }
