@@ -22,18 +22,25 @@ const JOB = 'mon';
 const desc = (index: number): BatchDescriptor => ({ batch_id: `src/train/e0/b${index}`, epoch: 0, index, split: 'train', batch_size: 32, samples: 32 });
 const flush = () => new Promise<void>((r) => setImmediate(r));
 
-test('TrainingMonitor: the curve starts when the first worker does, has a point every everyMs and one after the last batch; utilisation comes from step-time telemetry', async () => {
+/** A driver and a worker transport on one in-process broker, a memory queue holding `batches` batches, and the prepared job of `workers`. */
+async function harness(o: { batches: number; ackWaitMs: number; mode: JobInfo['mode']; workers: string[] }) {
   const clock = new SimulatedClock();
   const broker = new InProcessBroker();
   const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
   const workerT = await connectTransport({ servers: null, broker, name: 'worker' });
-  const queue = memoryBatchQueue({ clock, ackWaitMs: 60_000 });
-  const descriptors = [0, 1, 2, 3, 4, 5].map(desc);
+  const queue = memoryBatchQueue({ clock, ackWaitMs: o.ackWaitMs });
+  const descriptors = Array.from({ length: o.batches }, (_, i) => desc(i));
   await queue.publish(descriptors);
   const info: JobInfo = {
-    job: JOB, run_id: 'r', mode: 'asp', workers: ['w1', 'w2'], total_batches: 6, rounds: 3, epochs: 1, batch_size: 32, ack_wait_ms: 60_000, groups: null, groups_version: 0, resume_version: 0, paused: false, rejoining: [], standbys: [],
+    job: JOB, run_id: 'r', mode: o.mode, workers: o.workers, total_batches: o.batches, rounds: Math.ceil(o.batches / o.workers.length), epochs: 1, batch_size: 32,
+    ack_wait_ms: o.ackWaitMs, groups: null, groups_version: 0, resume_version: 0, paused: false, rejoining: [], standbys: [],
   };
   const prepared: PreparedJob = { plan: {} as ShardPlan, sharding: { hotness: false, warmup_batches: 0, partitions: 0, expected_loads: null, expected_imbalance: null, round_robin_imbalance: null, skipped: 'no plan' }, descriptors, info };
+  return { clock, driverT, workerT, queue, prepared };
+}
+
+test('TrainingMonitor: the curve starts when the first worker does, has a point every everyMs and one after the last batch; utilisation comes from step-time telemetry', async () => {
+  const { clock, driverT, workerT, queue, prepared } = await harness({ batches: 6, ackWaitMs: 60_000, mode: 'asp', workers: ['w1', 'w2'] });
   const monitor = new TrainingMonitor(driverT, JOB, clock, silentLogger());
 
   let evaluations = 0;
@@ -130,17 +137,7 @@ test('TrainingMonitor: the curve starts when the first worker does, has a point 
 });
 
 test('TrainingMonitor: a stall\'s warning names who holds the unacknowledged batches, where their loops are, and the ones no worker holds', async () => {
-  const clock = new SimulatedClock();
-  const broker = new InProcessBroker();
-  const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
-  const workerT = await connectTransport({ servers: null, broker, name: 'worker' });
-  const queue = memoryBatchQueue({ clock, ackWaitMs: 30_000 });
-  const descriptors = [0, 1, 2, 3, 4].map(desc);
-  await queue.publish(descriptors);
-  const info: JobInfo = {
-    job: JOB, run_id: 'r', mode: 'hps', workers: ['w1', 'w2', 'w3'], total_batches: 5, rounds: 2, epochs: 1, batch_size: 32, ack_wait_ms: 30_000, groups: null, groups_version: 0, resume_version: 0, paused: false, rejoining: [], standbys: [],
-  };
-  const prepared: PreparedJob = { plan: {} as ShardPlan, sharding: { hotness: false, warmup_batches: 0, partitions: 0, expected_loads: null, expected_imbalance: null, round_robin_imbalance: null, skipped: 'no plan' }, descriptors, info };
+  const { clock, driverT, workerT, queue, prepared } = await harness({ batches: 5, ackWaitMs: 30_000, mode: 'hps', workers: ['w1', 'w2', 'w3'] });
   const lines: string[] = [];
   const fields: Record<string, unknown>[] = [];
   const log = silentLogger();
