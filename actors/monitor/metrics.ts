@@ -33,6 +33,7 @@ export class JobMetrics {
   private readonly partDropped: Counter;
   private readonly loss: Gauge;
   private readonly workerRate: Gauge<'node'>;
+  private readonly workerHeld: Gauge<'node'>;
   private readonly wireBytes: Gauge<'node' | 'direction'>;
   private readonly events: Counter<'kind'>;
   private readonly failovers: Counter;
@@ -77,6 +78,9 @@ export class JobMetrics {
     });
     this.loss = new Gauge({ name: 'hetps_train_loss', help: 'Training loss of the latest acknowledged batch.', registers: r });
     this.workerRate = new Gauge({ name: 'hetps_worker_samples_per_second', help: 'Each worker\'s samples per second over its last progress interval.', labelNames: ['node'], registers: r });
+    this.workerHeld = new Gauge({
+      name: 'hetps_worker_held_batches', help: 'Batches a worker holds: taken from the queue, not yet acknowledged or given back (from its progress telemetry).', labelNames: ['node'], registers: r,
+    });
     this.wireBytes = new Gauge({ name: 'hetps_wire_bytes', help: 'Payload bytes a worker process sent (out) and received (in) so far.', labelNames: ['node', 'direction'], registers: r });
     this.events = new Counter({ name: 'hetps_events_total', help: 'Job events: pauses, resumes, regroups, checkpoints, failovers, health verdicts.', labelNames: ['kind'], registers: r });
     this.failovers = new Counter({ name: 'hetps_failovers_total', help: 'Shard failovers (a backup promoted).', registers: r });
@@ -118,6 +122,7 @@ export class JobMetrics {
 
   progress(t: ProgressTelemetry): void {
     this.workerRate.set({ node: t.node }, t.samples_per_s);
+    if (t.held_count !== null) this.workerHeld.set({ node: t.node }, t.held_count);
     this.wireBytes.set({ node: t.node, direction: 'out' }, t.bytes_out);
     this.wireBytes.set({ node: t.node, direction: 'in' }, t.bytes_in);
   }

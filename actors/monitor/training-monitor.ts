@@ -105,7 +105,11 @@ export interface TrainingReport {
 export interface LiveFigures {
   progress: { samples: number; batches_acked: number; batches_total: number | null; samples_per_s: number; loss: number | null; elapsed_s: number };
   /** Per worker that reported anything: `loop` is how its training loop ended (null while it runs). */
-  workers: Record<string, { steps: number; samples: number; samples_per_s: number; loop: string | null; utilisation: number | null }>;
+  workers: Record<string, {
+    steps: number; samples: number; samples_per_s: number; loop: string | null; utilisation: number | null;
+    /** The batches it holds (taken, not yet acknowledged) as its latest progress telemetry names them (at most 32) and their count; null: not reported. */
+    held: string[] | null; held_count: number | null;
+  }>;
 }
 
 /** One periodic evaluation as it completes. */
@@ -274,6 +278,7 @@ export class TrainingMonitor {
       workers[node] = {
         steps: a.steps, samples: a.samples, samples_per_s: this.latestRate.get(node) ?? 0, loop: this.done.get(node) ?? null,
         utilisation: a.stepMs === null || elapsedS <= 0 ? null : Math.min(1, a.stepMs / 1000 / elapsedS),
+        held: this.latestProgress.get(node)?.t.held ?? null, held_count: this.latestProgress.get(node)?.t.held_count ?? null,
       };
     }
     return {

@@ -149,6 +149,7 @@ export function createSchedulerActor(o: SchedulerActorOptions): SchedulerActorDe
         return {
           node, group: groupOf.get(node) ?? null, state: nodeState(node), health: verdict.get(node)?.state ?? null,
           steps: f?.steps ?? 0, samples: f?.samples ?? 0, samples_per_s: f?.samples_per_s ?? 0, utilisation: f?.utilisation ?? null, last_heartbeat_ms: verdict.get(node)?.last_heartbeat_ms ?? null,
+          held: f?.held ?? null, held_count: f?.held_count ?? null,
         };
       }),
       shards,

@@ -53,6 +53,9 @@ export interface JobStatus {
     /** Time in (emulated) steps over training time so far; null before its first batch. */
     utilisation: number | null;
     last_heartbeat_ms: number | null;
+    /** The batches it holds now (taken from the queue, not yet acknowledged or given back; at most 32 named) and how many; null: not reported yet. */
+    held: string[] | null;
+    held_count: number | null;
   }[];
   shards: {
     shard: string; state: string; version: number | null; rows: number | null; bytes: number | null; pulls: number | null; pushes: number | null;

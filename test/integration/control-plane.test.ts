@@ -101,6 +101,7 @@ test('quick start over a 3-node cluster: status, heartbeats, pause/resume, a sha
       for (const k of ['group', 'state', 'steps', 'samples', 'samples_per_s', 'last_heartbeat_ms']) assert.ok(k in w, `worker ${w.node} has ${k}`);
       assert.equal(w.state, 'training', JSON.stringify(w));
       assert.ok(w.last_heartbeat_ms !== null && w.last_heartbeat_ms < 1_000, JSON.stringify(w));
+      assert.ok(Array.isArray(w.held) && w.held_count === w.held.length, `what ${w.node} holds: ${JSON.stringify(w)}`);
     }
     assert.deepEqual(s.shards.map((x: any) => x.shard).sort(), ['server-1', 'server-2']);
     for (const x of s.shards) for (const k of ['version', 'rows', 'bytes', 'pulls', 'pushes']) assert.equal(typeof x[k], 'number', `shard ${x.shard} ${k}`);

@@ -13,7 +13,7 @@ const parsePrometheus = createRequire(import.meta.url)('parse-prometheus-text-fo
 }[];
 
 function status(o: { pulls: number; pushes: number; steps: [number, number, number] }): JobStatus {
-  const worker = (node: string, steps: number) => ({ node, group: null, state: 'training', health: 'alive', steps, samples: steps * 32, samples_per_s: 10, utilisation: 0.5, last_heartbeat_ms: 100 });
+  const worker = (node: string, steps: number) => ({ node, group: null, state: 'training', health: 'alive', steps, samples: steps * 32, samples_per_s: 10, utilisation: 0.5, last_heartbeat_ms: 100, held: [], held_count: 0 });
   const shard = (name: string, primary: string) => ({
     shard: name, state: 'alive', version: o.pushes, rows: 100, bytes: 4096, pulls: o.pulls, pushes: o.pushes, last_heartbeat_ms: 50, primary, backups: [], seeding: [], replica_lag: null,
   });
@@ -38,7 +38,7 @@ test('JobMetrics: batch, progress, event, verdict and status figures come out in
   m.batch(batch('f1', 0));
   m.batch(batch('f2', 3));
   m.batch({ ...batch('s1', 9), ack_confirmed: false });
-  m.progress({ node: 'f1', group: 'fast', steps: 1, samples: 32, loss: 0.5, samples_per_s: 12, round: null, emulated_speed: 1, emulated: true, busy_ms: 3, emulated_step_ms: 40, window_ms: 2000, first_step_ago_ms: 10, bytes_out: 1000, bytes_in: 5000, compression: null, link_utilisation: null, held: null, held_count: null, loop_state: null, group_state: null, windows: null, last_ack_ago_ms: null });
+  m.progress({ node: 'f1', group: 'fast', steps: 1, samples: 32, loss: 0.5, samples_per_s: 12, round: null, emulated_speed: 1, emulated: true, busy_ms: 3, emulated_step_ms: 40, window_ms: 2000, first_step_ago_ms: 10, bytes_out: 1000, bytes_in: 5000, compression: null, link_utilisation: null, held: ['b-9', 'b-10'], held_count: 2, loop_state: 'training', group_state: 'running.sync.stepping', windows: 3, last_ack_ago_ms: 500 });
   m.event({ at_ms: 1, kind: 'checkpoint', node: null, text: 'ckpt' });
   m.event({ at_ms: 2, kind: 'failover', node: 'server-1', text: 'promoted' });
   m.event({ at_ms: 3, kind: 'migration', node: 'server-2', text: 'shard s1: primary moved server-1 → server-2' });
@@ -70,6 +70,7 @@ test('JobMetrics: batch, progress, event, verdict and status figures come out in
   assert.equal(Number(stale.buckets?.['0']), 1, 'one push at staleness 0');
   assert.equal(Number(stale.buckets?.['4']), 2, 'and one at 3 (≤ 4)');
   assert.equal(value(first, 'hetps_wire_bytes', { node: 'f1', direction: 'in' }), 5000);
+  assert.equal(value(first, 'hetps_worker_held_batches', { node: 'f1' }), 2, 'the batches f1 holds, from its progress telemetry');
   assert.equal(value(first, 'hetps_batches_dropped_stale_total'), 1);
   assert.equal(value(first, 'hetps_batches_part_dropped_total'), 1, 'a batch applied without its dense part or its rows');
   assert.equal(value(first, 'hetps_events_total', { kind: 'checkpoint' }), 1);

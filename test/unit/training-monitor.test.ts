@@ -175,6 +175,9 @@ test('TrainingMonitor: a stall\'s warning names who holds the unacknowledged bat
   assert.deepEqual((f.holders as { node: string; held: string[] }[]).map((h) => [h.node, h.held]), [['w1', [desc(1).batch_id, desc(2).batch_id]]]);
   assert.deepEqual(f.unheld, [desc(3).batch_id, desc(4).batch_id]);
   assert.equal(f.undelivered, 1);
+  // ctl.status and the dashboard read the same holdings.
+  const live = monitor.liveFigures(5).workers;
+  assert.deepEqual([live.w1!.held_count, live.w2!.held, live.w3!.held], [3, [], null]);
 
   // The stall ends: the delivered ones come back after ack_wait, every batch is acknowledged, and supervise returns.
   await advance(31_000);
