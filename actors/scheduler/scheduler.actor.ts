@@ -11,7 +11,7 @@
  * does not answer is listed as such).
  */
 import { replicaId } from '../shard/replica.ts';
-import { controlAddress, HetpsError, type ActorContext, type ActorDefinition } from '../../runtime/mod.ts';
+import { controlAddress, DeferredReply, HetpsError, type ActorContext, type ActorDefinition } from '../../runtime/mod.ts';
 import type { ShardPlan } from '../../topology/mod.ts';
 import type { ShardStats } from '../shard/shard.messages.ts';
 import type { JobInfo } from '../store/job-info.ts';
@@ -89,16 +89,31 @@ export function createSchedulerActor(o: SchedulerActorOptions): SchedulerActorDe
     const by = controlSender(from, c.system.senderId, secure);
     publishEvent(c.system.transport, o.job, 'scheduler', { at_ms: c.clock.now(), kind, node: null, text: `${text} [by ${by}, ${from}]` });
   };
-  /** Every command is logged with its sender; status (asked every second by the dashboard) at debug only. */
+  /** The commands in progress and queued, one after another; status is not one of them. */
+  let commands: Promise<unknown> = Promise.resolve();
+  /**
+   * Every command is logged with its sender; status (asked every second by
+   * the dashboard) at debug only. Commands take turns, in the order they
+   * arrived, outside the mailbox: a command that takes long (a checkpoint's
+   * cut, a recover) holds the next command, not `status`.
+   */
   const loggedAll = (handlers: ActorDefinition<SchedulerMessages>['handlers']): ActorDefinition<SchedulerMessages>['handlers'] => {
     const out: Record<string, (m: { from: string }, c: ActorContext) => unknown> = {};
     for (const [command, h] of Object.entries(handlers)) {
+      const handle = h as (m: { from: string }, c: ActorContext) => unknown;
       out[command] = (m, c) => {
         const sender = controlSender(m.from, c.system.senderId, secure);
         const fields = { command, sender, client: m.from, secure };
-        if (command === 'status') c.log.debug(fields, 'control command');
-        else c.log.info(fields, `control command ${command} from ${sender} (${m.from})`);
-        return (h as (m: { from: string }, c: ActorContext) => unknown)(m, c);
+        if (command === 'status') {
+          c.log.debug(fields, 'control command');
+          return handle(m, c);
+        }
+        c.log.info(fields, `control command ${command} from ${sender} (${m.from})`);
+        const d = new DeferredReply();
+        const run = commands.then(() => handle(m, c));
+        commands = run.catch(() => undefined);
+        run.then((r) => d.resolve(r), (e: unknown) => d.reject(e));
+        return d;
       };
     }
     return out as unknown as ActorDefinition<SchedulerMessages>['handlers'];
@@ -108,6 +123,8 @@ export function createSchedulerActor(o: SchedulerActorOptions): SchedulerActorDe
     return attached;
   };
 
+  /** Status answers being gathered, by events limit. */
+  const gathering = new Map<number, Promise<JobStatus>>();
   const status = async (c: ActorContext, eventsLimit: number): Promise<JobStatus> => {
     const ask = <R>(kind: 'health' | 'monitor', id: string, type: string, fields: Record<string, unknown> = {}) =>
       c.system.ref(kind, id).request<R & Record<string, unknown>>(type, fields, { timeoutMs }).catch(() => null);
@@ -169,7 +186,19 @@ export function createSchedulerActor(o: SchedulerActorOptions): SchedulerActorDe
     attach(job) { attached = job; },
     setEnded(state) { ended = state; },
     handlers: loggedAll({
-      status: (m, c) => status(c, m.events),
+      // Read-only, and asked often (the dashboard, /metrics, operators): answered beside a command in progress (a
+      // checkpoint's cut, a recover), not after it, and requests arriving while one is gathered share its answer.
+      status: (m, c) => {
+        let p = gathering.get(m.events);
+        if (p === undefined) {
+          const g = status(c, m.events).finally(() => { gathering.delete(m.events); });
+          gathering.set(m.events, g);
+          p = g;
+        }
+        const d = new DeferredReply();
+        p.then((r) => d.resolve(r), (e: unknown) => d.reject(e));
+        return d;
+      },
       pause: async (m, c) => {
         const r = await need('pause').controller.pause(m.reason);
         if (!r.already) event(c, 'pause', `pause requested (${m.reason}): workers stop at their next boundary (groups v${r.groups_version})`, m.from);

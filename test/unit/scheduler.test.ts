@@ -15,6 +15,7 @@ import type { ShardPlan } from '../../topology/mod.ts';
 import { memoryJobInfoStore, type JobInfo } from '../../actors/store/job-info.ts';
 import { RegroupController } from '../../actors/scheduler/regroup.ts';
 import { createSchedulerActor } from '../../actors/scheduler/scheduler.actor.ts';
+import type { Checkpointer } from '../../actors/scheduler/checkpointer.ts';
 import { createMonitorActor } from '../../actors/monitor/monitor.actor.ts';
 import { publishTelemetry } from '../../actors/monitor/telemetry.ts';
 import { until } from '../support/until.ts';
@@ -136,5 +137,53 @@ test('pause: a worker the health actor says is dead is not waited for', async ()
   } finally {
     await c.dispose();
     await driverT.close();
+  }
+});
+
+test('status is answered while a long command runs (a checkpoint\'s cut, a recover): commands take turns, status does not wait for them', async () => {
+  const broker = new InProcessBroker();
+  const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
+  const clientT = await connectTransport({ servers: null, broker, name: 'client' });
+  const store = memoryJobInfoStore();
+  const system = new ActorSystem({ transport: driverT, job: JOB, node: 'driver', clock: systemClock, random: new SeededRandom(1), logger: silentLogger() });
+  const scheduler = createSchedulerActor({ job: JOB, onShutdown: () => undefined, statusTimeoutMs: 300 });
+  await system.spawn(scheduler);
+  await system.spawn(createMonitorActor({ transport: driverT, job: JOB, clock: systemClock, log: silentLogger() }));
+  await store.put(info);
+  const controller = new RegroupController({ transport: driverT, job: JOB, jobStore: store, info, clock: systemClock, log: silentLogger(), autoEveryMs: 0 });
+  // A cut that takes until the test lets it end.
+  let endCut!: () => void;
+  const cutEnded = new Promise<void>((r) => { endCut = r; });
+  let cuts = 0;
+  const checkpointer = {
+    take: async () => {
+      cuts++;
+      await cutEnded;
+      return { name: 'ckpt-1', dir: '/nowhere', files: 2, bytes: 100, batches_done: 1, pause_ms: 5, trigger: 'command' };
+    },
+  } as unknown as Checkpointer;
+  scheduler.attach({ info: () => controller.jobInfo, plan: () => ({ version: 1, shards: [] }) as unknown as ShardPlan, controller, checkpointer });
+  try {
+    let checkpointAnswered = false;
+    const checkpoint = ctl(clientT, 'checkpoint', {}).then((r) => { checkpointAnswered = true; return r; });
+    await until(() => cuts === 1);
+    // Status, several at once (the dashboard, /metrics and an operator), each answered while the cut runs.
+    const statuses = await Promise.all([ctl(clientT, 'status'), ctl(clientT, 'status'), ctl(clientT, 'status', { events: 5 })]);
+    for (const s of statuses) assert.equal(s.result?.state, 'training', JSON.stringify(s));
+    assert.equal(checkpointAnswered, false, 'status was answered before the checkpoint');
+    // Another command waits for the one in progress (commands take turns).
+    let pauseAnswered = false;
+    const pause = ctl(clientT, 'pause').then((r) => { pauseAnswered = true; return r; });
+    await new Promise((r) => setTimeout(r, 200));
+    assert.equal(pauseAnswered, false, 'pause waits for the checkpoint command before it');
+    endCut();
+    assert.equal((await checkpoint).result?.name, 'ckpt-1');
+    assert.equal((await pause).result?.groups_version, 1);
+  } finally {
+    endCut();
+    await system.stop();
+    await controller.dispose();
+    await driverT.close();
+    await clientT.close();
   }
 });
