@@ -49,6 +49,9 @@ export const batchTelemetrySchema = z.object({
 });
 export type BatchTelemetry = z.infer<typeof batchTelemetrySchema>;
 
+/** Batch ids a progress message names at most (`held_count` counts them all). */
+export const PROGRESS_HELD_IDS = 32;
+
 export const progressTelemetrySchema = z.object({
   node: z.string(),
   group: z.string(),
@@ -77,11 +80,11 @@ export const progressTelemetrySchema = z.object({
   link_utilisation: z.number().min(0).max(1).nullable().default(null),
   /**
    * The batches the worker holds now (taken from the queue, not yet
-   * acknowledged or given back): the first 32 ids, and how many in all. A
+   * acknowledged or given back): the first PROGRESS_HELD_IDS ids, and how many in all. A
    * stalled job's driver names who holds what is still unacknowledged.
    * Absent (an older worker): not reported.
    */
-  held: z.array(z.string()).max(32).nullable().default(null),
+  held: z.array(z.string()).max(PROGRESS_HELD_IDS).nullable().default(null),
   held_count: z.number().int().nonnegative().nullable().default(null),
   /** The training loop's state (starting, training, pausing, paused, …); null: not reported. */
   loop_state: z.string().nullable().default(null),

@@ -8,7 +8,7 @@
 import type { ActorSystem, Clock, Logger, Timer, Transport } from '../../runtime/mod.ts';
 import type { CompressionChoice } from '../../topology/mod.ts';
 import type { QueuedBatch } from '../store/batch-queue.ts';
-import { publishTelemetry, type BatchTelemetry, type ProgressTelemetry } from '../monitor/telemetry.ts';
+import { PROGRESS_HELD_IDS, publishTelemetry, type BatchTelemetry, type ProgressTelemetry } from '../monitor/telemetry.ts';
 import type { LoopControl } from './loop-control.ts';
 import type { TailGate } from './tail-gate.ts';
 import { batchFromDescriptor, type SyncRound, type WorkerStepper } from './step.ts';
@@ -64,9 +64,6 @@ export interface TrainingLedgerOptions {
   /** How the worker's gradients leave it now and its link utilisation (progress telemetry); absent: not reported. */
   compression?: () => { choice: CompressionChoice; linkUtilisation: number | null };
 }
-
-/** Batch ids a progress message names at most (`held_count` counts them all). */
-export const PROGRESS_HELD_IDS = 32;
 
 const firstStepAgo = (at: number | null, now: number): number | null => (at === null ? null : Math.max(0, now - at));
 
