@@ -68,7 +68,7 @@ export interface MigrationRecord {
   /** From the decision to the new primary serving. */
   took_ms: number;
   at: string;
-  /** The first loads measured once the move had settled (the old primary seeded again where it is wanted), while traffic went on; null until then. */
+  /** The loads over the first full rate window (RATE_WINDOW samples) once the move had settled (the old primary seeded again where it is wanted), while traffic went on; null until then. */
   measured_after: { loads: Record<string, number>; imbalance: number } | null;
 }
 
@@ -163,7 +163,8 @@ export class LoadBalancer {
     if (busy) { this.loads = loads; this.imbalance = imbalance; }
     const hold = this.holdReason(plan);
     const lastMove = this.migrations.at(-1);
-    if (hold === null && busy && lastMove !== undefined && lastMove.measured_after === null) {
+    // Over a full rate window, as moves are decided: one interval right after a move is one hps window's burst of pushes.
+    if (hold === null && busy && lastMove !== undefined && lastMove.measured_after === null && this.recent.length === RATE_WINDOW + 1) {
       lastMove.measured_after = { loads: fmtLoads(loads), imbalance: Number(imbalance.toFixed(3)) };
       this.o.log.info(lastMove.measured_after, `load balancing: after moving shard ${lastMove.shard}, server loads ${showLoads(loads)} floats/s, imbalance ${imbalance.toFixed(2)}`);
     }
