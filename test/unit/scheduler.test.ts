@@ -32,16 +32,22 @@ async function ctl(t: Transport, command: string, body: unknown = {}): Promise<R
   return JSON.parse(new TextDecoder().decode(m.data)) as Reply;
 }
 
-test('scheduler: status, pause, resume, regroup refused while paused, unknown commands, shutdown', async () => {
+/** A driver's system with the scheduler and the monitor spawned, a client transport, and an empty job-info store. */
+async function schedulerLab(onShutdown: (reason: string) => void = () => undefined) {
   const broker = new InProcessBroker();
   const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
   const clientT = await connectTransport({ servers: null, broker, name: 'client' });
   const store = memoryJobInfoStore();
   const system = new ActorSystem({ transport: driverT, job: JOB, node: 'driver', clock: systemClock, random: new SeededRandom(1), logger: silentLogger() });
-  const shutdowns: string[] = [];
-  const scheduler = createSchedulerActor({ job: JOB, onShutdown: (r) => shutdowns.push(r), statusTimeoutMs: 300 });
+  const scheduler = createSchedulerActor({ job: JOB, onShutdown, statusTimeoutMs: 300 });
   await system.spawn(scheduler);
   await system.spawn(createMonitorActor({ transport: driverT, job: JOB, clock: systemClock, log: silentLogger() }));
+  return { driverT, clientT, store, system, scheduler };
+}
+
+test('scheduler: status, pause, resume, regroup refused while paused, unknown commands, shutdown', async () => {
+  const shutdowns: string[] = [];
+  const { driverT, clientT, store, system, scheduler } = await schedulerLab((r) => shutdowns.push(r));
   let controller: RegroupController | null = null;
   try {
     const unknown = await ctl(clientT, 'explode');
@@ -141,14 +147,7 @@ test('pause: a worker the health actor says is dead is not waited for', async ()
 });
 
 test('status is answered while a long command runs (a checkpoint\'s cut, a recover): commands take turns, status does not wait for them', async () => {
-  const broker = new InProcessBroker();
-  const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
-  const clientT = await connectTransport({ servers: null, broker, name: 'client' });
-  const store = memoryJobInfoStore();
-  const system = new ActorSystem({ transport: driverT, job: JOB, node: 'driver', clock: systemClock, random: new SeededRandom(1), logger: silentLogger() });
-  const scheduler = createSchedulerActor({ job: JOB, onShutdown: () => undefined, statusTimeoutMs: 300 });
-  await system.spawn(scheduler);
-  await system.spawn(createMonitorActor({ transport: driverT, job: JOB, clock: systemClock, log: silentLogger() }));
+  const { driverT, clientT, store, system, scheduler } = await schedulerLab();
   await store.put(info);
   const controller = new RegroupController({ transport: driverT, job: JOB, jobStore: store, info, clock: systemClock, log: silentLogger(), autoEveryMs: 0 });
   // A cut that takes until the test lets it end.
