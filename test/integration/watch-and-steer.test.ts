@@ -85,6 +85,9 @@ test('the quick start, watched and steered: /metrics, hetps ctl / tail / top, an
       const s0 = Number((await text('samples')).replace(/,/g, ''));
       await until(async () => Number((await text('samples')).replace(/,/g, '')) > s0, 'the sample count to grow on the page', 20_000);
       for (const w of WORKERS) assert.equal(await page.locator(`#nodes tr[data-node="${w}"]`).count(), 1, `the nodes panel lists ${w}`);
+      // What each worker holds (taken, not yet acknowledged), from its progress telemetry: a count once it has reported.
+      await until(async () => (await Promise.all(WORKERS.map((w) => page.locator(`#nodes tr[data-node="${w}"] td.held`).innerText()))).every((x) => /^\d+$/.test(x)),
+        'every worker\'s held count on the page', 20_000);
       for (const g of ['fast', 'slow']) assert.equal(await page.locator(`#groups tr[data-group="${g}"]`).count(), 1, `the groups panel lists ${g}`);
       const shards = ((await (await fetch(`${base}api/snapshot`)).json()) as { status: { shards: { shard: string }[] } }).status.shards.map((x) => x.shard);
       assert.deepEqual(shards.sort(), ['server-1', 'server-2']);
