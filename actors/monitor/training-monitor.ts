@@ -192,9 +192,7 @@ export class TrainingMonitor {
   /** Last telemetry of any kind per worker (monotonic ms): a liveness hint until heartbeats exist. */
   private readonly lastSeen = new Map<string, number>();
   private readonly activity = new Map<string, WorkerActivity>();
-  /** Each worker's samples/s in its latest progress telemetry. */
-  private readonly latestRate = new Map<string, number>();
-  /** Each worker's latest progress telemetry and when it arrived (monotonic ms): who holds which batches, for a stall's warning. */
+  /** Each worker's latest progress telemetry and when it arrived (monotonic ms): its samples/s, and who holds which batches. */
   private readonly latestProgress = new Map<string, { t: ProgressTelemetry; at: number }>();
 
   private activityOf(node: string): WorkerActivity {
@@ -208,7 +206,6 @@ export class TrainingMonitor {
     this.unsubscribe = subscribeTelemetry(transport, job, {
       progress: (t) => {
         seen(t.node);
-        this.latestRate.set(t.node, t.samples_per_s);
         this.latestProgress.set(t.node, { t, at: this.clock.monotonic() });
         if (t.first_step_ago_ms !== null) {
           const at = this.clock.monotonic() - t.first_step_ago_ms;
@@ -275,10 +272,11 @@ export class TrainingMonitor {
     const elapsedS = this.firstStart === null ? 0 : Math.max(0, end - this.firstStart) / 1000;
     const workers: LiveFigures['workers'] = {};
     for (const [node, a] of this.activity) {
+      const p = this.latestProgress.get(node)?.t;
       workers[node] = {
-        steps: a.steps, samples: a.samples, samples_per_s: this.latestRate.get(node) ?? 0, loop: this.done.get(node) ?? null,
+        steps: a.steps, samples: a.samples, samples_per_s: p?.samples_per_s ?? 0, loop: this.done.get(node) ?? null,
         utilisation: a.stepMs === null || elapsedS <= 0 ? null : Math.min(1, a.stepMs / 1000 / elapsedS),
-        held: this.latestProgress.get(node)?.t.held ?? null, held_count: this.latestProgress.get(node)?.t.held_count ?? null,
+        held: p?.held ?? null, held_count: p?.held_count ?? null,
       };
     }
     return {
