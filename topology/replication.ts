@@ -212,6 +212,22 @@ export function promoteSeeded(p: ReplicaPlacement, shard: string, node: string):
   return next;
 }
 
+/**
+ * Moves `node` from the backups of `shard` back to seeding: its primary
+ * cannot seed it (a restarted backup whose shard's state no longer fits one
+ * message), so it holds no copy, and a failover must not promote it. Null
+ * when it is not a backup there.
+ */
+export function demoteToSeeding(p: ReplicaPlacement, shard: string, node: string): ReplicaPlacement | null {
+  const r = p.replicas[shard];
+  if (r === undefined || !r.backups.includes(node)) return null;
+  const next = clonePlacement(p);
+  const n = next.replicas[shard]!;
+  n.backups = n.backups.filter((x) => x !== node);
+  n.seeding.push(node);
+  return next;
+}
+
 /** What a failover of `node` could lose right now: the shards whose only replica it holds (no backup), by name. */
 export function unprotectedShards(p: ReplicaPlacement): string[] {
   return Object.entries(p.replicas).filter(([, r]) => r.backups.length === 0).map(([s]) => s).sort();

@@ -9,14 +9,18 @@
  *   writer makes it re-read and decide again);
  * - a shard below `backup_factor` replicas gets a new replica (`seeding`) on
  *   the live server holding the fewest; its primary seeds it and reports
- *   `replica_ready` once it has caught up, and the next plan makes it a backup.
+ *   `replica_ready` once it has caught up, and the next plan makes it a backup;
+ * - a backup its primary cannot seed (a restarted backup whose shard's state
+ *   no longer fits communication.max_message_bytes) is reported
+ *   `replica_unseedable`, and the next plan moves it back to seeding: it
+ *   holds no copy, so pushes do not wait for it and no failover promotes it.
  *
  * Served as actor `scheduler/failover` (`hps.<job>.scheduler.failover.*`):
- * `replica_ready` from primaries, `status` for anyone.
+ * `replica_ready` and `replica_unseedable` from primaries, `status` for anyone.
  */
 import { z } from 'zod';
 import type { ActorDefinition, Clock, Logger, Timer, Transport } from '../../runtime/mod.ts';
-import { failover, handOver, promoteSeeded, rereplicate, seedReplica, unprotectedShards, withPlacement, type ShardPlan } from '../../topology/mod.ts';
+import { demoteToSeeding, failover, handOver, promoteSeeded, rereplicate, seedReplica, unprotectedShards, withPlacement, type ShardPlan } from '../../topology/mod.ts';
 import type { HealthState, HealthView } from '../health/health.types.ts';
 import { publishEvent } from '../monitor/monitor.messages.ts';
 import type { PlanStore } from '../store/plan-store.ts';
@@ -25,6 +29,8 @@ import { FAILOVER_ACTOR_ID } from '../shard/shard-host.ts';
 export const failoverMessages = {
   /** A primary's seeded replica has caught up: make it a backup. */
   replica_ready: z.object({ shard: z.string().min(1), node: z.string().min(1), epoch: z.number().int().nonnegative() }),
+  /** A primary cannot seed its backup on `node` (`why`: the error): move it back to seeding. */
+  replica_unseedable: z.object({ shard: z.string().min(1), node: z.string().min(1), epoch: z.number().int().nonnegative(), why: z.string() }),
   /** The failovers so far and the current placement. */
   status: z.object({}),
 };
@@ -257,6 +263,25 @@ export class ShardFailover {
   }
 
   /**
+   * A backup its primary cannot seed holds no copy of the shard: from the
+   * next plan on it is seeding again (not waited for, never promoted), and
+   * the shard counts as unprotected where it was the only backup.
+   */
+  async replicaUnseedable(shard: string, node: string, why: string): Promise<{ epoch: number | null }> {
+    const epoch = await this.placementChange((p) => demoteToSeeding(p, shard, node), (written) => {
+      this.replicas.push({ shard, node, epoch: written.version, at: new Date().toISOString(), kind: 'seeding' });
+      const unprotected = unprotectedShards(written.placement).includes(shard);
+      this.o.log.error({ shard, node, epoch: written.version, unprotected, err: why },
+        `shard ${shard}: its primary cannot seed the replica on ${node}, which holds no copy; seeding again, no longer a backup (plan v${written.version})`
+        + `${unprotected ? ': the shard has no backup now' : ''}. ${why}`);
+      publishEvent(this.o.transport, this.o.job, 'scheduler', {
+        kind: 'replica_seeding', node, text: `shard ${shard}: replica on ${node} cannot be seeded (${why.slice(0, 200)}); no longer a backup (plan v${written.version})`,
+      });
+    });
+    return { epoch };
+  }
+
+  /**
    * Load balancing, first step of a move to a server that holds no replica
    * of `shard`: a new replica there, seeded by the primary (a backup once it
    * has caught up). The plan version written, or null when nothing changed.
@@ -327,6 +352,7 @@ export function createFailoverActor(f: ShardFailover): FailoverActorDefinition {
     failover: f,
     handlers: {
       replica_ready: (m) => f.replicaReady(m.shard, m.node),
+      replica_unseedable: (m) => f.replicaUnseedable(m.shard, m.node, m.why),
       status: () => f.report(),
     },
   };

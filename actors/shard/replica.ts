@@ -60,6 +60,8 @@ export interface ReplicaOptions {
   lagLimit: number;
   /** A seeding backup has caught up: ask the scheduler to make it a backup. */
   onCaughtUp: (shard: string, node: string, epoch: number) => Promise<void>;
+  /** A backup this primary cannot seed (`why`): ask the scheduler to make it seeding again. */
+  onUnseedable: (shard: string, node: string, epoch: number, why: string) => Promise<void>;
   /** Per replication request; default 1000 ms. */
   requestTimeoutMs?: number;
 }
@@ -130,6 +132,13 @@ class ReplicationLink {
   private seeded: boolean;
   private reportedCaughtUp = false;
   /**
+   * Its seed does not fit communication.max_message_bytes (a restarted
+   * backup of a shard whose state outgrew the limit): it holds no copy, so
+   * pushes do not wait for it (they would wait for as long as the job runs)
+   * until a seed gets through.
+   */
+  private unseedable = false;
+  /**
    * A seeded replica closing in on the stream: the stream's position when it
    * was at most a message behind. From then on pushes wait for it as for a
    * backup, so once it confirms that position it holds every acknowledged
@@ -159,7 +168,7 @@ class ReplicationLink {
   get lag(): number { return this.entries.length; }
 
   /** Pushes wait for this replica: a backup, or a seeded replica closing in on the stream. */
-  get holdsPushes(): boolean { return this.gating || this.closingInAt !== null; }
+  get holdsPushes(): boolean { return (this.gating || this.closingInAt !== null) && !this.unseedable; }
 
   append(e: ReplicationEntry): void {
     this.entries.push(e);
@@ -220,6 +229,7 @@ class ReplicationLink {
         const seed = this.r.seedMessage();
         const reply = await this.ref.request<ReplicateReply & Record<string, unknown>>('seed', seed as unknown as Record<string, unknown>, { timeoutMs: Math.max(10_000, this.r.timeoutMs) });
         this.seeded = true;
+        this.unseedable = false;
         // Updates at or below the seed's position are in it.
         this.entries = this.entries.filter((e) => e.rseq > seed.base_rseq);
         this.ack(Math.max(reply.applied_to, seed.base_rseq));
@@ -259,6 +269,7 @@ class ReplicationLink {
           this.r.o.log.error({ shard: this.r.o.shard, to: this.node, err: e.message },
             `shard ${this.r.o.shard}: cannot ${this.seeded ? 'replicate' : 'seed its replica'} on ${this.node}: ${e.message}`);
         }
+        if (!this.seeded) this.cannotSeed(e.message);
         this.schedule(TOO_LARGE_RETRY_MS);
         return;
       }
@@ -272,6 +283,24 @@ class ReplicationLink {
       this.flushing = false;
     }
     if (this.entries.some((e) => e.rseq > this.sentTo)) this.schedule(0);
+  }
+
+  /**
+   * The seed was refused as too large: the replica holds no copy, so the
+   * pushes waiting for it are answered and later ones do not wait (as for a
+   * backup that left the plan), and the scheduler is told, once, so that it
+   * stops counting the replica as a backup. The updates kept for it go: the
+   * next seed holds them.
+   */
+  private cannotSeed(why: string): void {
+    this.entries = [];
+    this.closingInAt = null;
+    if (this.unseedable) return;
+    this.unseedable = true;
+    const w = this.waiters;
+    this.waiters = [];
+    for (const x of w) x.resolve();
+    this.r.unseedable(this.node, why);
   }
 
   /**
@@ -415,7 +444,12 @@ export class Replica {
       // by a failover gets what it lacks from the promoted one's last updates (or a seed when that is not enough).
       else this.links.set(node, new ReplicationLink(this, node, true, this.rseq, !fromStart && retained.length === 0 && this.rseq > 0, retained));
     }
-    for (const node of r.seeding) if (!this.links.has(node)) this.links.set(node, new ReplicationLink(this, node, false, this.rseq, true));
+    for (const node of r.seeding) {
+      const link = this.links.get(node);
+      // A backup the plan made seeding again (one its primary could not seed) is no longer waited for.
+      if (link) link.gating = false;
+      else this.links.set(node, new ReplicationLink(this, node, false, this.rseq, true));
+    }
   }
 
   /** Deposed: nothing more is applied or answered here. */
@@ -426,6 +460,31 @@ export class Replica {
     const err = this.notPrimary('push');
     for (const l of this.links.values()) l.fail(err);
     this.links.clear();
+  }
+
+  /**
+   * The replica's actor stopped (its node leaves, or drops it): its streams
+   * stop too, and the pushes still waiting for a backup fail with `why`
+   * (not acknowledged: their clients re-read the plan and retry).
+   */
+  stop(why: Error): void {
+    for (const l of this.links.values()) l.fail(why);
+    this.links.clear();
+  }
+
+  /** A replica this primary cannot seed (see ReplicationLink.cannotSeed): said once, and reported to the scheduler until it hears. */
+  unseedable(node: string, why: string): void {
+    this.o.log.error({ shard: this.o.shard, to: node },
+      `shard ${this.o.shard}: its replica on ${node} holds no copy and cannot be seeded; pushes no longer wait for it, and the scheduler is asked to stop counting it as a backup `
+      + `(the seed is tried again every ${TOO_LARGE_RETRY_MS / 1000} s: raise communication.max_message_bytes and restart the job to protect the shard again)`);
+    const tryReport = (attempt: number): void => {
+      if (this.fenced || this.role !== 'primary' || !this.links.has(node)) return;
+      this.o.onUnseedable(this.o.shard, node, this.epoch, why).catch((e: unknown) => {
+        if (attempt === 0 || attempt % 20 === 0) this.o.log.warn({ shard: this.o.shard, node, err: (e as Error).message }, 'could not tell the scheduler that a replica cannot be seeded; retrying');
+        this.o.system.clock.setTimeout(() => tryReport(attempt + 1), Math.min(2_000, 200 * (attempt + 1)));
+      });
+    };
+    tryReport(0);
   }
 
   caughtUp(node: string): void {
@@ -705,7 +764,8 @@ export function createReplicaActor(replica: Replica): ReplicaActorDefinition {
       restore: (m) => replica.restore(m.state),
       stats: (_m, ctx) => ({
         ...state.stats(ctx.stats.duplicates), node: replica.o.node, role: replica.fenced ? 'fenced' : replica.role, epoch: replica.epoch,
-        applied_rseq: replica.streamPosition,
+        // A replica without its state (restarted, waiting for its seed) has applied nothing a failover could promote.
+        applied_rseq: replica.seeded ? replica.streamPosition : null,
         replica_lag: replica.linkLags(),
       }),
       replicate: (m) => replica.replicate(m),
@@ -713,7 +773,11 @@ export function createReplicaActor(replica: Replica): ReplicaActorDefinition {
       integrity: () => replica.integrity(),
       round_expected: (m) => replica.roundExpected(m),
     },
-    onStop: () => state.rejectWaitingPulls(replica.fenced ? replica.notPrimary('pull') : new StalePlanError(`shard ${replica.o.shard}: the replica on ${replica.o.node} stopped; re-read the plan`)),
+    onStop: () => {
+      const why = replica.fenced ? replica.notPrimary('pull') : new StalePlanError(`shard ${replica.o.shard}: the replica on ${replica.o.node} stopped; re-read the plan`);
+      state.rejectWaitingPulls(why);
+      replica.stop(why);
+    },
   };
 }
 

@@ -11,7 +11,7 @@ import type { PlanStore } from '../store/plan-store.ts';
 import { ShardState, type ShardStateOptions } from './shard.actor.ts';
 import { Replica, createReplicaActor, type ReplicaActorDefinition } from './replica.ts';
 
-/** The scheduler's address for a seeded replica that caught up (`hps.<job>.scheduler.failover.replica_ready`). */
+/** The scheduler's address for a seeded replica that caught up, or one that cannot be seeded (`hps.<job>.scheduler.failover.replica_ready`, `….replica_unseedable`). */
 export const FAILOVER_ACTOR_ID = 'failover';
 
 export interface ShardHostOptions {
@@ -95,6 +95,7 @@ export class ShardHost {
         replication: this.o.replication, lagLimit: this.o.lagLimit,
         ...(this.o.requestTimeoutMs !== undefined ? { requestTimeoutMs: this.o.requestTimeoutMs } : {}),
         onCaughtUp: (s, node, epoch) => this.reportCaughtUp(s, node, epoch),
+        onUnseedable: (s, node, epoch, why) => this.reportUnseedable(s, node, epoch, why),
       }, plan, effective);
       const def = createReplicaActor(replica);
       const actor = await this.o.system.spawn(def) as unknown as Actor<never>;
@@ -115,6 +116,10 @@ export class ShardHost {
 
   private async reportCaughtUp(shard: string, node: string, epoch: number): Promise<void> {
     await this.o.system.ref('scheduler', FAILOVER_ACTOR_ID).request('replica_ready', { shard, node, epoch }, { timeoutMs: 5_000 });
+  }
+
+  private async reportUnseedable(shard: string, node: string, epoch: number, why: string): Promise<void> {
+    await this.o.system.ref('scheduler', FAILOVER_ACTOR_ID).request('replica_unseedable', { shard, node, epoch, why }, { timeoutMs: 5_000 });
   }
 
   async stop(): Promise<void> {

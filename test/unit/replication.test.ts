@@ -12,7 +12,8 @@ import {
 } from '../../runtime/mod.ts';
 import type { Bus } from '../../runtime/bus.ts';
 import {
-  buildShardPlan, failover, placeReplicas, promoteSeeded, rereplicate, shardOfSparseId, withPlacement, type ShardPlan, type StalenessPolicy,
+  buildShardPlan, demoteToSeeding, failover, placeReplicas, promoteSeeded, rereplicate, shardOfSparseId, unprotectedShards, withPlacement,
+  type ShardPlan, type StalenessPolicy,
 } from '../../topology/mod.ts';
 import { ShardState, type PushReply, type PushRequest, type ShardStats } from '../../actors/mod.ts';
 import { ShardHost } from '../../actors/shard/shard-host.ts';
@@ -83,6 +84,19 @@ describe('placement and the promotion rule', () => {
     assert.equal(promoteSeeded(ready, 'a', 'c'), null);
     const onlyB = rereplicate(p, new Set(['b']), 1)!;
     assert.deepEqual(onlyB.added, [{ shard: 'c', node: 'b' }], 'shard a is on b already: no live server left for it');
+  });
+
+  test('a backup its primary cannot seed goes back to seeding: the shard counts as unprotected, and a failover never promotes it', () => {
+    const p = placeReplicas(['a', 'b', 'c'], ['a', 'b', 'c'], 1);
+    assert.deepEqual(unprotectedShards(p), []);
+    const d = demoteToSeeding(p, 'a', 'b')!;
+    assert.deepEqual(d.replicas.a, { primary: 'a', backups: [], seeding: ['b'] });
+    assert.deepEqual(p.replicas.a, { primary: 'a', backups: ['b'], seeding: [] }, 'the plan given is not changed');
+    assert.deepEqual(unprotectedShards(d), ['a']);
+    assert.equal(demoteToSeeding(d, 'a', 'b'), null, 'already seeding: nothing to change');
+    assert.equal(demoteToSeeding(p, 'a', 'c'), null, 'not a replica of a');
+    assert.deepEqual(failover(d, new Set(['a']))!.lost, ['a'], 'its primary dead, the shard is lost rather than served from an empty replica');
+    assert.deepEqual(promoteSeeded(d, 'a', 'b')!.replicas.a, p.replicas.a, 'seeded later, it is a backup again');
   });
 });
 
@@ -391,29 +405,91 @@ describe('replicated shards', () => {
     }
   });
 
-  test('a seed over the primary\'s message limit (communication.max_message_bytes) is logged as an error naming the setting and tried again seldom, not re-sent every few milliseconds; a sync push waits for that replica until it leaves the plan', async () => {
+  test('a seed over the primary\'s message limit (communication.max_message_bytes) is logged as an error naming the setting and tried again seldom; pushes stop waiting for that replica, which the failover makes seeding again and never promotes', async () => {
     const errors: string[] = [];
     const warnings: string[] = [];
     const log = pino({ level: 'warn' }, { write: (l: string) => { const o = JSON.parse(l) as { level: number; msg: string }; (o.level >= 50 ? errors : warnings).push(o.msg); } });
     // Pushes (a few hundred bytes) fit; the primary's seed (its state with every batch id it applied) does not.
     const lab = new Lab(plan(), systemClock, null, { maxPayload: 2048, maxMessageBytes: { n1: 1536 }, log: { n1: log } });
+    const health = fakeHealth();
+    const schedLog: string[] = [];
+    const sched = lab.system('scheduler');
+    const f = new ShardFailover({
+      planStore: lab.store, health, servers: ['n1', 'n2'], backupFactor: 1, transport: sched.transport, job: 'rep', clock: systemClock,
+      log: pino({ level: 'warn' }, { write: (l: string) => { schedLog.push((JSON.parse(l) as { msg: string }).msg); } }),
+      appliedOf: async (shard, node) => (await lab.ask<{ applied_rseq: number | null }>(node, 'stats')).applied_rseq,
+    });
+    await sched.spawn(createFailoverActor(f));
     try {
       await lab.start('n1'); await lab.start('n2');
       const long = (k: number) => Array.from({ length: 8 }, (_, j) => `batch-${k}-${j}-${'x'.repeat(24)}`);
       for (let k = 0; k < 3; k++) await lab.ask('n1', 'push', push(lab.plan, { grad: k + 1, batches: long(k) }) as unknown as Record<string, unknown>);
       await lab.kill('n2');
       await lab.start('n2');
-      // This push finds the restarted backup at update 0: the primary must seed it, and cannot.
-      const waiting = lab.client.ref('shard', replicaId('s0', 'n1')).request('push', push(lab.plan, { grad: 7, batches: ['after'] }) as unknown as Record<string, unknown>, { timeoutMs: 30_000 });
-      await until(() => errors.length > 0, 'the seed refused as too large', 5_000);
+      // This push finds the restarted backup at update 0: the primary must seed it, and cannot. It is answered
+      // all the same (before: it waited until the replica left the plan — for as long as the job ran).
+      const t0 = Date.now();
+      await lab.client.ref('shard', replicaId('s0', 'n1')).request('push', push(lab.plan, { grad: 7, batches: ['after'] }) as unknown as Record<string, unknown>, { timeoutMs: 5_000 });
+      assert.ok(Date.now() - t0 < 3_000, `answered ${Date.now() - t0} ms after it was sent`);
       assert.match(errors[0]!, /shard s0: cannot seed its replica on n2: message of \d+ bytes .* exceeds the 1536-byte limit \(communication\.max_message_bytes\); raise communication\.max_message_bytes/);
-      await new Promise((r) => setTimeout(r, 1_500));
-      assert.equal(errors.length, 1, `tried again seldom: ${errors.length} errors in 1.5 s`);
+      assert.match(errors[1]!, /shard s0: its replica on n2 holds no copy and cannot be seeded; pushes no longer wait for it/);
+      // The failover hears of it: from the next plan on n2 is seeding, and the shard is unprotected.
+      await until(async () => (await lab.store.get())!.placement.replicas.s0!.seeding.includes('n2'), 'n2 seeding again in the plan', 5_000);
+      assert.deepEqual((await lab.store.get())!.placement.replicas.s0, { primary: 'n1', backups: [], seeding: ['n2'] });
+      assert.deepEqual(f.report().unprotected, ['s0']);
+      assert.ok(schedLog.some((m) => /shard s0: its primary cannot seed the replica on n2, which holds no copy; seeding again, no longer a backup \(plan v2\): the shard has no backup now/.test(m)), schedLog.join('\n'));
+      // Later pushes (under the plan that made it seeding) do not wait for it either.
+      const v2 = (await lab.store.get())!;
+      for (let k = 0; k < 3; k++) {
+        const t = Date.now();
+        await lab.ask('n1', 'push', push(v2, { grad: 2, batches: [`later${k}`] }) as unknown as Record<string, unknown>);
+        assert.ok(Date.now() - t < 1_000, `push ${k} answered at once`);
+      }
+      await new Promise((r) => setTimeout(r, 1_000));
+      assert.equal(errors.filter((e) => /cannot seed its replica/.test(e)).length, 1, `tried again seldom: ${errors.join(' | ')}`);
       assert.deepEqual(warnings.filter((w) => /re-sending/.test(w)), [], 'not reported as a replica that does not confirm');
-      // Until the replica leaves the plan, the push waits for it (sync replication); then it is answered.
-      await lab.next((p) => withPlacement(p, failover(p.placement, new Set(['n2']))!.placement));
-      await waiting;
+      // The primary dies: the empty replica is not promoted; the shard is lost (named), not served from a fresh state.
+      await lab.kill('n1');
+      health.set('n1', 'dead');
+      await until(() => f.report().lost.includes('s0'), 's0 reported lost', 5_000);
+      assert.equal((await lab.store.get())!.placement.replicas.s0!.primary, 'n1', 'nothing promoted');
+      assert.deepEqual(f.failovers, []);
     } finally {
+      f.dispose();
+      await sched.stop();
+      await lab.close();
+    }
+  });
+
+  test('a backup restarted under a later plan waits for its seed, and until then reports nothing applied, so a failover does not promote it', async () => {
+    const lab = new Lab(plan());
+    const health = fakeHealth();
+    const sched = lab.system('scheduler');
+    const f = new ShardFailover({
+      planStore: lab.store, health, servers: ['n1', 'n2'], backupFactor: 1, transport: sched.transport, job: 'rep', clock: systemClock, log: silentLogger(),
+      appliedOf: async (shard, node) => (await lab.ask<{ applied_rseq: number | null }>(node, 'stats')).applied_rseq,
+    });
+    await sched.spawn(createFailoverActor(f));
+    try {
+      await lab.start('n1'); await lab.start('n2');
+      // A later plan (the same placement): a process starting under it joins mid-job.
+      const v2 = await lab.next((p) => withPlacement(p, p.placement));
+      await until(async () => (await lab.ask<{ epoch: number }>('n1', 'stats')).epoch === 2, 'n1 serving plan v2', 5_000);
+      for (let k = 0; k < 3; k++) await lab.ask('n1', 'push', push(v2, { grad: k + 1, batches: [`b${k}`] }) as unknown as Record<string, unknown>);
+      assert.equal((await lab.ask<{ applied_rseq: number | null }>('n2', 'stats')).applied_rseq, 3);
+      await lab.kill('n2');
+      await lab.kill('n1');
+      await lab.start('n2');
+      // Its primary gone before it could seed it: the restarted replica holds the job's initial state, not the shard's.
+      assert.equal((await lab.ask<{ applied_rseq: number | null }>('n2', 'stats')).applied_rseq, null);
+      health.set('n1', 'dead');
+      await until(() => f.report().plan_version !== null && (f.report().lost.includes('s0') || f.failovers.length > 0 || f.overdue(0) !== null), 'the failover decided', 5_000);
+      assert.deepEqual(f.failovers, [], 'not promoted');
+      assert.equal((await lab.store.get())!.placement.replicas.s0!.primary, 'n1');
+      assert.match(f.overdue(0) ?? '', /shard\(s\) s0 \(last held by n1, n2\): no live replica/);
+    } finally {
+      f.dispose();
+      await sched.stop();
       await lab.close();
     }
   });
