@@ -33,6 +33,7 @@ import { chmod, mkdir, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { ROOT, streamName, token } from '../runtime/mod.ts';
 import { AUTH_DIR, ROLES, readRoleFile, type Role, type RoleLogin } from '../topology/nats-roles.ts';
+import { FAILOVER_ACTOR_ID } from '../actors/shard/shard-host.ts';
 
 export { AUTH_DIR, ROLES, readRoleFile, type Role, type RoleLogin };
 
@@ -84,6 +85,7 @@ export function rolePermissions(role: Role, job: string, scope: { node: string; 
   // A node's health watcher: the heartbeats it hears, and the health actor's verdicts it asks for.
   const healthWatch = { publish: [`${p}.health.*.verdicts`], subscribe: heartbeat };
   const shutdown = [`${p}.ctl.shutdown`];
+  const failoverReports = ['replica_ready', 'replica_unseedable'].map((op) => `${p}.scheduler.${FAILOVER_ACTOR_ID}.${op}`);
   switch (role) {
     case 'scheduler': {
       // The one writer of the job: creates and resets its streams and buckets, drives every actor.
@@ -115,7 +117,9 @@ export function rolePermissions(role: Role, job: string, scope: { node: string; 
     case 'shard':
       return {
         publish: {
-          allow: [`${p}.shard.*.replicate`, `${p}.shard.*.round_expected`, ...telemetry, ...heartbeat, ...healthWatch.publish, ...kvRead, `$KV.${s.buckets[2]}.>`, ...jsInfo, ...probe],
+          // Its stream to the other replicas (a new or restarted one is seeded first), and what it tells the scheduler's
+          // failover of them: a seeded replica caught up, or one it cannot seed.
+          allow: [`${p}.shard.*.replicate`, `${p}.shard.*.seed`, `${p}.shard.*.round_expected`, ...failoverReports, ...telemetry, ...heartbeat, ...healthWatch.publish, ...kvRead, `$KV.${s.buckets[2]}.>`, ...jsInfo, ...probe],
           deny: [`${p}.ctl.>`],
         },
         // One server node's user (`shard-<node>`) serves only the replicas on that node (`<shard>@<node>`, any shard of

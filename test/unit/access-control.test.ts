@@ -67,6 +67,10 @@ test('a worker pulls and pushes to shards and talks to its group, but cannot res
 test('a shard serves its own subjects and replication, and only the scheduler administers the job\'s streams', () => {
   assert.ok(sub('shard', `hps.${J}.shard.s0@server-1.push`));
   assert.ok(pub('shard', `hps.${J}.shard.s0@server-2.replicate`));
+  assert.ok(pub('shard', `hps.${J}.shard.s0@server-2.seed`), 'it seeds a new or restarted replica');
+  assert.ok(pub('shard', `hps.${J}.scheduler.failover.replica_ready`), 'it tells the failover a seeded replica caught up');
+  assert.ok(pub('shard', `hps.${J}.scheduler.failover.replica_unseedable`), '… or that one cannot be seeded');
+  assert.ok(!pub('shard', `hps.${J}.ctl.regroup`), 'but sends the scheduler no command');
   assert.ok(!pub('shard', `hps.${J}.shard.s0@server-2.push`), 'a shard does not train');
   assert.ok(!sub('shard', `hps.${J}.group.fast.slice`));
   assert.ok(!sub('worker', `hps.${J}.shard.s0@server-1.push`), 'a worker does not listen on shard subjects');
