@@ -105,7 +105,8 @@ export function rolePermissions(role: Role, job: string, scope: { node: string; 
       return {
         publish: {
           allow: [
-            `${p}.shard.*.pull`, `${p}.shard.*.push`, `${p}.shard.*.stats`, `${p}.group.>`, ...telemetry, ...heartbeat,
+            // round_expected: a bsp worker lowers a round's count when a round mate is declared dead.
+            `${p}.shard.*.pull`, `${p}.shard.*.push`, `${p}.shard.*.stats`, `${p}.shard.*.round_expected`, `${p}.group.>`, ...telemetry, ...heartbeat,
             ...healthWatch.publish, ...queueConsume, ...kvRead, `$KV.${s.buckets[2]}.>`, ...jsInfo, ...probe,
           ],
           deny: [`${p}.ctl.>`, `${p}.shard.*.restore`, `${p}.shard.*.snapshot`],

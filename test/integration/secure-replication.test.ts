@@ -11,7 +11,10 @@
  *   is reported to the failover (`replica_unseedable`), which makes it seeding
  *   again, and pushes do not wait for it.
  *
- * Neither report nor the seed is a permissions violation in the server's log.
+ * - a worker lowers a bsp round's expected count (`shard.*.round_expected`,
+ *   sent when a round mate is declared dead).
+ *
+ * None of these is a permissions violation in the server's log.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -152,6 +155,9 @@ test('nats.secure: a restarted backup is seeded by its primary and made a backup
       await small.init();
       await small.start('n1'); await small.start('n2');
       for (let k = 1; k <= 3; k++) await small.push(k);
+      // A bsp worker whose round mate was declared dead lowers the round's count (answered, not refused by the server).
+      const lowered = await small.worker.ref('shard', replicaId(SHARD, 'n1')).request<{ round: number; expected: number | null }>('round_expected', { plan_version: 1, round: 0, expected: 1 });
+      assert.equal(lowered.round, 0);
       await small.kill('n2');
       // The plan the failover would write for a restarted backup (seeding), then the restarted process itself.
       const p = (await small.store.get())!;

@@ -48,6 +48,7 @@ test('only the operator and the scheduler send control commands', () => {
 test('a worker pulls and pushes to shards and talks to its group, but cannot restore or snapshot a shard', () => {
   assert.ok(pub('worker', `hps.${J}.shard.s0@server-1.pull`));
   assert.ok(pub('worker', `hps.${J}.shard.s0@server-1.push`));
+  assert.ok(pub('worker', `hps.${J}.shard.s0@server-1.round_expected`), 'a bsp worker lowers a round with a dead mate');
   assert.ok(pub('worker', `hps.${J}.group.fast.slice`));
   assert.ok(pub('worker', `hps.${J}.group.fast@fast-1.slice`));
   assert.ok(pub('worker', `hps.${J}.tel.batch.fast-1`));
