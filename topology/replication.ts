@@ -203,13 +203,7 @@ export function rereplicate(p: ReplicaPlacement, live: ReadonlySet<string>, back
 
 /** Moves `node` from seeding to the backups of `shard` (it has caught up); null when it is not seeding there. */
 export function promoteSeeded(p: ReplicaPlacement, shard: string, node: string): ReplicaPlacement | null {
-  const r = p.replicas[shard];
-  if (r === undefined || !r.seeding.includes(node)) return null;
-  const next = clonePlacement(p);
-  const n = next.replicas[shard]!;
-  n.seeding = n.seeding.filter((x) => x !== node);
-  n.backups.push(node);
-  return next;
+  return moveReplica(p, shard, node, 'seeding', 'backups');
 }
 
 /**
@@ -219,12 +213,16 @@ export function promoteSeeded(p: ReplicaPlacement, shard: string, node: string):
  * when it is not a backup there.
  */
 export function demoteToSeeding(p: ReplicaPlacement, shard: string, node: string): ReplicaPlacement | null {
-  const r = p.replicas[shard];
-  if (r === undefined || !r.backups.includes(node)) return null;
+  return moveReplica(p, shard, node, 'backups', 'seeding');
+}
+
+/** A copy of `p` with `node` moved from one list of `shard`'s replicas to the other; null when it is not in `from`. */
+function moveReplica(p: ReplicaPlacement, shard: string, node: string, from: 'seeding' | 'backups', to: 'seeding' | 'backups'): ReplicaPlacement | null {
+  if (!p.replicas[shard]?.[from].includes(node)) return null;
   const next = clonePlacement(p);
   const n = next.replicas[shard]!;
-  n.backups = n.backups.filter((x) => x !== node);
-  n.seeding.push(node);
+  n[from] = n[from].filter((x) => x !== node);
+  n[to].push(node);
   return next;
 }
 
