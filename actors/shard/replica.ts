@@ -475,7 +475,7 @@ export class Replica {
   /** A replica this primary cannot seed (see ReplicationLink.cannotSeed): said once, and reported to the scheduler until it hears. */
   unseedable(node: string, why: string): void {
     this.o.log.error({ shard: this.o.shard, to: node },
-      `shard ${this.o.shard}: its replica on ${node} holds no copy and cannot be seeded; pushes no longer wait for it, and the scheduler is asked to stop counting it as a backup `
+      `shard ${this.o.shard}: its replica on ${node} holds no copy and cannot be seeded; pushes no longer wait for it, and the failover is told (a backup becomes seeding again) `
       + `(the seed is tried again every ${TOO_LARGE_RETRY_MS / 1000} s: raise communication.max_message_bytes and restart the job to protect the shard again)`);
     const tryReport = (attempt: number): void => {
       if (this.fenced || this.role !== 'primary' || !this.links.has(node)) return;
