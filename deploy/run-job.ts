@@ -637,7 +637,7 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
         planStore: backend.planStore, health: plane.health, servers: config.cluster.server_nodes, backupFactor: config.fault_tolerance.backup_factor,
         transport: backend.transport, job, clock: systemClock, log,
         appliedOf: async (shard, node) => {
-          const s = await backend.system.ref('shard', replicaId(shard, node)).request<{ applied_rseq?: number }>('stats', {}, { timeoutMs: 500 });
+          const s = await backend.system.ref('shard', replicaId(shard, node)).request<{ applied_rseq?: number | null }>('stats', {}, { timeoutMs: 500 });
           return typeof s.applied_rseq === 'number' ? s.applied_rseq : null;
         },
       });

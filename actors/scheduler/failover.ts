@@ -60,8 +60,9 @@ export interface FailoverOptions {
   log: Logger;
   /**
    * The last update of its primary's stream a backup applied (its stats'
-   * `applied_rseq`), so the failover promotes the backup that has the most;
-   * absent or null: the plan's order decides.
+   * `applied_rseq`), so the failover promotes the backup that has the most.
+   * Given, a backup that answers null (no state yet: waiting for its seed)
+   * or does not answer is not promoted; absent: the plan's order decides.
    */
   appliedOf?: (shard: string, node: string) => Promise<number | null>;
 }
