@@ -83,6 +83,8 @@ export class ShardFailover {
   private readonly unsubscribe: () => void;
   private stopped = false;
   private current: ShardPlan | null = null;
+  /** `shard@node` of the replicas their primary reported it cannot seed, until one of them catches up after all. */
+  private readonly unseedable = new Set<string>();
 
   constructor(private readonly o: FailoverOptions) {
     this.unsubscribe = o.health.onChange((node, state) => this.onVerdict(node, state));
@@ -255,6 +257,7 @@ export class ShardFailover {
 
   /** A seeded replica caught up: from the next plan on, its primary waits for it. */
   async replicaReady(shard: string, node: string): Promise<{ epoch: number | null }> {
+    this.unseedable.delete(`${shard}@${node}`);
     const epoch = await this.placementChange((p) => promoteSeeded(p, shard, node), (written) => {
       this.replicas.push({ shard, node, epoch: written.version, at: new Date().toISOString(), kind: 'backup' });
       this.o.log.info({ shard, node, epoch: written.version }, `shard ${shard}: replica on ${node} caught up; a backup from plan v${written.version}`);
@@ -269,6 +272,7 @@ export class ShardFailover {
    * the shard counts as unprotected where it was the only backup.
    */
   async replicaUnseedable(shard: string, node: string, why: string): Promise<{ epoch: number | null }> {
+    this.unseedable.add(`${shard}@${node}`);
     const epoch = await this.placementChange((p) => demoteToSeeding(p, shard, node), (written) => {
       this.replicas.push({ shard, node, epoch: written.version, at: new Date().toISOString(), kind: 'seeding' });
       const unprotected = unprotectedShards(written.placement).includes(shard);
@@ -321,6 +325,14 @@ export class ShardFailover {
       out = written.version;
       await after(written);
     }).then(() => out);
+  }
+
+  /**
+   * A replica its primary reported it cannot seed (and that has not caught up
+   * since): it stays seeding, so load balancing does not wait for it.
+   */
+  isUnseedable(shard: string, node: string): boolean {
+    return this.unseedable.has(`${shard}@${node}`);
   }
 
   /** What `status` and the summary report. */

@@ -12,7 +12,8 @@
  * there but never confirmed by the new primary was never acknowledged.
  *
  * It waits while failover has work in hand (a dead server, a shard without
- * a live replica), while any replica is still being seeded, and while any
+ * a live replica), while any replica is still being seeded (not one its
+ * primary reported it cannot seed: that one stays seeding), and while any
  * server node is not alive; a handover never overlaps a checkpoint's cut.
  */
 import type { ActorSystem, Clock, Logger, Timer, Transport } from '../../runtime/mod.ts';
@@ -133,7 +134,8 @@ export class LoadBalancer {
   private holdReason(plan: ShardPlan): string | null {
     if (this.o.failover.unsettled) return 'failover has work in hand';
     for (const s of this.o.servers) if (this.o.health.stateOf(s) !== 'alive') return `server ${s} is not alive`;
-    const seeding = Object.entries(plan.placement.replicas).filter(([, r]) => r.seeding.length > 0).map(([s]) => s);
+    // A replica its primary cannot seed stays seeding (for as long as the job runs): no seed to wait for there.
+    const seeding = Object.entries(plan.placement.replicas).filter(([s, r]) => r.seeding.some((n) => !this.o.failover.isUnseedable(s, n))).map(([s]) => s);
     if (seeding.length) return `shard(s) ${seeding.join(', ')} still seeding a replica`;
     return null;
   }

@@ -308,8 +308,7 @@ describe('the balancer', () => {
 
 describe('the balancer\'s samples', () => {
   /** A balancer over fake replicas whose counters grow as `rates` says (floats per tick); `silent` ones never answer. */
-  function fakeBalancer(silent: Set<string>) {
-    const plan = layout();
+  function fakeBalancer(silent: Set<string>, plan = layout(), unseedable = new Set<string>()) {
     const store = memoryPlanStore(plan);
     const counters = new Map<string, { pulled: number; pushed: number }>();
     const perTick: Record<string, [number, number]> = { 'a@n1': [1000, 100], 'b@n1': [1000, 100], 'a@n2': [0, 100], 'b@n2': [0, 100] };
@@ -325,7 +324,10 @@ describe('the balancer\'s samples', () => {
         },
       }),
     } as unknown as ActorSystem;
-    const failover = { unsettled: false, seedFor: async () => null, handOver: async (shard: string, to: string) => { handovers.push(`${shard}→${to}`); return 2; } } as unknown as ShardFailover;
+    const failover = {
+      unsettled: false, seedFor: async () => null, handOver: async (shard: string, to: string) => { handovers.push(`${shard}→${to}`); return 2; },
+      isUnseedable: (shard: string, node: string) => unseedable.has(`${shard}@${node}`),
+    } as unknown as ShardFailover;
     const balancer = new LoadBalancer({
       failover, planStore: store, system, health: health({ n1: 'alive', n2: 'alive' }), servers: ['n1', 'n2'], threshold: 0.3, sustainS: 0.05, sampleMs: 20,
       transport: { publish: () => {} } as unknown as Transport, job: 'lbf', clock: systemClock, log: silentLogger(),
@@ -345,6 +347,25 @@ describe('the balancer\'s samples', () => {
     } finally {
       await silent.balancer.dispose();
       await answering.balancer.dispose();
+    }
+  });
+
+  test('a replica still seeding holds every move; one its primary reported it cannot seed (it stays seeding) does not', { timeout: 10_000 }, async () => {
+    // a's replica on n2 is seeding; b's is a backup: b could move to n2.
+    const plan = layout();
+    plan.placement.replicas.a = { primary: 'n1', backups: [], seeding: ['n2'] };
+    const waiting = fakeBalancer(new Set(), plan);
+    const unseedable = fakeBalancer(new Set(), plan, new Set(['a@n2']));
+    waiting.balancer.start();
+    unseedable.balancer.start();
+    try {
+      await until(() => unseedable.handovers.length === 1, 'a move while the only seeding replica is one that cannot be seeded', 5_000);
+      assert.deepEqual(unseedable.handovers, ['b→n2']);
+      await new Promise((r) => setTimeout(r, 300));
+      assert.deepEqual(waiting.handovers, [], 'no move while a seed is in progress');
+    } finally {
+      await waiting.balancer.dispose();
+      await unseedable.balancer.dispose();
     }
   });
 });

@@ -437,6 +437,7 @@ describe('replicated shards', () => {
       await until(async () => (await lab.store.get())!.placement.replicas.s0!.seeding.includes('n2'), 'n2 seeding again in the plan', 5_000);
       assert.deepEqual((await lab.store.get())!.placement.replicas.s0, { primary: 'n1', backups: [], seeding: ['n2'] });
       assert.deepEqual(f.report().unprotected, ['s0']);
+      assert.ok(f.isUnseedable('s0', 'n2'), 'the failover knows it stays seeding (load balancing does not wait for it)');
       assert.ok(schedLog.some((m) => /shard s0: its primary cannot seed the replica on n2, which holds no copy; seeding again, no longer a backup \(plan v2\): the shard has no backup now/.test(m)), schedLog.join('\n'));
       // Later pushes (under the plan that made it seeding) do not wait for it either.
       const v2 = (await lab.store.get())!;
