@@ -186,6 +186,11 @@ class ReplicationLink {
     this.closed = true;
     this.flushTimer?.cancel();
     this.flushTimer = null;
+    this.releaseWaiters();
+  }
+
+  /** Answers every push waiting for this replica: it no longer holds them. */
+  private releaseWaiters(): void {
     const w = this.waiters;
     this.waiters = [];
     for (const x of w) x.resolve();
@@ -297,9 +302,7 @@ class ReplicationLink {
     this.closingInAt = null;
     if (this.unseedable) return;
     this.unseedable = true;
-    const w = this.waiters;
-    this.waiters = [];
-    for (const x of w) x.resolve();
+    this.releaseWaiters();
     this.r.unseedable(this.node, why);
   }
 
@@ -477,25 +480,27 @@ export class Replica {
     this.o.log.error({ shard: this.o.shard, to: node },
       `shard ${this.o.shard}: its replica on ${node} holds no copy and cannot be seeded; pushes no longer wait for it, and the failover is told (a backup becomes seeding again) `
       + `(the seed is tried again every ${TOO_LARGE_RETRY_MS / 1000} s: raise communication.max_message_bytes and restart the job to protect the shard again)`);
-    const tryReport = (attempt: number): void => {
-      if (this.fenced || this.role !== 'primary' || !this.links.has(node)) return;
-      this.o.onUnseedable(this.o.shard, node, this.epoch, why).catch((e: unknown) => {
-        if (attempt === 0 || attempt % 20 === 0) this.o.log.warn({ shard: this.o.shard, node, err: (e as Error).message }, 'could not tell the scheduler that a replica cannot be seeded; retrying');
-        this.o.system.clock.setTimeout(() => tryReport(attempt + 1), Math.min(2_000, 200 * (attempt + 1)));
-      });
-    };
-    tryReport(0);
+    this.tellFailover(node, 'that a replica cannot be seeded', () => this.o.onUnseedable(this.o.shard, node, this.epoch, why));
   }
 
   caughtUp(node: string): void {
-    const tryReport = (attempt: number): void => {
-      if (this.fenced || this.role !== 'primary' || !this.links.has(node) || this.links.get(node)!.gating) return;
-      this.o.onCaughtUp(this.o.shard, node, this.epoch).catch((e: unknown) => {
-        this.o.log.warn({ shard: this.o.shard, node, err: (e as Error).message }, 'could not tell the scheduler that a seeded replica caught up; retrying');
-        this.o.system.clock.setTimeout(() => tryReport(attempt + 1), Math.min(2_000, 200 * (attempt + 1)));
+    this.tellFailover(node, 'that a seeded replica caught up', () => this.o.onCaughtUp(this.o.shard, node, this.epoch), () => !this.links.get(node)!.gating);
+  }
+
+  /**
+   * Sends a report about the replica on `node` to the scheduler's failover,
+   * again with a growing pause until it is heard, while this replica is the
+   * primary with a link to `node` (and `still()` holds).
+   */
+  private tellFailover(node: string, what: string, send: () => Promise<void>, still: () => boolean = () => true): void {
+    const attempt = (n: number): void => {
+      if (this.fenced || this.role !== 'primary' || !this.links.has(node) || !still()) return;
+      send().catch((e: unknown) => {
+        if (n === 0 || n % 20 === 0) this.o.log.warn({ shard: this.o.shard, node, err: (e as Error).message }, `could not tell the scheduler ${what}; retrying`);
+        this.o.system.clock.setTimeout(() => attempt(n + 1), Math.min(2_000, 200 * (n + 1)));
       });
     };
-    tryReport(0);
+    attempt(0);
   }
 
   // ---------------------------------------------------------------- serving (primary)
