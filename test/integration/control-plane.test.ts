@@ -83,9 +83,11 @@ test('quick start over a 3-node cluster: status, heartbeats, pause/resume, a sha
     const driverTail = () => `driver:\n${driver.stderr().slice(-3000)}`;
     await until(() => acks.size >= 30, '30 acknowledged batches', 120_000, driverTail);
 
-    // status, as any NATS client sees it, once every worker is in its training loop (they start at their own pace).
+    // status, as any NATS client sees it, once every worker is in its training loop (they start at their own pace)
+    // and has sent its first progress report (every 2 s from the loop's start; a heartbeat can say `training` before it).
     let st = await ctl(nc, 'status');
-    for (let i = 0; i < 600 && !(st.result?.workers?.length === 5 && st.result.workers.every((w: any) => w.state === 'training')); i++) {
+    const ready = (r: any) => r?.workers?.length === 5 && r.workers.every((w: any) => w.state === 'training' && Array.isArray(w.held));
+    for (let i = 0; i < 600 && !ready(st.result); i++) {
       await sleep(100);
       st = await ctl(nc, 'status');
     }
