@@ -99,6 +99,8 @@ export class Transport {
 
   get kind(): 'nats' | 'embedded' { return this.bus.kind; }
   get clientId(): string { return this.opts.clientId; }
+  /** The largest message this transport sends or takes, reassembled (communication.max_message_bytes). */
+  get maxMessageBytes(): number { return this.opts.maxMessageBytes; }
   /** Largest data that goes out as one message. */
   get chunkBytes(): number { return Math.max(1024, this.bus.maxPayload - HEADER_RESERVE); }
 
