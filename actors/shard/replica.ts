@@ -27,15 +27,28 @@
  *   answered without applying it again.
  */
 import {
-  DeferredReply, HetpsError, PayloadTooLargeError, isRetryable, type ActorDefinition, type ActorSystem, type Logger, type Timer,
+  DeferredReply, HetpsError, PayloadTooLargeError, ValidationError, isRetryable, type ActorDefinition, type ActorSystem, type Logger, type Timer,
 } from '../../runtime/mod.ts';
 import { replicaNodes, type ReplicaRole, type ShardPlan } from '../../topology/mod.ts';
 import type { ShardState } from './shard.actor.ts';
 import {
   replicaMessages, type DedupWindowWire, type IntegrityReply, type PushReply, type PushRequest, type ReplicaMessages,
-  type ReplicateReply, type ReplicationEntry,
+  type ReplicateReply, type ReplicationEntry, type ShardSnapshot, wireTensorBytes,
 } from './shard.messages.ts';
 import { FencedError, StalePlanError, StaleUpdateError } from './shard.errors.ts';
+import { SnapshotAssembler, segmentBudget, segmentBytes, splitSnapshot, type SnapshotHead, type SnapshotSegment } from './snapshot-segments.ts';
+
+/** A seed's last message: where the stream continues, the transfer that carried the state, and the replica's logs. */
+export interface SeedMessage {
+  epoch: number;
+  primary: string;
+  base_rseq: number;
+  transfer: string;
+  dedup: DedupWindowWire[];
+  applied: [string, number][];
+  refused: string[];
+  open_rounds: ReplicationEntry[];
+}
 
 /** The actor id of `shard`'s replica on `node`. */
 export function replicaId(shard: string, node: string): string {
@@ -231,20 +244,22 @@ class ReplicationLink {
     this.flushing = true;
     try {
       if (!this.seeded) {
-        const seed = this.r.seedMessage();
-        const reply = await this.ref.request<ReplicateReply & Record<string, unknown>>('seed', seed as unknown as Record<string, unknown>, { timeoutMs: Math.max(10_000, this.r.timeoutMs) });
+        const seed = await this.sendSeed();
+        if (seed === null) return;
+        const reply = await this.ref.request<ReplicateReply & Record<string, unknown>>('seed', seed.last as unknown as Record<string, unknown>, { timeoutMs: Math.max(10_000, this.r.timeoutMs) });
         this.seeded = true;
         this.unseedable = false;
         // Updates at or below the seed's position are in it.
-        this.entries = this.entries.filter((e) => e.rseq > seed.base_rseq);
-        this.ack(Math.max(reply.applied_to, seed.base_rseq));
+        this.entries = this.entries.filter((e) => e.rseq > seed.last.base_rseq);
+        this.ack(Math.max(reply.applied_to, seed.last.base_rseq));
         this.sentTo = this.ackedTo;
         // Nothing since the seed's position (an idle shard): caught up now, not at the next update.
         this.reportIfCaughtUp();
-        this.r.o.log.info({ shard: this.r.o.shard, to: this.node, base_rseq: seed.base_rseq }, `shard ${this.r.o.shard}: seeded its replica on ${this.node}; streaming the updates since`);
+        this.r.o.log.info({ shard: this.r.o.shard, to: this.node, base_rseq: seed.last.base_rseq, segments: seed.segments, bytes: seed.bytes },
+          `shard ${this.r.o.shard}: seeded its replica on ${this.node} (${seed.segments} segment(s), ${seed.bytes} bytes of state); streaming the updates since`);
       }
       while (!this.closed) {
-        const batch = this.entries.filter((e) => e.rseq > this.sentTo).slice(0, MAX_ENTRIES_PER_MESSAGE);
+        const batch = this.nextBatch();
         if (batch.length === 0) break;
         this.sentTo = batch[batch.length - 1]!.rseq;
         const reply = await this.ref.request<ReplicateReply & Record<string, unknown>>('replicate', {
@@ -288,6 +303,51 @@ class ReplicationLink {
       this.flushing = false;
     }
     if (this.entries.some((e) => e.rseq > this.sentTo)) this.schedule(0);
+  }
+
+  /**
+   * The unsent entries for one `replicate` message: at most
+   * MAX_ENTRIES_PER_MESSAGE, and no more bytes than fit the message limit
+   * (always one: a push fitted the limit when it arrived). Before, 64 pushes
+   * near the limit went as one message over it, refused for good: the
+   * replica stopped following.
+   */
+  private nextBatch(): ReplicationEntry[] {
+    const budget = segmentBudget(this.r.o.system.transport.maxMessageBytes);
+    const out: ReplicationEntry[] = [];
+    let bytes = 0;
+    for (const e of this.entries) {
+      if (e.rseq <= this.sentTo) continue;
+      const n = entryBytes(e);
+      if (out.length > 0 && (out.length >= MAX_ENTRIES_PER_MESSAGE || bytes + n > budget)) break;
+      out.push(e);
+      bytes += n;
+    }
+    return out;
+  }
+
+  /**
+   * Sends the primary's state to the replica in segments that each fit the
+   * message limit (`seed_begin`, then `seed_part`s), and returns the seed's
+   * last message (its position and logs), or null when the link closed
+   * meanwhile. A segment not confirmed fails the whole seed: the next try
+   * starts over from a fresh copy of the state.
+   */
+  private async sendSeed(): Promise<{ last: SeedMessage; segments: number; bytes: number } | null> {
+    const { state: snapshot, last } = this.r.seedMessage(this.node);
+    const { head, segments } = splitSnapshot(snapshot, segmentBudget(this.r.o.system.transport.maxMessageBytes));
+    const base = { epoch: last.epoch, primary: last.primary, transfer: last.transfer };
+    await this.ref.request('seed_begin', { ...base, head, segments: segments.length }, { timeoutMs: Math.max(10_000, this.r.timeoutMs) });
+    let bytes = 0;
+    for (let index = 0; index < segments.length; index++) {
+      if (this.closed) return null;
+      const segment = segments[index]!;
+      const n = segmentBytes(segment);
+      bytes += n;
+      // A big segment over a slow link: at least 1 MB/s before it counts as lost.
+      await this.ref.request('seed_part', { ...base, index, segment }, { timeoutMs: Math.max(10_000, this.r.timeoutMs, Math.ceil(n / 1_000)) });
+    }
+    return this.closed ? null : { last, segments: segments.length, bytes };
   }
 
   /**
@@ -380,6 +440,10 @@ export class Replica {
   private primarySender: string | null = null;
   /** Backup: the last updates it applied, so that if it is promoted it can catch up the other backups without seeding them. */
   private recent: ReplicationEntry[] = [];
+  /** A seed arriving in segments (`seed_begin` … `seed`); null when none is. */
+  private incoming: { transfer: string; segments: number; asm: SnapshotAssembler } | null = null;
+  /** Numbers the seeds this primary sends. */
+  private nextTransfer = 0;
 
   constructor(readonly o: ReplicaOptions, plan: ShardPlan, role: ReplicaRole) {
     this.role = role;
@@ -639,16 +703,21 @@ export class Replica {
     return { ...snap, dedup: logs.dedup, applied: logs.applied, refused: logs.refused };
   }
 
-  /** What a new replica starts from: everything as of update `rseq` (see `seed`). */
-  seedMessage(): { epoch: number; primary: string; base_rseq: number; snapshot: Record<string, unknown>; dedup: DedupWindowWire[]; applied: [string, number][]; refused: string[]; open_rounds: ReplicationEntry[] } {
+  /**
+   * What a new replica on `to` starts from: a copy of the state as of update
+   * `rseq` (sent in segments) and the seed's last message (see `seed`).
+   */
+  seedMessage(to: string): { state: ShardSnapshot; last: SeedMessage } {
     const round = this.o.state.round;
     return {
-      epoch: this.epoch, primary: this.o.node, base_rseq: this.rseq,
-      snapshot: this.o.state.snapshot(true) as unknown as Record<string, unknown>,
-      dedup: this.dedup.export(),
-      applied: [...this.applied],
-      refused: [...this.refused],
-      open_rounds: this.openRounds.filter((e) => (e.push.round ?? -1) >= round),
+      state: this.o.state.snapshot(true),
+      last: {
+        epoch: this.epoch, primary: this.o.node, base_rseq: this.rseq, transfer: `${this.o.node}>${to}:${this.epoch}:${(this.nextTransfer++).toString(36)}`,
+        dedup: this.dedup.export(),
+        applied: [...this.applied],
+        refused: [...this.refused],
+        open_rounds: this.openRounds.filter((e) => (e.push.round ?? -1) >= round),
+      },
     };
   }
 
@@ -708,11 +777,42 @@ export class Replica {
     if (e.push.round !== null) this.trackRound(e);
   }
 
-  seed(m: { epoch: number; primary: string; base_rseq: number; snapshot: Record<string, unknown>; dedup: DedupWindowWire[]; applied: [string, number][]; refused: string[]; open_rounds: ReplicationEntry[]; from?: string }): ReplicateReply {
+  /** A seed begins (see `seed`): the state's layout, its arrays to follow in `segments` parts. */
+  seedBegin(m: { epoch: number; primary: string; transfer: string; head: SnapshotHead; segments: number }): Record<string, never> {
+    this.checkSender(m.epoch, m.primary, 'seed_begin');
+    this.incoming = null;
+    if (m.head.shard !== this.o.shard) throw new ValidationError(`shard ${this.o.shard}: seed ${m.transfer} from ${m.primary} holds shard ${m.head.shard}`);
+    this.incoming = { transfer: m.transfer, segments: m.segments, asm: new SnapshotAssembler(m.head, `shard ${this.o.shard}: seed ${m.transfer} from ${m.primary}`) };
+    return {};
+  }
+
+  seedPart(m: { epoch: number; primary: string; transfer: string; index: number; segment: SnapshotSegment }): { received: number } {
+    this.checkSender(m.epoch, m.primary, 'seed_part');
+    const t = this.seedInProgress(m.transfer, m.primary);
+    if (m.index !== t.asm.segments) throw new ValidationError(`shard ${this.o.shard}: seed ${m.transfer}: segment ${m.index} arrived where ${t.asm.segments} was expected; the primary starts the seed over`);
+    if (m.index >= t.segments) throw new ValidationError(`shard ${this.o.shard}: seed ${m.transfer}: segment ${m.index} of ${t.segments}`);
+    t.asm.add(m.segment);
+    return { received: t.asm.segments };
+  }
+
+  private seedInProgress(transfer: string, primary: string): { transfer: string; segments: number; asm: SnapshotAssembler } {
+    const t = this.incoming;
+    if (t === null || t.transfer !== transfer) {
+      throw new ValidationError(`shard ${this.o.shard}: the replica on ${this.o.node} has no seed ${transfer} from ${primary} in progress`
+        + `${t === null ? '' : ` (it has ${t.transfer})`} (it restarted, or a later seed replaced it); the primary starts the seed over`);
+    }
+    return t;
+  }
+
+  seed(m: SeedMessage & { from?: string }): ReplicateReply {
     this.checkSender(m.epoch, m.primary, 'seed');
+    const t = this.seedInProgress(m.transfer, m.primary);
+    if (t.asm.segments !== t.segments) throw new ValidationError(`shard ${this.o.shard}: seed ${m.transfer} ended after ${t.asm.segments} of ${t.segments} segments; the primary starts it over`);
+    this.incoming = null;
+    const snapshot = t.asm.finish();
     // A seed replaces the whole state: whichever process of the primary sends it is the one followed from now on.
+    this.o.state.restore(snapshot);
     this.primarySender = m.from ?? null;
-    this.o.state.restore(m.snapshot);
     this.dedup.import(m.dedup);
     this.applied.clear();
     for (const [b, n] of m.applied) this.applied.set(b, n);
@@ -746,6 +846,14 @@ export class Replica {
   }
 }
 
+/** Bytes an entry takes in a `replicate` message, about: its tensors, batch ids and fields. */
+function entryBytes(e: ReplicationEntry): number {
+  let n = 256 + wireTensorBytes(e.push);
+  for (const l of e.push.later_steps) n += 16 + wireTensorBytes(l);
+  for (const b of e.push.batches) n += 8 + b.length;
+  return n;
+}
+
 function emptied(m: PushRequest): PushRequest {
   return { ...m, dense: [], sparse: [], later_steps: [] };
 }
@@ -774,6 +882,8 @@ export function createReplicaActor(replica: Replica): ReplicaActorDefinition {
         replica_lag: replica.linkLags(),
       }),
       replicate: (m) => replica.replicate(m),
+      seed_begin: (m) => replica.seedBegin(m),
+      seed_part: (m) => replica.seedPart(m),
       seed: (m) => replica.seed(m),
       integrity: () => replica.integrity(),
       round_expected: (m) => replica.roundExpected(m),

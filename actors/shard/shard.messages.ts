@@ -23,6 +23,7 @@
 import { z } from 'zod';
 import { zf32, zi32, zu16 } from '../../runtime/mod.ts';
 import { compressGradient, decompressGradient, FP16_MAX_EXP, type SparseTableSnapshot } from '../../native-bridge/mod.ts';
+import { snapshotHeadSchema, snapshotSegmentSchema } from './snapshot-segments.ts';
 
 /**
  * A gradient tensor: float32, or scaled halves `{ f16, exp }` when the
@@ -217,16 +218,37 @@ export const replicaMessages = {
     entries: z.array(replicationEntrySchema),
   }),
   /**
-   * The first message to a new backup: the primary's state as of update
-   * `base_rseq` (the snapshot, its dedup table, its applied-batch log, and
-   * the contributions to still-open synchronous rounds), then the stream
-   * continues from `base_rseq + 1`.
+   * A seed begins: the layout of the primary's state (its snapshot without
+   * the arrays, snapshot-segments.ts) and how many `seed_part`s follow. A
+   * later `seed_begin` replaces a seed in progress.
+   */
+  seed_begin: z.object({
+    epoch: z.number().int().nonnegative(),
+    primary: z.string().min(1),
+    transfer: z.string().min(1),
+    head: snapshotHeadSchema,
+    segments: z.number().int().nonnegative(),
+  }),
+  /** Segment `index` (0, 1, … in order) of the seed `transfer`: element ranges of dense blocks, row ranges of sparse tables. */
+  seed_part: z.object({
+    epoch: z.number().int().nonnegative(),
+    primary: z.string().min(1),
+    transfer: z.string().min(1),
+    index: z.number().int().nonnegative(),
+    segment: snapshotSegmentSchema,
+  }),
+  /**
+   * The seed's last message, after its segments: the primary's state as of
+   * update `base_rseq` is the one `transfer` carried; with it come its dedup
+   * table, its applied-batch log and the contributions to still-open
+   * synchronous rounds. The replica restores it all at once (all or
+   * nothing), then the stream continues from `base_rseq + 1`.
    */
   seed: z.object({
     epoch: z.number().int().nonnegative(),
     primary: z.string().min(1),
     base_rseq: z.number().int().nonnegative(),
-    snapshot: z.record(z.string(), z.unknown()),
+    transfer: z.string().min(1),
     dedup: z.array(dedupWindowSchema),
     applied: z.array(z.tuple([z.string(), z.number().int().positive()])),
     refused: z.array(z.string()),

@@ -7,8 +7,10 @@
  * - a backup restarted mid-job is seeded by its primary (`shard.*.seed`) and,
  *   caught up, is made a backup again by the failover (`replica_ready`), then
  *   holds the primary's exact state;
- * - a backup whose seed is over the primary's communication.max_message_bytes
- *   is reported to the failover (`replica_unseedable`), which makes it seeding
+ * - a backup whose shard's state is over communication.max_message_bytes is
+ *   seeded in segments (`seed_begin`, `seed_part`) and holds the exact state;
+ * - a backup whose seed's logs (the applied-batch log) are over the limit is
+ *   reported to the failover (`replica_unseedable`), which makes it seeding
  *   again, and pushes do not wait for it.
  *
  * - a worker lowers a bsp round's expected count (`shard.*.round_expected`,
@@ -101,7 +103,7 @@ class SecureLab {
     await h.system.stop();
   }
 
-  async push(k: number): Promise<void> {
+  async push(k: number, batches = [`b${k}`]): Promise<void> {
     const p = (await this.store.get())!;
     const ids = Int32Array.from([1, 2, 3].filter((id) => shardOfSparseId(p, id) === SHARD));
     const m: PushRequest = {
@@ -109,7 +111,7 @@ class SecureLab {
       // Embedding rows only where the dense tower is big: the pushes (and their replication) stay small, only a seed is large.
       dense: this.denseSize > 1_000 ? [] : p.dense.filter((b) => b.shard === SHARD).map((b) => ({ block: b.id, grad: new Float32Array(b.length).fill(k) })),
       sparse: ids.length ? [{ table: 'emb', ids, grads: new Float32Array(ids.length * 2).fill(k) }] : [],
-      batches: [`b${k}`],
+      batches,
     };
     await this.worker.ref('shard', replicaId(SHARD, p.placement.replicas[SHARD]!.primary)).request('push', m as unknown as Record<string, unknown>);
   }
@@ -145,7 +147,7 @@ async function violations(s: Secure): Promise<string[]> {
   return out;
 }
 
-test('nats.secure: a restarted backup is seeded by its primary and made a backup again by the failover; one that cannot be seeded is reported and made seeding', { timeout: 120_000 }, async () => {
+test('nats.secure: a restarted backup is seeded by its primary (in segments when its state is over the message limit) and made a backup again by the failover; one that cannot be seeded is reported and made seeding', { timeout: 120_000 }, async () => {
   const job = `securerep${process.pid}`;
   const s = await secureCluster(job);
   try {
@@ -175,20 +177,31 @@ test('nats.secure: a restarted backup is seeded by its primary and made a backup
       await small.close();
     }
 
-    // ---- a seed over n1's message limit (its state, ~1.2 MB, is chunked over the 1 MiB max_payload; the limit is 1.1 MiB).
-    const big = new SecureLab(s, job, shardPlan(300_000), 300_000, { n1: 1_150_000 });
+    // ---- a state over the message limit (~1.2 MB, every node's limit 1.1 MiB; chunked over the 1 MiB max_payload besides):
+    // the restarted backup is seeded in segments that each fit (`seed_begin`, `seed_part`, `seed`) and is waited for again.
+    const big = new SecureLab(s, job, shardPlan(300_000), 300_000, { n1: 1_150_000, n2: 1_150_000 });
     try {
       await big.init();
       await big.start('n1'); await big.start('n2');
       await big.push(1);
       await big.kill('n2');
       await big.start('n2');
-      const t0 = Date.now();
       await big.push(2);
+      const [a, b] = await Promise.all([big.integrity('n1'), big.integrity('n2')]);
+      assert.equal(b.hash, a.hash, 'the backup seeded in segments holds the primary\'s exact state');
+      assert.deepEqual(big.failover.report().unprotected, [], 'still a backup');
+
+      // ---- a seed whose logs do not fit: every batch id the primary applied (45 000 of them, ~1.5 MB) travels in the
+      // seed's last message. It is reported to the failover (`replica_unseedable`), which makes n2 seeding again.
+      for (let k = 3; k <= 5; k++) await big.push(k, Array.from({ length: 15_000 }, (_, j) => `batch-${k}-${j}-${'x'.repeat(16)}`));
+      await big.kill('n2');
+      await big.start('n2');
+      const t0 = Date.now();
+      await big.push(6);
       assert.ok(Date.now() - t0 < 4_000, `the push after the restart is answered (${Date.now() - t0} ms), not held for the replica`);
       await until(async () => (await big.store.get())!.placement.replicas[SHARD]!.seeding.includes('n2'), 'n2 made seeding again (replica_unseedable)', 20_000);
       assert.deepEqual(big.failover.report().unprotected, [SHARD]);
-      await big.push(3);
+      await big.push(7);
     } finally {
       await big.close();
     }

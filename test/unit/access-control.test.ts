@@ -68,7 +68,7 @@ test('a worker pulls and pushes to shards and talks to its group, but cannot res
 test('a shard serves its own subjects and replication, and only the scheduler administers the job\'s streams', () => {
   assert.ok(sub('shard', `hps.${J}.shard.s0@server-1.push`));
   assert.ok(pub('shard', `hps.${J}.shard.s0@server-2.replicate`));
-  assert.ok(pub('shard', `hps.${J}.shard.s0@server-2.seed`), 'it seeds a new or restarted replica');
+  for (const op of ['seed_begin', 'seed_part', 'seed']) assert.ok(pub('shard', `hps.${J}.shard.s0@server-2.${op}`), `it seeds a new or restarted replica (${op})`);
   assert.ok(pub('shard', `hps.${J}.scheduler.failover.replica_ready`), 'it tells the failover a seeded replica caught up');
   assert.ok(pub('shard', `hps.${J}.scheduler.failover.replica_unseedable`), '… or that one cannot be seeded');
   assert.ok(!pub('shard', `hps.${J}.ctl.regroup`), 'but sends the scheduler no command');

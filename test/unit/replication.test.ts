@@ -405,11 +405,49 @@ describe('replicated shards', () => {
     }
   });
 
-  test('a seed over the primary\'s message limit (communication.max_message_bytes) is logged as an error naming the setting and tried again seldom; pushes stop waiting for that replica, which the failover makes seeding again and never promotes', async () => {
+  test('a state many times the message limit is seeded in segments that each fit it, and the updates pushed meanwhile follow in messages that fit it; the backup ends bit-identical', async () => {
+    const infos: string[] = [];
+    const errors: string[] = [];
+    const log = pino({ level: 'info' }, { write: (l: string) => { const o = JSON.parse(l) as { level: number; msg: string }; (o.level >= 50 ? errors : infos).push(o.msg); } });
+    // Every node's limit is 4 KiB (max_payload 2 KiB: each message is also chunked); pushes of 150 rows fit, the state does not.
+    const limits = { n1: 4096, n2: 4096, client: 4096 };
+    const lab = new Lab(plan(), systemClock, null, { maxPayload: 2048, maxMessageBytes: limits, log: { n1: log } });
+    const rows = (k: number, grad: number, batch = `b${k}`): PushRequest => {
+      const ids = Int32Array.from({ length: 150 }, (_, i) => 1 + k * 150 + i);
+      return { ...push(lab.plan, { grad, batches: [batch] }), sparse: [{ table: 'emb', ids, grads: new Float32Array(ids.length * 2).fill(grad) }] };
+    };
+    try {
+      await lab.start('n1'); await lab.start('n2');
+      for (let k = 0; k < 12; k++) await lab.ask('n1', 'push', rows(k, k + 1) as unknown as Record<string, unknown>);
+      await lab.kill('n2');
+      await lab.start('n2');
+      // The first push finds the restarted backup at update 0: it waits for the seed. Two more go on meanwhile; the three
+      // (~2 KB each) then wait to be streamed together, more than one message can hold.
+      await Promise.all([12, 13, 14].map((k) => lab.ask('n1', 'push', rows(k % 12, 0.5, `b${k}`) as unknown as Record<string, unknown>, 1000 + k)));
+      const seeded = infos.find((m) => /seeded its replica on n2/.test(m));
+      const [, segments, bytes] = /\((\d+) segment\(s\), (\d+) bytes of state\)/.exec(seeded ?? '') ?? [];
+      assert.ok(Number(bytes) > 5 * 4096, `the state (${bytes} bytes) is many times the limit`);
+      assert.ok(Number(segments) >= Math.ceil(Number(bytes) / 4096), `${segments} segment(s), each within the limit`);
+      assert.deepEqual(errors, [], 'nothing refused as too large');
+      await lab.ask('n1', 'push', rows(3, 2, 'last') as unknown as Record<string, unknown>);
+      const [p, b] = await Promise.all(['n1', 'n2'].map((n) => lab.ask<IntegrityReply>(n, 'integrity')));
+      assert.equal(b!.hash, p!.hash, 'the backup seeded in segments holds the primary\'s exact state');
+      assert.equal(b!.version, p!.version);
+      assert.equal(Object.keys(b!.applied).length, 16);
+      const [sp, sb] = await Promise.all(['n1', 'n2'].map((n) => lab.ask<{ sparse_rows: Record<string, number> }>(n, 'stats')));
+      assert.deepEqual(sp!.sparse_rows, { emb: 12 * 150 });
+      assert.deepEqual(sb!.sparse_rows, { emb: 12 * 150 });
+    } finally {
+      await lab.close();
+    }
+  });
+
+  test('a seed whose logs are over the primary\'s message limit (communication.max_message_bytes) is logged as an error naming the setting and tried again seldom; pushes stop waiting for that replica, which the failover makes seeding again and never promotes', async () => {
     const errors: string[] = [];
     const warnings: string[] = [];
     const log = pino({ level: 'warn' }, { write: (l: string) => { const o = JSON.parse(l) as { level: number; msg: string }; (o.level >= 50 ? errors : warnings).push(o.msg); } });
-    // Pushes (a few hundred bytes) fit; the primary's seed (its state with every batch id it applied) does not.
+    // Pushes (a few hundred bytes) fit; the seed's last message (every batch id the primary applied: its state goes in
+    // segments, its logs in one message) does not.
     const lab = new Lab(plan(), systemClock, null, { maxPayload: 2048, maxMessageBytes: { n1: 1536 }, log: { n1: log } });
     const health = fakeHealth();
     const schedLog: string[] = [];
@@ -423,7 +461,7 @@ describe('replicated shards', () => {
     try {
       await lab.start('n1'); await lab.start('n2');
       const long = (k: number) => Array.from({ length: 8 }, (_, j) => `batch-${k}-${j}-${'x'.repeat(24)}`);
-      for (let k = 0; k < 3; k++) await lab.ask('n1', 'push', push(lab.plan, { grad: k + 1, batches: long(k) }) as unknown as Record<string, unknown>);
+      for (let k = 0; k < 5; k++) await lab.ask('n1', 'push', push(lab.plan, { grad: k + 1, batches: long(k) }) as unknown as Record<string, unknown>);
       await lab.kill('n2');
       await lab.start('n2');
       // This push finds the restarted backup at update 0: the primary must seed it, and cannot. It is answered
