@@ -7,10 +7,11 @@
  * 2. Every shard's primary is asked for a snapshot (dense blocks and sparse
  *    rows with their optimizer state, version and round, the dedup table and
  *    the applied-batch log), and the acknowledged batch ids are read.
- * 3. Training resumes; the snapshots are encoded and written after it, as
- *    one checkpoint directory (actors/store/checkpoint.ts: fsynced, a
- *    manifest of sizes and SHA-256, renamed into place), and checkpoints
- *    beyond `keep` are removed.
+ * 3. Training resumes; the snapshots are fetched in segments that each fit
+ *    the message limit, encoded and written after it, as one checkpoint
+ *    directory (actors/store/checkpoint.ts: fsynced, a manifest of sizes and
+ *    SHA-256, renamed into place; a shard's state over 256 MiB of arrays in
+ *    part files), and checkpoints beyond `keep` are removed.
  *
  * Before step 1, with `moment`, the cut waits (a few seconds at most) for a
  * moment when every hps worker is stepping rather than exchanging a window
@@ -20,12 +21,12 @@
  * One checkpoint at a time: a request while one is being taken waits for it.
  * A pause already in force (ctl.pause) is used as it is and not lifted.
  */
-import { HetpsError, encode } from '../../runtime/mod.ts';
+import { HetpsError } from '../../runtime/mod.ts';
 import type { Clock, Logger } from '../../runtime/mod.ts';
 import type { ShardPlan } from '../../topology/mod.ts';
 import type { ShardSnapshot } from '../shard/shard.messages.ts';
 import type { JobInfo } from '../store/job-info.ts';
-import { pruneCheckpoints, refuseExisting, writeCheckpoint, writeCheckpointAt, type CheckpointContent, type CheckpointManifest, type CheckpointModel } from '../store/checkpoint.ts';
+import { pruneCheckpoints, refuseExisting, shardFiles, writeCheckpoint, writeCheckpointAt, type CheckpointContent, type CheckpointFileContent, type CheckpointManifest, type CheckpointModel } from '../store/checkpoint.ts';
 import { deltaOf, rowSteps, type RowSteps } from '../store/checkpoint-delta.ts';
 import type { CutMomentWait } from './cut-moment.ts';
 
@@ -92,6 +93,8 @@ export interface CheckpointerOptions {
   moment?: (capMs: number) => Promise<CutMomentWait>;
   /** The most a cut waits for its moment. Default 5 s. */
   momentCapMs?: number;
+  /** A shard file's arrays beyond this go into part files (default SHARD_FILE_PART_BYTES, 256 MiB). */
+  filePartBytes?: number;
 }
 
 export class Checkpointer {
@@ -184,41 +187,57 @@ export class Checkpointer {
       pauseMs = paused.already ? 0 : clock.monotonic() - t0;
     }
     const t1 = clock.monotonic();
-    const snaps = await Promise.all(plan.shards.map(async (shard) => ({ shard, snap: await frozen.take(shard, token) })));
     // A delta on the chain, unless a full one is due (or the chain is unknown: the first, or after a failed write).
     // One at a path of its own is full and leaves the chain as it was.
     const chain = this.chain;
-    const full = at !== undefined || chain === null || chain.names.length >= (this.o.fullEvery ?? 1) || !snaps.every(({ shard }) => chain.steps.has(shard));
+    const full = at !== undefined || chain === null || chain.names.length >= (this.o.fullEvery ?? 1) || !plan.shards.every((shard) => chain.steps.has(shard));
     if (at === undefined) this.chain = null;
     let rows = 0;
     let held = 0;
-    const files = snaps.map(({ shard, snap }) => {
-      let out = snap;
-      if (full) {
-        for (const t of snap.sparse) { rows += t.ids.length; held += t.ids.length; }
-      } else {
-        const d = deltaOf(snap, chain!.steps.get(shard)!);
-        out = d.delta;
-        rows += d.rows;
-        held += d.of;
+    let optimizer: { dense: string; sparse: string } | null = null;
+    const steps = new Map<string, RowSteps>();
+    const partBytes = this.o.filePartBytes;
+    // One shard at a time (the next one fetched while this one is written): the driver never holds the whole model.
+    async function* files(): AsyncGenerator<CheckpointFileContent> {
+      const take = (i: number) => {
+        const p = i < plan.shards.length ? frozen.take(plan.shards[i]!, token) : null;
+        p?.catch(() => undefined); // awaited below, unless an earlier write failed
+        return p;
+      };
+      let next = take(0);
+      for (let i = 0; i < plan.shards.length; i++) {
+        const shard = plan.shards[i]!;
+        const snap = await next!;
+        next = take(i + 1);
+        optimizer ??= { dense: snap.dense_optimizer, sparse: snap.sparse_optimizer };
+        let out = snap;
+        if (full) {
+          for (const t of snap.sparse) { rows += t.ids.length; held += t.ids.length; }
+          steps.set(shard, rowSteps(snap));
+        } else {
+          const d = deltaOf(snap, chain!.steps.get(shard)!);
+          out = d.delta;
+          rows += d.rows;
+          held += d.of;
+        }
+        yield* shardFiles(shard, out, partBytes);
       }
-      return { name: `${shard}.msgpack`, bytes: encode(out), shard, version: snap.version, round: snap.round };
-    });
+    }
     const content: CheckpointContent = {
-      files,
-      manifest: {
+      files: files(),
+      manifest: () => ({
         kind: full ? 'full' : 'delta', chain: full ? [] : [...chain!.names],
         job: this.o.job, run_id: info.run_id, trigger,
         plan: { version: plan.version, shards: [...plan.shards], placement: plan.placement ?? null },
         groups: info.groups ?? null,
-        optimizer: snaps[0] ? { dense: snaps[0].snap.dense_optimizer, sparse: snaps[0].snap.sparse_optimizer } : null,
+        optimizer,
         model: this.o.model,
         data: { total_batches: this.o.totalBatches, acked },
-      },
+      }),
     };
     const { path, manifest } = at !== undefined ? await writeCheckpointAt(at, content) : await writeCheckpoint(this.o.root, content);
     if (at === undefined) this.chain = full
-      ? { names: [manifest.name], steps: new Map(snaps.map(({ shard, snap }) => [shard, rowSteps(snap)])) }
+      ? { names: [manifest.name], steps }
       : { names: [...chain!.names, manifest.name], steps: chain!.steps };
     const pruned = at !== undefined ? [] : await pruneCheckpoints(this.o.root, this.o.keep);
     const taken: CheckpointTaken = {

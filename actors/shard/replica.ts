@@ -27,16 +27,16 @@
  *   answered without applying it again.
  */
 import {
-  DeferredReply, HetpsError, PayloadTooLargeError, ValidationError, isRetryable, type ActorDefinition, type ActorSystem, type Logger, type Timer,
+  DeferredReply, HetpsError, PayloadTooLargeError, isRetryable, type ActorDefinition, type ActorSystem, type Logger, type Timer,
 } from '../../runtime/mod.ts';
 import { replicaNodes, type ReplicaRole, type ShardPlan } from '../../topology/mod.ts';
 import type { ShardState } from './shard.actor.ts';
 import {
   replicaMessages, type DedupWindowWire, type IntegrityReply, type PushReply, type PushRequest, type ReplicaMessages,
-  type ReplicateReply, type ReplicationEntry, type ShardSnapshot, wireTensorBytes,
+  type ReplicateReply, type ReplicationEntry, type RestoreRequest, type ShardSnapshot, wireTensorBytes,
 } from './shard.messages.ts';
 import { FencedError, StalePlanError, StaleUpdateError } from './shard.errors.ts';
-import { SnapshotAssembler, segmentBudget, segmentBytes, splitSnapshot, type SnapshotHead, type SnapshotSegment } from './snapshot-segments.ts';
+import { IncomingSnapshot, segmentBudget, segmentBytes, splitSnapshot, type SnapshotHead, type SnapshotSegment } from './snapshot-segments.ts';
 
 /** A seed's last message: where the stream continues, the transfer that carried the state, and the replica's logs. */
 export interface SeedMessage {
@@ -440,8 +440,8 @@ export class Replica {
   private primarySender: string | null = null;
   /** Backup: the last updates it applied, so that if it is promoted it can catch up the other backups without seeding them. */
   private recent: ReplicationEntry[] = [];
-  /** A seed arriving in segments (`seed_begin` … `seed`); null when none is. */
-  private incoming: { transfer: string; segments: number; asm: SnapshotAssembler } | null = null;
+  /** A seed arriving in segments (`seed_begin` … `seed`). */
+  private readonly incoming: IncomingSnapshot;
   /** Numbers the seeds this primary sends. */
   private nextTransfer = 0;
 
@@ -451,6 +451,7 @@ export class Replica {
     this.primaryNode = plan.placement.replicas[o.shard]!.primary;
     this.seeded = role !== 'seeding';
     this.timeoutMs = o.requestTimeoutMs ?? 1_000;
+    this.incoming = new IncomingSnapshot(`shard ${o.shard}: the replica on ${o.node}: seed`);
     o.state.setEpoch(plan.version);
     if (role === 'primary') this.followLinks(plan, true);
   }
@@ -666,9 +667,14 @@ export class Replica {
     for (const b of batches) this.applied.set(b, (this.applied.get(b) ?? 0) + 1);
   }
 
-  /** Restore (checkpoint, API): the primary's state is replaced, and every other replica is seeded again. */
-  restore(state: unknown): ReturnType<ShardState['restore']> {
+  /**
+   * Restore (checkpoint, API): the primary's state is replaced (a whole
+   * snapshot, or one sent in segments: `restore_begin`, `restore_part`), and
+   * every other replica is seeded again.
+   */
+  restore(m: RestoreRequest): ReturnType<ShardState['restore']> {
     this.requirePrimary('restore');
+    const state = this.o.state.restoreInput(m);
     const out = this.o.state.restore(state);
     // The table and logs as of the snapshot's cut (none in an older checkpoint): pushes applied since are forgotten with their updates.
     const logs = state as { dedup?: DedupWindowWire[]; applied?: [string, number][]; refused?: string[] };
@@ -695,12 +701,19 @@ export class Replica {
     return out;
   }
 
-  takeFrozen(token: string): ReturnType<ShardState['takeFrozen']> {
+  /** `fn`'s answer when this replica is the primary (a StalePlanError otherwise, as for every client op). */
+  primaryOnly<T>(op: string, fn: () => T): T {
+    this.requirePrimary(op);
+    return fn();
+  }
+
+  /** The copy of the cut `token` with the logs of the same moment: whole, or (`segmentBytes`) its head, its segments to be taken with `take_frozen_part`. */
+  takeFrozen(token: string, segmentBytes?: number): Record<string, unknown> {
     this.requirePrimary('take_frozen');
-    const snap = this.o.state.takeFrozen(token);
+    const state = segmentBytes === undefined ? this.o.state.takeFrozen(token) : this.o.state.takeFrozenSegments(token, segmentBytes);
     const logs = this.frozenLogs?.token === token ? this.frozenLogs : { dedup: [], applied: [], refused: [] };
     this.frozenLogs = null;
-    return { ...snap, dedup: logs.dedup, applied: logs.applied, refused: logs.refused };
+    return { ...state, dedup: logs.dedup, applied: logs.applied, refused: logs.refused };
   }
 
   /**
@@ -780,36 +793,18 @@ export class Replica {
   /** A seed begins (see `seed`): the state's layout, its arrays to follow in `segments` parts. */
   seedBegin(m: { epoch: number; primary: string; transfer: string; head: SnapshotHead; segments: number }): Record<string, never> {
     this.checkSender(m.epoch, m.primary, 'seed_begin');
-    this.incoming = null;
-    if (m.head.shard !== this.o.shard) throw new ValidationError(`shard ${this.o.shard}: seed ${m.transfer} from ${m.primary} holds shard ${m.head.shard}`);
-    this.incoming = { transfer: m.transfer, segments: m.segments, asm: new SnapshotAssembler(m.head, `shard ${this.o.shard}: seed ${m.transfer} from ${m.primary}`) };
+    this.incoming.begin(m.transfer, m.head, m.segments, this.o.shard, m.primary);
     return {};
   }
 
   seedPart(m: { epoch: number; primary: string; transfer: string; index: number; segment: SnapshotSegment }): { received: number } {
     this.checkSender(m.epoch, m.primary, 'seed_part');
-    const t = this.seedInProgress(m.transfer, m.primary);
-    if (m.index !== t.asm.segments) throw new ValidationError(`shard ${this.o.shard}: seed ${m.transfer}: segment ${m.index} arrived where ${t.asm.segments} was expected; the primary starts the seed over`);
-    if (m.index >= t.segments) throw new ValidationError(`shard ${this.o.shard}: seed ${m.transfer}: segment ${m.index} of ${t.segments}`);
-    t.asm.add(m.segment);
-    return { received: t.asm.segments };
-  }
-
-  private seedInProgress(transfer: string, primary: string): { transfer: string; segments: number; asm: SnapshotAssembler } {
-    const t = this.incoming;
-    if (t === null || t.transfer !== transfer) {
-      throw new ValidationError(`shard ${this.o.shard}: the replica on ${this.o.node} has no seed ${transfer} from ${primary} in progress`
-        + `${t === null ? '' : ` (it has ${t.transfer})`} (it restarted, or a later seed replaced it); the primary starts the seed over`);
-    }
-    return t;
+    return { received: this.incoming.part(m.transfer, m.index, m.segment) };
   }
 
   seed(m: SeedMessage & { from?: string }): ReplicateReply {
     this.checkSender(m.epoch, m.primary, 'seed');
-    const t = this.seedInProgress(m.transfer, m.primary);
-    if (t.asm.segments !== t.segments) throw new ValidationError(`shard ${this.o.shard}: seed ${m.transfer} ended after ${t.asm.segments} of ${t.segments} segments; the primary starts it over`);
-    this.incoming = null;
-    const snapshot = t.asm.finish();
+    const snapshot = this.incoming.finish(m.transfer);
     // A seed replaces the whole state: whichever process of the primary sends it is the one followed from now on.
     this.o.state.restore(snapshot);
     this.primarySender = m.from ?? null;
@@ -873,8 +868,11 @@ export function createReplicaActor(replica: Replica): ReplicaActorDefinition {
       push: (m) => replica.push(m.from, m.seq, m),
       snapshot: () => replica.snapshot(),
       freeze: (m) => replica.freeze(m.token),
-      take_frozen: (m) => replica.takeFrozen(m.token),
-      restore: (m) => replica.restore(m.state),
+      take_frozen: (m) => replica.takeFrozen(m.token, m.segment_bytes),
+      take_frozen_part: (m) => replica.primaryOnly('take_frozen_part', () => state.takeFrozenPart(m.token, m.index)),
+      restore_begin: (m) => replica.primaryOnly('restore_begin', () => state.restoreBegin(m.transfer, m.head, m.segments)),
+      restore_part: (m) => replica.primaryOnly('restore_part', () => state.restorePart(m.transfer, m.index, m.segment)),
+      restore: (m) => replica.restore(m),
       stats: (_m, ctx) => ({
         ...state.stats(ctx.stats.duplicates), node: replica.o.node, role: replica.fenced ? 'fenced' : replica.role, epoch: replica.epoch,
         // A replica without its state (restarted, waiting for its seed) has applied nothing a failover could promote.

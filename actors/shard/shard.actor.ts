@@ -26,8 +26,9 @@ import {
 } from '../../native-bridge/mod.ts';
 import {
   compressPullReply, dedupWindowSchema, shardMessages, type DenseBlockSnapshot, type PullReply, type PullReplyWire, type PullRequest, type PushReply, type PushRequest,
-  type RestoreReply, type ShardMessages, type ShardSnapshot, type ShardStats, type StalenessHistogram,
+  type RestoreReply, type RestoreRequest, type ShardMessages, type ShardSnapshot, type ShardStats, type StalenessHistogram,
 } from './shard.messages.ts';
+import { IncomingSnapshot, OutgoingSnapshot, type SnapshotHead, type SnapshotSegment } from './snapshot-segments.ts';
 import { StalePlanError, StaleUpdateError, SyncRoundError } from './shard.errors.ts';
 import { primaryReplicaId } from './replica.ts';
 
@@ -74,8 +75,11 @@ export function createShardActor(opts: ShardStateOptions | ShardState): ShardAct
       push: (m) => state.push(m),
       snapshot: () => state.snapshot(false),
       freeze: (m) => state.freeze(m.token),
-      take_frozen: (m) => state.takeFrozen(m.token),
-      restore: (m) => state.restore(m.state),
+      take_frozen: (m) => (m.segment_bytes === undefined ? state.takeFrozen(m.token) : state.takeFrozenSegments(m.token, m.segment_bytes)),
+      take_frozen_part: (m) => state.takeFrozenPart(m.token, m.index),
+      restore_begin: (m) => state.restoreBegin(m.transfer, m.head, m.segments),
+      restore_part: (m) => state.restorePart(m.transfer, m.index, m.segment),
+      restore: (m) => state.restore(state.restoreInput(m)),
       stats: (_m, ctx) => state.stats(ctx.stats.duplicates),
       round_expected: (m) => state.lowerRoundExpected(m.plan_version, m.round, m.expected),
     },
@@ -173,6 +177,10 @@ export class ShardState {
   private roundValue = 0;
   /** The copy of a checkpoint's cut (`freeze`), until it is taken. */
   private frozen: { token: string; snap: () => ShardSnapshot } | null = null;
+  /** The copy taken in segments (`take_frozen` with `segment_bytes`), until its last is taken. */
+  private readonly frozenOut: OutgoingSnapshot;
+  /** A state arriving in segments for a restore (`restore_begin` … `restore`). */
+  private readonly restoring: IncomingSnapshot;
   /** The plan version (epoch) requests must name; moves forward with failovers while the layout stays. */
   private epochValue: number;
   private pushes = 0;
@@ -198,6 +206,8 @@ export class ShardState {
     if (!plan.shards.includes(shard)) throw new ConfigError(`shard ${shard} is not in shard plan v${plan.version} (shards: ${plan.shards.join(', ')})`);
     this.shard = shard;
     this.plan = plan;
+    this.frozenOut = new OutgoingSnapshot(`shard ${shard}: take_frozen_part`);
+    this.restoring = new IncomingSnapshot(`shard ${shard}: restore`);
     this.epochValue = plan.version;
     this.clock = opts.clock;
     this.seed = opts.seed;
@@ -697,6 +707,38 @@ export class ShardState {
   }
 
   /**
+   * The copy `freeze(token)` made, to be taken in segments of at most
+   * `budget` bytes (`takeFrozenPart`, in order): its head and how many.
+   * Replaces segments held for an earlier cut.
+   */
+  takeFrozenSegments(token: string, budget: number): { head: SnapshotHead; segments: number } {
+    return this.frozenOut.hold(token, this.takeFrozen(token), budget);
+  }
+
+  takeFrozenPart(token: string, index: number): { segment: SnapshotSegment } {
+    return { segment: this.frozenOut.take(token, index) };
+  }
+
+  /** A restore in segments begins: the state's layout; `segments` parts follow (`restorePart`), then `restore` with the transfer. */
+  restoreBegin(transfer: string, head: SnapshotHead, segments: number): Record<string, never> {
+    this.restoring.begin(transfer, head, segments, this.shard, 'the restoring client');
+    return {};
+  }
+
+  restorePart(transfer: string, index: number, segment: SnapshotSegment): { received: number } {
+    return { received: this.restoring.part(transfer, index, segment) };
+  }
+
+  /**
+   * What a `restore` message restores: its `state`, or the state its
+   * `transfer` brought in segments with the message's logs.
+   */
+  restoreInput(m: RestoreRequest): Record<string, unknown> {
+    if (m.transfer === undefined) return m.state!;
+    return { ...this.restoring.finish(m.transfer), dedup: m.dedup ?? [], applied: m.applied ?? [], refused: m.refused ?? [] };
+  }
+
+  /**
    * Replaces the whole state with a snapshot of the same layout (the blocks
    * this shard owns, the plan's tables and dims, the same optimizer types).
    * All-or-nothing: a ValidationError naming the mismatch changes nothing.
@@ -704,12 +746,7 @@ export class ShardState {
    * snapshot has reached are answered.
    */
   restore(raw: unknown): RestoreReply {
-    const parsed = snapshotSchema.safeParse(raw);
-    if (!parsed.success) {
-      const issue = parsed.error.issues[0]!;
-      throw new ValidationError(`shard ${this.shard}: restore: not a shard snapshot: ${issue.path.join('.') || '(root)'}: ${issue.message}`);
-    }
-    const snap = parsed.data;
+    const snap = parseShardSnapshot(raw, `shard ${this.shard}: restore`);
     const fail = (what: string): never => { throw new ValidationError(`shard ${this.shard}: restore: ${what}; nothing was restored`); };
     if (snap.dense_optimizer !== this.denseOptimizer.config.type) fail(`snapshot's dense optimizer is ${snap.dense_optimizer}, this shard's is ${this.denseOptimizer.config.type}`);
     if (snap.sparse_optimizer !== this.sparseOptimizer.config.type) fail(`snapshot's sparse optimizer is ${snap.sparse_optimizer}, this shard's is ${this.sparseOptimizer.config.type}`);
@@ -898,6 +935,16 @@ function parityOf(round: number): 0 | 1 {
 
 function describeNonFinite(g: number): string {
   return Number.isNaN(g) ? 'NaN' : g > 0 ? 'Infinity' : '-Infinity';
+}
+
+/** `raw` as a shard snapshot (with a replica's logs, when it has them); a ValidationError naming the first field that is not. */
+export function parseShardSnapshot(raw: unknown, what: string): z.output<typeof snapshotSchema> {
+  const parsed = snapshotSchema.safeParse(raw);
+  if (!parsed.success) {
+    const issue = parsed.error.issues[0]!;
+    throw new ValidationError(`${what}: not a shard snapshot: ${issue.path.join('.') || '(root)'}: ${issue.message}`);
+  }
+  return parsed.data;
 }
 
 const snapshotSchema = z.object({

@@ -139,10 +139,32 @@ export const shardMessages = {
    * training goes on. Keeps the pause for the cut to an in-memory copy.
    */
   freeze: z.object({ token: z.string().min(1) }),
-  /** The copy `freeze` made under `token` (a ShardSnapshot), handed over once and dropped. */
-  take_frozen: z.object({ token: z.string().min(1) }),
-  /** Replaces the shard's state with a snapshot. */
-  restore: z.object({ state: z.record(z.string(), z.unknown()) }),
+  /**
+   * The copy `freeze` made under `token`, handed over once and dropped:
+   * without `segment_bytes` the whole ShardSnapshot in the reply (it must
+   * fit communication.max_message_bytes); with it `{ head, segments }` (and
+   * a replica's `dedup`, `applied`, `refused`), its arrays to be taken with
+   * `take_frozen_part`, each segment at most `segment_bytes`.
+   */
+  take_frozen: z.object({ token: z.string().min(1), segment_bytes: z.number().int().min(256).optional() }),
+  /** Segment `index` (0, 1, … in order, each once) of the copy `take_frozen` split: `{ segment }`. */
+  take_frozen_part: z.object({ token: z.string().min(1), index: z.number().int().nonnegative() }),
+  /** A restore in segments begins: the state's layout (`head`), `segments` parts to follow; replaces one in progress. */
+  restore_begin: z.object({ transfer: z.string().min(1), head: snapshotHeadSchema, segments: z.number().int().nonnegative() }),
+  /** Segment `index` (in order) of the restore `transfer`. */
+  restore_part: z.object({ transfer: z.string().min(1), index: z.number().int().nonnegative(), segment: snapshotSegmentSchema }),
+  /**
+   * Replaces the shard's state: with `state`, a whole snapshot; with
+   * `transfer`, the one `restore_begin` and `restore_part` brought, and the
+   * replica's logs at the cut (`dedup`, `applied`, `refused`). All or nothing.
+   */
+  restore: z.object({
+    state: z.record(z.string(), z.unknown()).optional(),
+    transfer: z.string().min(1).optional(),
+    dedup: z.array(z.lazy(() => dedupWindowSchema)).optional(),
+    applied: z.array(z.tuple([z.string(), z.number().int().positive()])).optional(),
+    refused: z.array(z.string()).optional(),
+  }).refine((m) => (m.state === undefined) !== (m.transfer === undefined), { error: 'give either state (a whole snapshot) or transfer (one sent with restore_begin and restore_part), not both' }),
   /** Counters for monitoring and tests. */
   stats: z.object({}),
   /**
@@ -276,6 +298,7 @@ export interface IntegrityReply {
 }
 export type PullRequest = z.output<typeof shardMessages.pull>;
 export type PushRequest = z.output<typeof shardMessages.push>;
+export type RestoreRequest = z.output<typeof shardMessages.restore>;
 /** A push as sent: gradients may be compressed (decoded to `PushRequest` on arrival). */
 export type PushWire = z.input<typeof shardMessages.push>;
 

@@ -209,3 +209,71 @@ export class SnapshotAssembler {
     };
   }
 }
+
+/**
+ * A snapshot arriving in segments on a shard (a seed, a restore): `begin`
+ * with its head, `part` in order, `finish` once every part came. One at a
+ * time: a later `begin` replaces one in progress. Errors are
+ * ValidationErrors saying the sender should start over.
+ */
+export class IncomingSnapshot {
+  private t: { transfer: string; segments: number; asm: SnapshotAssembler } | null = null;
+
+  /** `what`: the receiver and the kind of transfer, for errors ("shard s0: seed"). */
+  constructor(private readonly what: string) {}
+
+  begin(transfer: string, head: SnapshotHead, segments: number, shard: string, from: string): void {
+    this.t = null;
+    if (head.shard !== shard) throw new ValidationError(`${this.what} ${transfer} from ${from} holds shard ${head.shard}, not ${shard}`);
+    this.t = { transfer, segments, asm: new SnapshotAssembler(head, `${this.what} ${transfer} from ${from}`) };
+  }
+
+  part(transfer: string, index: number, segment: SnapshotSegment): number {
+    const t = this.current(transfer);
+    if (index !== t.asm.segments) throw new ValidationError(`${this.what} ${transfer}: segment ${index} arrived where ${t.asm.segments} was expected; start it over`);
+    if (index >= t.segments) throw new ValidationError(`${this.what} ${transfer}: segment ${index}, of ${t.segments} announced`);
+    t.asm.add(segment);
+    return t.asm.segments;
+  }
+
+  /** The whole snapshot, once every announced segment came; the transfer is over either way. */
+  finish(transfer: string): ShardSnapshot {
+    const t = this.current(transfer);
+    this.t = null;
+    if (t.asm.segments !== t.segments) throw new ValidationError(`${this.what} ${transfer} ended after ${t.asm.segments} of ${t.segments} segments; start it over`);
+    return t.asm.finish();
+  }
+
+  private current(transfer: string): { transfer: string; segments: number; asm: SnapshotAssembler } {
+    const t = this.t;
+    if (t === null || t.transfer !== transfer) {
+      throw new ValidationError(`${this.what} ${transfer} is not in progress${t === null ? '' : ` (${t.transfer} is)`}: the receiver restarted, or a later one replaced it; start it over`);
+    }
+    return t;
+  }
+}
+
+/** A snapshot handed out in segments (a checkpoint's frozen copy): taken in order, once; dropped after the last. */
+export class OutgoingSnapshot {
+  private o: { token: string; segments: SnapshotSegment[]; next: number } | null = null;
+
+  constructor(private readonly what: string) {}
+
+  /** Splits `snap` to `budget` and holds its segments under `token` (replacing any held); returns the head and how many. */
+  hold(token: string, snap: ShardSnapshot, budget: number): { head: SnapshotHead; segments: number } {
+    const { head, segments } = splitSnapshot(snap, budget);
+    this.o = segments.length > 0 ? { token, segments, next: 0 } : null;
+    return { head, segments: segments.length };
+  }
+
+  take(token: string, index: number): SnapshotSegment {
+    const o = this.o;
+    if (o === null || o.token !== token) {
+      throw new ValidationError(`${this.what}: no segments held under ${token}${o === null ? '' : ` (they are ${o.token}'s)`}: a later cut replaced them, or they were taken already; take the checkpoint again`);
+    }
+    if (index !== o.next) throw new ValidationError(`${this.what}: segment ${index} of ${token} asked where ${o.next} is next; take the checkpoint again`);
+    o.next++;
+    if (o.next === o.segments.length) this.o = null;
+    return o.segments[index]!;
+  }
+}

@@ -20,8 +20,9 @@ import { createHash } from 'node:crypto';
 import { mkdir, open, readdir, readFile, rename, rm, stat } from 'node:fs/promises';
 import { basename, dirname, join, resolve } from 'node:path';
 import { z } from 'zod';
-import { HetpsError, decode } from '../../runtime/mod.ts';
+import { HetpsError, decode, encode } from '../../runtime/mod.ts';
 import type { ShardSnapshot } from '../shard/shard.messages.ts';
+import { SnapshotAssembler, splitSnapshot, type SnapshotHead, type SnapshotSegment } from '../shard/snapshot-segments.ts';
 import { overlay } from './checkpoint-delta.ts';
 
 /** The job's checkpoint root: checkpoint.dir, or <job.run_dir>/checkpoints/<job.name>; absolute. */
@@ -157,10 +158,77 @@ export async function nextSequence(root: string): Promise<number> {
   return max + 1;
 }
 
+/** A shard file's arrays beyond this go into part files (each one Buffer in memory while written or read). */
+export const SHARD_FILE_PART_BYTES = 256 * 1024 * 1024;
+
+/** The head file of a shard whose state is split into part files: the layout, the part files in order, and the replica's logs. */
+interface SegmentedShardFile {
+  segmented: { head: SnapshotHead; parts: string[] };
+  dedup?: ShardSnapshot['dedup'];
+  applied?: ShardSnapshot['applied'];
+  refused?: ShardSnapshot['refused'];
+}
+
+/**
+ * One shard's state as checkpoint files: `<shard>.msgpack` holding the
+ * whole snapshot while its arrays fit `partBytes`; otherwise a head file of
+ * that name (the layout, the logs, the part files' names) and
+ * `<shard>.part-<n>.msgpack` files, each a segment of at most `partBytes`
+ * (snapshot-segments.ts), so no file — and no Buffer — has to hold the
+ * whole state (a Buffer holds at most 4 GiB).
+ */
+export function* shardFiles(shard: string, snap: ShardSnapshot, partBytes = SHARD_FILE_PART_BYTES): Generator<CheckpointFileContent> {
+  const meta = { shard, version: snap.version, round: snap.round };
+  const { head, segments } = splitSnapshot(snap, partBytes);
+  if (segments.length <= 1) {
+    yield { name: `${shard}.msgpack`, bytes: encode(snap), ...meta };
+    return;
+  }
+  const parts = segments.map((_, i) => `${shard}.part-${String(i + 1).padStart(6, '0')}.msgpack`);
+  const headFile: SegmentedShardFile = {
+    segmented: { head, parts },
+    ...(snap.dedup === undefined ? {} : { dedup: snap.dedup, applied: snap.applied ?? [], refused: snap.refused ?? [] }),
+  };
+  yield { name: `${shard}.msgpack`, bytes: encode(headFile), ...meta };
+  // Parts are no shard's file of their own: the head names them. Each is encoded when it is written.
+  for (let i = 0; i < segments.length; i++) yield { name: parts[i]!, bytes: encode(segments[i]!), shard: null };
+}
+
+/** A shard file's snapshot: the file itself, or (a head file) rebuilt from the part files it names, each checked against the manifest. */
+async function readShardFile(path: string, manifest: CheckpointManifest, f: CheckpointFile): Promise<ShardSnapshot> {
+  const raw = decode(await readCheckpointFile(path, f)) as ShardSnapshot | SegmentedShardFile;
+  if (!('segmented' in raw)) return raw;
+  const asm = new SnapshotAssembler(raw.segmented.head, `checkpoint ${path}: ${f.name}`);
+  for (const name of raw.segmented.parts) {
+    const part = manifest.files.find((x) => x.name === name);
+    if (part === undefined) throw new CheckpointError(`checkpoint ${path}: ${f.name} names part ${name}, which the manifest does not list`, path, [`${name}: missing`]);
+    try {
+      asm.add(decode(await readCheckpointFile(path, part)) as SnapshotSegment);
+    } catch (e) {
+      if (e instanceof CheckpointError) throw e;
+      throw new CheckpointError(`checkpoint ${path}: ${name} does not continue ${f.name}: ${(e as Error).message}`, path, [`${name}: ${(e as Error).message}`]);
+    }
+  }
+  let snap: ShardSnapshot;
+  try { snap = asm.finish(); } catch (e) {
+    throw new CheckpointError(`checkpoint ${path}: ${f.name}: ${(e as Error).message}`, path, [`${f.name}: ${(e as Error).message}`]);
+  }
+  return raw.dedup === undefined ? snap : { ...snap, dedup: raw.dedup, applied: raw.applied ?? [], refused: raw.refused ?? [] };
+}
+
+export interface CheckpointFileContent { name: string; bytes: Uint8Array; shard?: string | null; version?: number | null; round?: number | null }
+export type ManifestFields = Omit<CheckpointManifest, 'format' | 'name' | 'sequence' | 'files' | 'bytes' | 'created_at' | 'kind' | 'chain' | 'model'>
+  & { created_at?: string; kind?: CheckpointManifest['kind']; chain?: string[]; model?: CheckpointModel | null };
+
 export interface CheckpointContent {
-  files: { name: string; bytes: Uint8Array; shard?: string | null; version?: number | null; round?: number | null }[];
-  manifest: Omit<CheckpointManifest, 'format' | 'name' | 'sequence' | 'files' | 'bytes' | 'created_at' | 'kind' | 'chain' | 'model'>
-    & { created_at?: string; kind?: CheckpointManifest['kind']; chain?: string[]; model?: CheckpointModel | null };
+  /**
+   * The files; or, streamed, an iterable producing them one at a time:
+   * each is written as it comes and then let go, so a checkpoint never has
+   * to be in memory whole.
+   */
+  files: CheckpointFileContent[] | Iterable<CheckpointFileContent> | AsyncIterable<CheckpointFileContent>;
+  /** The manifest's fields; or a function asked once every file is written (fields known only then). */
+  manifest: ManifestFields | (() => ManifestFields);
 }
 
 /**
@@ -171,7 +239,7 @@ export async function writeCheckpoint(root: string, content: CheckpointContent):
   checkNames(content);
   await mkdir(root, { recursive: true });
   const sequence = await nextSequence(root);
-  const createdAt = content.manifest.created_at ?? new Date().toISOString();
+  const createdAt = createdAtOf(content);
   const name = `ckpt-${String(sequence).padStart(6, '0')}-${createdAt.replace(/[:.]/g, '-')}`;
   return writeInto(root, name, sequence, createdAt, content);
 }
@@ -185,7 +253,11 @@ export async function writeCheckpointAt(path: string, content: CheckpointContent
   await refuseExisting(path);
   const parent = dirname(path);
   await mkdir(parent, { recursive: true });
-  return writeInto(parent, basename(path), 0, content.manifest.created_at ?? new Date().toISOString(), content);
+  return writeInto(parent, basename(path), 0, createdAtOf(content), content);
+}
+
+function createdAtOf(content: CheckpointContent): string {
+  return (typeof content.manifest === 'function' ? undefined : content.manifest.created_at) ?? new Date().toISOString();
 }
 
 /** A checkpoint written at exactly `path` never replaces anything. */
@@ -193,10 +265,16 @@ export async function refuseExisting(path: string): Promise<void> {
   if (await stat(path).catch(() => null)) throw new HetpsError(`checkpoint: ${path} exists already; choose another path or remove it first`);
 }
 
+/** Files given as a list are checked before anything is written; streamed ones as each comes (checkName). */
 function checkNames(content: CheckpointContent): void {
+  if (!Array.isArray(content.files)) return;
   const names = content.files.map((f) => f.name);
   if (new Set(names).size !== names.length) throw new HetpsError(`checkpoint: file names repeat (${names.join(', ')})`);
-  for (const n of names) if (!plainName(n)) throw new HetpsError(`checkpoint: ${JSON.stringify(n)} is not a plain file name (no path, not ${MANIFEST}, not hidden)`);
+  for (const n of names) checkName(n);
+}
+
+function checkName(n: string): void {
+  if (!plainName(n)) throw new HetpsError(`checkpoint: ${JSON.stringify(n)} is not a plain file name (no path, not ${MANIFEST}, not hidden)`);
 }
 
 async function writeInto(parent: string, name: string, sequence: number, createdAt: string, content: CheckpointContent): Promise<{ path: string; manifest: CheckpointManifest }> {
@@ -205,12 +283,15 @@ async function writeInto(parent: string, name: string, sequence: number, created
   await mkdir(tmp);
   try {
     const files: CheckpointFile[] = [];
-    for (const f of content.files) {
+    for await (const f of content.files) {
+      checkName(f.name);
+      if (files.some((x) => x.name === f.name)) throw new HetpsError(`checkpoint: file name ${f.name} repeats`);
       await writeSynced(join(tmp, f.name), f.bytes);
       files.push({ name: f.name, bytes: f.bytes.byteLength, sha256: sha256(f.bytes), shard: f.shard ?? null, version: f.version ?? null, round: f.round ?? null });
     }
+    const fields = typeof content.manifest === 'function' ? content.manifest() : content.manifest;
     const manifest = checkpointManifestSchema.parse({
-      ...content.manifest, format: CHECKPOINT_FORMAT, name, sequence, created_at: createdAt, files, bytes: files.reduce((n, f) => n + f.bytes, 0),
+      ...fields, format: CHECKPOINT_FORMAT, name, sequence, created_at: createdAt, files, bytes: files.reduce((n, f) => n + f.bytes, 0),
     });
     await writeSynced(join(tmp, MANIFEST), new TextEncoder().encode(`${JSON.stringify(manifest, null, 2)}\n`));
     await syncDir(tmp);
@@ -397,7 +478,7 @@ async function readChain(path: string, manifest: CheckpointManifest): Promise<{ 
   for (const l of links) {
     for (const f of l.manifest.files) {
       if (f.shard === null) continue;
-      const snap = decode(await readCheckpointFile(l.path, f)) as ShardSnapshot;
+      const snap = await readShardFile(l.path, l.manifest, f);
       let a = perShard.get(f.shard);
       if (a === undefined) { a = []; perShard.set(f.shard, a); }
       a.push(snap);

@@ -18,8 +18,10 @@ import {
   HetpsError, TimeoutError, ValidationError, attemptTimeoutMs, isRetryable, type ActorRef, type ActorSystem, type Logger,
 } from '../../runtime/mod.ts';
 import type { ShardPlan } from '../../topology/mod.ts';
-import { pullReplyWire, pullReplyWireBytes, type PullReply, type PullReplyWire, type PullRequest, type PushReply, type PushRequest, type PushWire, type RestoreReply, type ShardSnapshot, type ShardStats } from '../shard/shard.messages.ts';
+import { pullReplyWire, pullReplyWireBytes, type PullReply, type PullReplyWire, type PullRequest, type PushReply, type PushRequest, type PushWire, type RestoreReply, type ShardSnapshot, type ShardStats, type DedupWindowWire } from '../shard/shard.messages.ts';
 import { primaryReplicaId } from '../shard/replica.ts';
+import { parseShardSnapshot } from '../shard/shard.actor.ts';
+import { SnapshotAssembler, segmentBudget, segmentBytes, splitSnapshot, type SnapshotHead, type SnapshotSegment } from '../shard/snapshot-segments.ts';
 import { PlanView } from '../store/plan-view.ts';
 
 /** Thrown out of a wait when the worker was told to stop. */
@@ -51,6 +53,9 @@ export class ShardClient {
   readonly plans: PlanView;
   /** Requests sent again after a failover or a stale plan (for tests and the summary). */
   rerouted = 0;
+  /** Numbers this client's restores in segments. */
+  private nextTransfer = 0;
+
   constructor(readonly system: ActorSystem, private readonly opts: ShardClientOptions) {
     this.plans = opts.plans instanceof PlanView ? opts.plans : PlanView.fixed(opts.plans);
   }
@@ -184,14 +189,51 @@ export class ShardClient {
     return this.ref(shard).request<{ version: number; round: number }>('freeze', { token }, { timeoutMs, retries: 2 });
   }
 
-  /** The copy `freeze` made under `token`; handed over once, so not retried (a lost reply fails this checkpoint, not the next). */
-  takeFrozen(shard: string, token: string, timeoutMs = 60_000): Promise<ShardSnapshot> {
-    return this.ref(shard).request<ShardSnapshot & Record<string, unknown>>('take_frozen', { token }, { timeoutMs, retries: 0 });
+  /**
+   * The copy `freeze` made under `token`, in segments that each fit the
+   * message limit (take_frozen, take_frozen_part), rebuilt here; handed over
+   * once, so not retried (a lost reply fails this checkpoint, not the next).
+   * `timeoutMs` per message, and at least 1 s per MB of a segment.
+   */
+  async takeFrozen(shard: string, token: string, timeoutMs = 60_000): Promise<ShardSnapshot> {
+    const ref = this.ref(shard);
+    const budget = segmentBudget(this.system.transport.maxMessageBytes);
+    const first = await ref.request<{ head: SnapshotHead; segments: number; dedup?: DedupWindowWire[]; applied?: [string, number][]; refused?: string[] } & Record<string, unknown>>(
+      'take_frozen', { token, segment_bytes: budget }, { timeoutMs, retries: 0 });
+    const asm = new SnapshotAssembler(first.head, `shard ${shard}: the checkpoint copy ${token}`);
+    for (let index = 0; index < first.segments; index++) {
+      const { segment } = await ref.request<{ segment: SnapshotSegment }>('take_frozen_part', { token, index }, { timeoutMs: Math.max(timeoutMs, Math.ceil(budget / 1_000)), retries: 0 });
+      asm.add(segment);
+    }
+    return { ...asm.finish(), ...(first.dedup ? { dedup: first.dedup, applied: first.applied ?? [], refused: first.refused ?? [] } : {}) };
   }
 
-  /** Replaces the shard's state (its primary's; the backups are seeded again from it). */
-  restore(shard: string, state: Record<string, unknown>, timeoutMs = 60_000): Promise<RestoreReply> {
-    return this.ref(shard).request<RestoreReply & Record<string, unknown>>('restore', { state }, { timeoutMs, retries: 2 });
+  /**
+   * Replaces the shard's state (its primary's; the backups are seeded again
+   * from it), sent in segments that each fit the message limit
+   * (restore_begin, restore_part, restore: the shard restores it all at
+   * once). A message lost on the way (a timeout, a primary moving) starts
+   * the transfer over, twice at most; a state the shard refuses fails at once.
+   */
+  async restore(shard: string, state: unknown, timeoutMs = 60_000): Promise<RestoreReply> {
+    const snap = parseShardSnapshot(state, `restore of shard ${shard}`) as ShardSnapshot;
+    const budget = segmentBudget(this.system.transport.maxMessageBytes);
+    const { head, segments } = splitSnapshot(snap, budget);
+    const logs = { dedup: snap.dedup ?? [], applied: snap.applied ?? [], refused: snap.refused ?? [] };
+    for (let attempt = 0; ; attempt++) {
+      const transfer = `${this.system.senderId}:${shard}:${this.nextTransfer++}`;
+      try {
+        const ref = this.ref(shard);
+        await ref.request('restore_begin', { transfer, head, segments: segments.length }, { timeoutMs, retries: 0 });
+        for (let index = 0; index < segments.length; index++) {
+          await ref.request('restore_part', { transfer, index, segment: segments[index]! }, { timeoutMs: Math.max(timeoutMs, Math.ceil(segmentBytes(segments[index]!) / 1_000)), retries: 0 });
+        }
+        return await ref.request<RestoreReply & Record<string, unknown>>('restore', { transfer, ...logs }, { timeoutMs, retries: 0 });
+      } catch (e) {
+        if (attempt >= 2 || !worthAnotherTry(e)) throw e;
+        this.opts.log.warn({ shard, attempt, err: (e as Error).message }, `restore of shard ${shard}: ${(e as Error).message}; sending it again`);
+      }
+    }
   }
 }
 

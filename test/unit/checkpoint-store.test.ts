@@ -4,15 +4,16 @@ import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promis
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import {
-  CheckpointError, listCheckpoints, writeCheckpointAt, newestValidCheckpoint, pruneCheckpoints, readCheckpointFile, sha256, verifyCheckpoint, writeCheckpoint, type CheckpointContent,
+  CheckpointError, listCheckpoints, writeCheckpointAt, newestValidCheckpoint, pruneCheckpoints, readCheckpointFile, readCheckpointState, sha256, shardFiles, verifyCheckpoint, writeCheckpoint, type CheckpointContent, type CheckpointFileContent, type ManifestFields,
 } from '../../actors/store/checkpoint.ts';
+import type { ShardSnapshot } from '../../actors/shard/shard.messages.ts';
 
 async function withRoot(f: (root: string) => Promise<void>): Promise<void> {
   const root = await mkdtemp(join(tmpdir(), 'hetps-ckpt-'));
   try { await f(root); } finally { await rm(root, { recursive: true, force: true }); }
 }
 
-function content(tag: string, files = 2): CheckpointContent {
+function content(tag: string, files = 2): CheckpointContent & { files: CheckpointFileContent[]; manifest: ManifestFields } {
   return {
     files: Array.from({ length: files }, (_, i) => ({ name: `s${i + 1}.msgpack`, bytes: new TextEncoder().encode(`${tag} state of s${i + 1} `.repeat(50)), shard: `s${i + 1}`, version: 10 + i, round: 0 })),
     manifest: {
@@ -113,5 +114,40 @@ test('a checkpoint at a chosen path (the API) is written the same way and never 
     assert.deepEqual(await verifyCheckpoint(at), manifest);
     await assert.rejects(writeCheckpointAt(at, content('again')), /epoch_2 exists already; choose another path or remove it first/);
     assert.deepEqual(await readdir(root), ['epoch_2']);
+  });
+});
+
+test('a shard state over the file part size: a head file and part files, each in the manifest with its checksum; read back exactly, a damaged or missing part named', async () => {
+  await withRoot(async (root) => {
+    const rows = 5_000;
+    const snap: ShardSnapshot = {
+      format: 1, shard: 's1', plan_version: 2, version: 77, round: 0, dense_optimizer: 'adam', sparse_optimizer: 'adagrad',
+      dense: [{ id: 0, param: 'w', offset: 0, length: 3_000, values: Float32Array.from({ length: 3_000 }, (_, i) => i / 3), state: [new Float32Array(3_000).fill(0.5), new Float32Array(3_000).fill(2)], step: 77 }],
+      sparse: [{ table: 'emb', dim: 4, stateSlots: 1, ids: Uint32Array.from({ length: rows }, (_, i) => i * 3), values: Float32Array.from({ length: rows * 4 }, (_, i) => i % 97), state: new Float32Array(rows * 4).fill(0.1), steps: new Uint32Array(rows).fill(3) }],
+      dedup: [{ from: 'w1', evicted_up_to: -1, seqs: [1, 2], replies: [{ version: 1, applied: true, staleness: 0, lr_scale: 1 }, { version: 2, applied: true, staleness: 0, lr_scale: 1 }] }],
+      applied: [['b1', 1]], refused: [],
+    };
+    const files = [...shardFiles('s1', snap, 16 * 1024)];
+    // ~36 KB of dense arrays and ~180 KB of rows in parts of 16 KiB: ≥ 13 parts, each under the part size.
+    assert.ok(files.length >= 14, `${files.length} files`);
+    assert.equal(files[0]!.name, 's1.msgpack');
+    assert.deepEqual([files[0]!.shard, files[0]!.version], ['s1', 77]);
+    assert.ok(files.slice(1).every((f, i) => f.name === `s1.part-${String(i + 1).padStart(6, '0')}.msgpack` && f.shard === null && f.bytes.byteLength < 17 * 1024));
+    // A small state stays one file, as before.
+    assert.equal([...shardFiles('s1', { ...snap, dense: [], sparse: [] }, 16 * 1024)].length, 1);
+    const c: CheckpointContent = { ...content('big', 0), files };
+    const { path, manifest } = await writeCheckpoint(root, c);
+    assert.equal(manifest.files.length, files.length);
+    assert.deepEqual((await readCheckpointState(path)).snapshots.get('s1'), snap);
+
+    // One byte of a part flipped: the checkpoint fails its checks, naming that part.
+    const part = join(path, files[5]!.name);
+    const bytes = await readFile(part);
+    bytes[40] = bytes[40]! ^ 0x01;
+    await writeFile(part, bytes);
+    await assert.rejects(readCheckpointState(path), (e: unknown) => e instanceof CheckpointError && e.problems.some((p) => p.startsWith(`${files[5]!.name}: SHA-256`)));
+    // A head naming a part the manifest does not list.
+    const other = await writeCheckpoint(root, { ...c, files: files.filter((_, i) => i !== 3) });
+    await assert.rejects(readCheckpointState(other.path), new RegExp(`s1\\.msgpack names part ${files[3]!.name.replace(/\./g, '\\.')}, which the manifest does not list`));
   });
 });

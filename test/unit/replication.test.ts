@@ -24,6 +24,11 @@ import { ShardFailover, createFailoverActor } from '../../actors/scheduler/failo
 import type { HealthState, HealthView } from '../../actors/health/health.types.ts';
 import { until } from '../support/until.ts';
 import { pino, type Logger } from 'pino';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ShardClient } from '../../actors/worker/shard-client.ts';
+import { readCheckpointState, shardFiles, writeCheckpoint } from '../../actors/store/checkpoint.ts';
 
 // ---------------------------------------------------------------- the rules
 
@@ -317,6 +322,56 @@ describe('replicated shards', () => {
       assert.equal(a!.hash, b!.hash);
     } finally {
       await lab.close();
+    }
+  });
+
+  test('a checkpoint of a state many times the message limit: fetched in segments, written in part files and read back exactly; restored in segments, and the backup seeded again from it', async () => {
+    const limits = { n1: 4096, n2: 4096, client: 4096 };
+    const lab = new Lab(plan(), systemClock, null, { maxPayload: 2048, maxMessageBytes: limits });
+    const dir = await mkdtemp(join(tmpdir(), 'hetps-ckpt-seg-'));
+    const rows = (k: number, grad: number, batch: string): Record<string, unknown> => {
+      const ids = Int32Array.from({ length: 150 }, (_, i) => 1 + k * 150 + i);
+      return { ...push(lab.plan, { grad, batches: [batch] }), sparse: [{ table: 'emb', ids, grads: new Float32Array(ids.length * 2).fill(grad) }] } as unknown as Record<string, unknown>;
+    };
+    try {
+      await lab.start('n1'); await lab.start('n2');
+      for (let k = 0; k < 12; k++) await lab.ask('n1', 'push', rows(k, k + 1, `b${k}`), 500 + k);
+      const client = new ShardClient(lab.client, { requestTimeoutMs: 5_000, log: silentLogger(), shouldStop: () => false, plans: lab.plan });
+      await client.freeze('s0', 'cut1');
+      const atCut = (await lab.ask<IntegrityReply>('n1', 'integrity')).hash;
+      // The whole copy (~30 KB of rows) is far over the 4 KiB limit: asked whole, it is refused by name.
+      await lab.ask('n1', 'freeze', { token: 'whole' });
+      await assert.rejects(lab.ask('n1', 'take_frozen', { token: 'whole' }), /exceeds the 4096-byte limit \(communication\.max_message_bytes\)/);
+      await client.freeze('s0', 'cut1');
+      const taken = await client.takeFrozen('s0', 'cut1');
+      assert.deepEqual(taken.sparse.map((t) => t.ids.length), [12 * 150]);
+      assert.deepEqual(taken.dedup!.map((w) => w.seqs.length), [12], 'the dedup table as of the cut comes with it');
+      // Written as a head file and parts of at most 8 KiB of arrays; read back exactly.
+      const files = [...shardFiles('s0', taken, 8192)];
+      assert.ok(files.length >= 4, `${files.length} files`);
+      assert.deepEqual(files.map((f) => f.shard), ['s0', ...files.slice(1).map(() => null)]);
+      const { path } = await writeCheckpoint(dir, { files, manifest: { job: 'rep', run_id: null, trigger: 'command', plan: { version: 1, shards: ['s0'], placement: null }, groups: null, optimizer: null, data: null } });
+      const read = (await readCheckpointState(path)).snapshots.get('s0')!;
+      assert.deepEqual(read, taken);
+      // Training goes on; then back to the cut, in segments.
+      for (let k = 0; k < 3; k++) await lab.ask('n1', 'push', rows(k, 9, `later${k}`), 600 + k);
+      assert.notEqual((await lab.ask<IntegrityReply>('n1', 'integrity')).hash, atCut);
+      const r = await client.restore('s0', read);
+      assert.equal(r.version, 12);
+      assert.equal((await lab.ask<IntegrityReply>('n1', 'integrity')).hash, atCut, 'the primary holds the state of the cut again');
+      // A push from before the cut is answered from the restored dedup table, not applied twice.
+      const again = await lab.ask<PushReply>('n1', 'push', rows(0, 1, 'b0'), 500);
+      assert.equal(again.version, 1);
+      // The backup is seeded again (in segments: its state is over the limit too) and follows from there.
+      await lab.ask('n1', 'push', rows(1, 3, 'after'), 700);
+      await until(async () => (await lab.ask<ShardStats>('n2', 'stats')).version === 13, 'the backup to follow the restored primary', 5_000);
+      const [a, b] = await Promise.all(['n1', 'n2'].map((n) => lab.ask<IntegrityReply>(n, 'integrity')));
+      assert.equal(b!.hash, a!.hash);
+      // A state the shard does not take is refused by name, before anything is sent.
+      await assert.rejects(client.restore('s0', { ...read, sparse: [{ ...read.sparse[0]!, values: 'no' }] }), /restore of shard s0: not a shard snapshot: sparse\.0\.values/);
+    } finally {
+      await lab.close();
+      await rm(dir, { recursive: true, force: true });
     }
   });
 
