@@ -28,7 +28,7 @@ import {
   compressPullReply, dedupWindowSchema, shardMessages, type DenseBlockSnapshot, type PullReply, type PullReplyWire, type PullRequest, type PushReply, type PushRequest,
   type RestoreReply, type RestoreRequest, type ShardMessages, type ShardSnapshot, type ShardStats, type StalenessHistogram,
 } from './shard.messages.ts';
-import { IncomingSnapshot, OutgoingSnapshot, type SnapshotHead, type SnapshotSegment } from './snapshot-segments.ts';
+import { IncomingSnapshot, OutgoingSnapshot, snapshotFields, type SnapshotHead, type SnapshotSegment } from './snapshot-segments.ts';
 import { StalePlanError, StaleUpdateError, SyncRoundError } from './shard.errors.ts';
 import { primaryReplicaId } from './replica.ts';
 
@@ -948,13 +948,7 @@ export function parseShardSnapshot(raw: unknown, what: string): z.output<typeof 
 }
 
 const snapshotSchema = z.object({
-  format: z.literal(1),
-  shard: z.string(),
-  plan_version: z.number().int().nonnegative(),
-  version: z.number().int().nonnegative(),
-  round: z.number().int().nonnegative(),
-  dense_optimizer: z.string(),
-  sparse_optimizer: z.string(),
+  ...snapshotFields,
   dense: z.array(z.object({
     id: z.number().int().nonnegative(),
     param: z.string(),

@@ -16,17 +16,10 @@ import type { DenseBlockSnapshot, ShardSnapshot } from './shard.messages.ts';
 import type { SparseTableSnapshot } from '../../native-bridge/mod.ts';
 
 /** The snapshot's fields without its arrays: what the receiver allocates them from. */
-export interface SnapshotHead {
-  format: 1;
-  shard: string;
-  plan_version: number;
-  version: number;
-  round: number;
-  dense_optimizer: string;
-  sparse_optimizer: string;
+export type SnapshotHead = Omit<ShardSnapshot, 'dense' | 'sparse' | 'dedup' | 'applied' | 'refused'> & {
   dense: { id: number; param: string; offset: number; length: number; slots: number; step: number }[];
   sparse: { table: string; dim: number; stateSlots: number; rows: number }[];
-}
+};
 
 /** Part of the arrays: elements `[from, from + values.length)` of a dense block, rows `[from, from + ids.length)` of a table. */
 export interface SnapshotSegment {
@@ -34,7 +27,8 @@ export interface SnapshotSegment {
   sparse: { table: string; from: number; ids: Uint32Array; values: Float32Array; state: Float32Array; steps: Uint32Array }[];
 }
 
-export const snapshotHeadSchema = z.object({
+/** The fields of a shard snapshot besides its blocks, tables and logs (shared with shard.actor.ts' snapshot schema). */
+export const snapshotFields = {
   format: z.literal(1),
   shard: z.string(),
   plan_version: z.number().int().nonnegative(),
@@ -42,6 +36,10 @@ export const snapshotHeadSchema = z.object({
   round: z.number().int().nonnegative(),
   dense_optimizer: z.string(),
   sparse_optimizer: z.string(),
+};
+
+export const snapshotHeadSchema = z.object({
+  ...snapshotFields,
   dense: z.array(z.object({
     id: z.number().int().nonnegative(), param: z.string(), offset: z.number().int().nonnegative(),
     length: z.number().int().positive(), slots: z.number().int().nonnegative(), step: z.number().int().nonnegative(),
