@@ -143,6 +143,8 @@ class ReplicationLink {
   private attempt = 0;
   private closed = false;
   private seeded: boolean;
+  /** Counts `reseed`s: a seed sent before the latest one carried a state the primary no longer holds. */
+  private seedGeneration = 0;
   private reportedCaughtUp = false;
   /**
    * Its seed does not fit communication.max_message_bytes (a restarted
@@ -228,6 +230,7 @@ class ReplicationLink {
    */
   reseed(): void {
     this.seeded = false;
+    this.seedGeneration++;
     this.entries = [];
     this.sentTo = this.ackedTo;
     this.schedule(0);
@@ -244,9 +247,15 @@ class ReplicationLink {
     this.flushing = true;
     try {
       if (!this.seeded) {
+        const generation = this.seedGeneration;
         const seed = await this.sendSeed();
         if (seed === null) return;
         const reply = await this.ref.request<ReplicateReply & Record<string, unknown>>('seed', seed.last as unknown as Record<string, unknown>, { timeoutMs: Math.max(10_000, this.r.timeoutMs) });
+        if (generation !== this.seedGeneration) {
+          // A restore replaced the state while this seed was on its way: the replica holds the old one; seed it again.
+          this.schedule(0);
+          return;
+        }
         this.seeded = true;
         this.unseedable = false;
         // Updates at or below the seed's position are in it.

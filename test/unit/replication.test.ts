@@ -460,6 +460,40 @@ describe('replicated shards', () => {
     }
   });
 
+  test('a restore while a seed is on its way: the replica is seeded again with the restored state, not left with the one the seed carried', async () => {
+    const limits = { n1: 4096, n2: 4096, client: 4096 };
+    const lab = new Lab(plan(), systemClock, null, { maxPayload: 2048, maxMessageBytes: limits });
+    const rows = (k: number, grad: number, batch: string): Record<string, unknown> => {
+      const ids = Int32Array.from({ length: 150 }, (_, i) => 1 + k * 150 + i);
+      return { ...push(lab.plan, { grad, batches: [batch] }), sparse: [{ table: 'emb', ids, grads: new Float32Array(ids.length * 2).fill(grad) }] } as unknown as Record<string, unknown>;
+    };
+    try {
+      await lab.start('n1'); await lab.start('n2');
+      const client = new ShardClient(lab.client, { requestTimeoutMs: 5_000, log: silentLogger(), shouldStop: () => false, plans: lab.plan });
+      for (let k = 0; k < 6; k++) await lab.ask('n1', 'push', rows(k, 1, `b${k}`), 800 + k);
+      await client.freeze('s0', 'early');
+      const early = await client.takeFrozen('s0', 'early');
+      const earlyHash = (await lab.ask<IntegrityReply>('n1', 'integrity')).hash;
+      for (let k = 6; k < 12; k++) await lab.ask('n1', 'push', rows(k, 2, `b${k}`), 800 + k);
+      // n2 restarts, its messages 30 ms late: a seed of ~10 segments takes a third of a second.
+      await lab.kill('n2');
+      await lab.start('n2', lab.store, 30);
+      const pushed = lab.client.ref('shard', replicaId('s0', 'n1')).request('push', rows(0, 3, 'during'), { timeoutMs: 10_000 });
+      await new Promise((r) => setTimeout(r, 100));
+      // Back to the early cut while that seed is on its way.
+      await client.restore('s0', early);
+      assert.equal((await lab.ask<IntegrityReply>('n1', 'integrity')).hash, earlyHash);
+      await pushed.catch(() => undefined);
+      await lab.ask('n1', 'push', rows(1, 4, 'after'), 900);
+      await until(async () => (await lab.ask<ShardStats>('n2', 'stats')).version === (await lab.ask<ShardStats>('n1', 'stats')).version, 'the backup at the primary\'s version', 10_000);
+      const [a, b] = await Promise.all(['n1', 'n2'].map((n) => lab.ask<IntegrityReply>(n, 'integrity')));
+      assert.equal(b!.hash, a!.hash, 'the backup holds the restored state and what followed');
+      assert.deepEqual(Object.keys(b!.applied).sort(), Object.keys(a!.applied).sort());
+    } finally {
+      await lab.close();
+    }
+  });
+
   test('a state many times the message limit is seeded in segments that each fit it, and the updates pushed meanwhile follow in messages that fit it; the backup ends bit-identical', async () => {
     const infos: string[] = [];
     const errors: string[] = [];
