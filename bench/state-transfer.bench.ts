@@ -13,7 +13,7 @@
  *   segmented_4mib  segments of ~4 MiB (a 4 MiB communication.max_message_bytes)
  *
  * The state: 4 MiB of dense parameters with Adam's two slots, and an
- * Adagrad table of dim 16 (SIZES rows: ~8 MB and ~68 MB of state). Whole and
+ * Adagrad table of dim 16 (SIZES rows: ~18 MB and ~81 MB of state). Whole and
  * segmented alternate in back-to-back rounds; `ratio` is the median over
  * rounds of whole time / segmented time (above 1: segments are faster).
  *
