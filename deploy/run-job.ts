@@ -722,7 +722,7 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
     if (ck.at_end) {
       // The state the job ends with, resumable and exportable; a failure is reported, not fatal (training is done).
       await checkpointer.take('end').then(
-        (r) => out.line(`checkpoint ${r.path}: ${r.files} shard files, ${(r.bytes / 2 ** 20).toFixed(2)} MiB (checkpoint.at_end)`),
+        (r) => out.line(`checkpoint ${r.path}: ${r.files} files, ${(r.bytes / 2 ** 20).toFixed(2)} MiB (checkpoint.at_end)`),
         (e: unknown) => { log.warn({ err: (e as Error).message }, `the end-of-job checkpoint failed: ${(e as Error).message}`); },
       );
     }

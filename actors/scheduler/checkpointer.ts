@@ -37,6 +37,7 @@ export interface CheckpointTaken {
   name: string;
   trigger: CheckpointTrigger;
   bytes: number;
+  /** Files written: a file per shard, and the part files of a shard whose state is large. */
   files: number;
   /** `full`, or `delta` (only the sparse rows updated since the previous checkpoint of its chain). */
   kind: CheckpointManifest['kind'];
@@ -246,7 +247,7 @@ export class Checkpointer {
       moment_wait_ms: moment?.waited_ms ?? 0, aligned: moment?.aligned ?? false,
     };
     this.taken.push(taken);
-    log.info(taken, `checkpoint ${manifest.name} (${trigger}, ${manifest.kind}${full ? '' : ` on ${chain!.names.at(-1)}`}): ${manifest.files.length} shard files, `
+    log.info(taken, `checkpoint ${manifest.name} (${trigger}, ${manifest.kind}${full ? '' : ` on ${chain!.names.at(-1)}`}): ${manifest.files.length} files, `
       + `${rows}/${held} sparse rows, ${(manifest.bytes / 2 ** 20).toFixed(2)} MiB, `
       + `${acked.length}/${this.o.totalBatches} batches done; training paused ${Math.round(pauseMs)} ms for the cut (${taken.pausing_ms} ms until every worker paused, ${taken.snapshot_ms} ms of snapshots)`
       + `${describeMoment(moment)}, written in ${taken.write_ms} ms`);

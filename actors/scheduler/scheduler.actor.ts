@@ -226,7 +226,7 @@ export function createSchedulerActor(o: SchedulerActorOptions): SchedulerActorDe
         if (k === undefined) throw new HetpsError('checkpoint: this job takes no checkpoints');
         // A plain NATS client and `hetps` wait 60 s for the reply: a command's cut gives up on the pause well before that, saying why.
         const r = await k.take(m.trigger, m.path, m.trigger === 'command' ? { pauseWithinMs: COMMAND_PAUSE_WITHIN_MS } : {});
-        event(c, 'checkpoint', `checkpoint ${r.name}: ${r.files} shard files, ${r.bytes} bytes, ${r.batches_done} batches done; paused ${r.pause_ms} ms`, m.from);
+        event(c, 'checkpoint', `checkpoint ${r.name}: ${r.files} files, ${r.bytes} bytes, ${r.batches_done} batches done; paused ${r.pause_ms} ms`, m.from);
         return { ...r };
       },
       shutdown: (m, c) => {
