@@ -452,6 +452,8 @@ export class TrainingMonitor {
     const open = new Set(missing);
     const heldBy = new Set<string>();
     const holders: Record<string, unknown>[] = [];
+    /** Workers reporting that they hold none of them, with where their loops and groups are (a mate a group left behind is told apart this way). */
+    const idle: Record<string, unknown>[] = [];
     const parts: string[] = [];
     const secs = (ms: number | null) => (ms === null ? '?' : `${Math.round(ms / 1000)} s`);
     const list = (ids: readonly string[], count: number) => ids.slice(0, STALL_IDS_SHOWN).join(', ') + (count > STALL_IDS_SHOWN ? `, … (+${count - STALL_IDS_SHOWN} more)` : '');
@@ -460,11 +462,15 @@ export class TrainingMonitor {
       if (p === undefined || p.t.held === null) continue;
       const ids = p.t.held.filter((id) => open.has(id));
       for (const id of ids) heldBy.add(id);
-      if (ids.length === 0) continue;
       const reportedAgo = now - p.at;
+      const group = p.t.group_state !== null ? `group ${p.t.group}: ${p.t.group_state}${p.t.windows !== null ? ` after ${p.t.windows} window(s)` : ''}` : null;
+      if (ids.length === 0) {
+        idle.push({ node, loop_state: p.t.loop_state, group: p.t.group, group_state: p.t.group_state, windows: p.t.windows, reported_ago_ms: reportedAgo, text: `${node} (loop ${p.t.loop_state ?? '?'}${group === null ? '' : `, ${group}`})` });
+        continue;
+      }
       const lastAck = p.t.last_ack_ago_ms === null ? null : p.t.last_ack_ago_ms + reportedAgo;
       const where = [`loop ${p.t.loop_state ?? '?'}`];
-      if (p.t.group_state !== null) where.push(`group ${p.t.group}: ${p.t.group_state}${p.t.windows !== null ? ` after ${p.t.windows} window(s)` : ''}`);
+      if (group !== null) where.push(group);
       where.push(lastAck === null ? 'no batch acknowledged yet' : `its last acknowledgement ${secs(lastAck)} ago`);
       where.push(`reported ${secs(reportedAgo)} ago`);
       parts.push(`${node} holds ${ids.length} (${list(ids, ids.length)}; ${where.join(', ')})`);
@@ -480,9 +486,10 @@ export class TrainingMonitor {
         + (silent.length > 0 ? `; no holdings reported by ${silent.join(', ')}` : '')
         + truncated.map((w) => `; ${w} holds ${this.latestProgress.get(w)!.t.held_count}, named only in part`).join(''));
     }
+    if (idle.length > 0) parts.push(`holding none: ${idle.map((i) => i.text).join(', ')}`);
     return {
       text: parts.length > 0 ? ` — ${parts.join('; ')}` : '',
-      fields: { holders, unheld: unheld.slice(0, STALL_IDS_SHOWN), undelivered },
+      fields: { holders, idle: idle.map(({ text: _text, ...rest }) => rest), unheld: unheld.slice(0, STALL_IDS_SHOWN), undelivered },
     };
   }
 

@@ -157,7 +157,7 @@ test('TrainingMonitor: a stall\'s warning names who holds the unacknowledged bat
     ...(held !== null ? { held, held_count: held.length, loop_state: 'training', group_state: 'running.sync.reducing', windows: 7, last_ack_ago_ms: 2_000 } : {}), ...extra,
   });
   publishTelemetry(workerT, JOB, 'progress', 'w1', progress('w1', [desc(1).batch_id, desc(2).batch_id, desc(0).batch_id]));
-  publishTelemetry(workerT, JOB, 'progress', 'w2', progress('w2', []));
+  publishTelemetry(workerT, JOB, 'progress', 'w2', progress('w2', [], { group_state: 'degraded', windows: 40 }));
   publishTelemetry(workerT, JOB, 'progress', 'w3', progress('w3', null)); // an older worker: reports no holdings
   await advance(1_000);
   assert.equal(lines.filter((l) => l.startsWith('no batch acknowledged')).length, 0, 'no warning before stallWarnMs');
@@ -169,11 +169,14 @@ test('TrainingMonitor: a stall\'s warning names who holds the unacknowledged bat
   // b0 is acknowledged: w1 still naming it (its telemetry trails) does not make it a held unacknowledged batch.
   assert.match(w, /w1 holds 2 \(src\/train\/e0\/b1, src\/train\/e0\/b2; loop training, group fast: running\.sync\.reducing after 7 window\(s\), its last acknowledgement (11|12) s ago, reported (9|10) s ago\)/, w);
   assert.doesNotMatch(w, /w2 holds/);
+  // w2 holds none of them: where its loop and group are is said all the same (a mate left behind by its group shows).
+  assert.match(w, /; holding none: w2 \(loop training, group fast: degraded after 40 window\(s\)\); workers still running/, w);
   assert.match(w, /held by no worker that reports: 2 \(src\/train\/e0\/b3, src\/train\/e0\/b4; the queue has 1 not delivered yet; a delivered batch that nobody holds goes back to the queue after ack_wait, 30 s\); no holdings reported by w3/, w);
   assert.match(w, /workers still running: w1, w2, w3$/);
   const f = fields.find((x) => Array.isArray(x.holders))!;
   assert.deepEqual((f.holders as { node: string; held: string[] }[]).map((h) => [h.node, h.held]), [['w1', [desc(1).batch_id, desc(2).batch_id]]]);
   assert.deepEqual(f.unheld, [desc(3).batch_id, desc(4).batch_id]);
+  assert.deepEqual((f.idle as { node: string; group_state: string; windows: number }[]).map((i) => [i.node, i.group_state, i.windows]), [['w2', 'degraded', 40]]);
   assert.equal(f.undelivered, 1);
   // ctl.status and the dashboard read the same holdings.
   const live = monitor.liveFigures(5).workers;
