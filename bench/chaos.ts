@@ -10,6 +10,7 @@ import { NetLab } from '../deploy/netlab.ts';
 import { findNatsServer } from '../deploy/local-cluster.ts';
 import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
 import { createWriteStream, readFileSync, readdirSync, rmSync, type WriteStream } from 'node:fs';
+import { availableParallelism, cpus, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { createInterface } from 'node:readline';
@@ -437,6 +438,14 @@ export async function alternateRounds(rounds: number, raw: (() => Promise<number
     if (a && b) paired.push(a / b);
   }
   return { rawSeconds, oursSeconds, paired };
+}
+
+/** The machine a result was measured on, as every result file records it. */
+export function machineRecord(): Record<string, unknown> {
+  return {
+    cpu: cpus()[0]?.model ?? null, cores: availableParallelism(), memory_gib: Math.round(totalmem() / 2 ** 30), node: process.version,
+    platform: `${process.platform} ${process.arch}`, nats_server: natsServerVersion(), shared: 'other work may run on the same machine during the bench',
+  };
 }
 
 /** `nats-server --version` of the binary the jobs use, or null. */

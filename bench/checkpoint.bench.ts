@@ -39,11 +39,11 @@
  */
 import { spawn } from 'node:child_process';
 import { mkdtempSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { availableParallelism, cpus, tmpdir, totalmem } from 'node:os';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
-import { earlierResults, gitCommit, natsServerVersion } from './chaos.ts';
+import { earlierResults, gitCommit, machineRecord } from './chaos.ts';
 import { median } from './stats.ts';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
@@ -219,10 +219,7 @@ checkpoint:
     const result = {
       benchmark: 'checkpoint',
       commit, dirty, date: new Date().toISOString(),
-      machine: {
-        cpu: cpus()[0]?.model ?? null, cores: availableParallelism(), memory_gib: Math.round(totalmem() / 2 ** 30), node: process.version,
-        platform: `${process.platform} ${process.arch}`, nats_server: natsServerVersion(), shared: 'other work may run on the same machine during the bench',
-      },
+      machine: machineRecord(),
       setup: {
         job: `examples/quickstart.yaml (2 servers, 5 emulated workers, hps), each run its own local 3-node NATS cluster; the throughput pairs and the resume train ${EPOCHS} epochs instead of 2, the other runs as shipped`,
         epochs: EPOCHS,

@@ -26,7 +26,7 @@
  * runs a subset (for profiling one path with --cpu-prof).
  */
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { availableParallelism, cpus, tmpdir, totalmem } from 'node:os';
+import { tmpdir } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { join } from 'node:path';
 import { connect, type NatsConnection } from '@nats-io/transport-node';
@@ -34,7 +34,7 @@ import { startLocalCluster } from '../deploy/local-cluster.ts';
 import { ActorSystem, SeededRandom, connectTransport, encode, systemClock, type ActorRef, type Transport } from '../runtime/mod.ts';
 import { buildShardPlan } from '../topology/mod.ts';
 import { createShardActor, type ShardStats } from '../actors/mod.ts';
-import { alternateRounds, earlierResults, gitCommit, natsServerVersion } from './chaos.ts';
+import { alternateRounds, earlierResults, gitCommit, machineRecord } from './chaos.ts';
 
 const quick = process.argv.includes('--quick');
 const opsArg = process.argv.indexOf('--ops');
@@ -234,10 +234,7 @@ async function main(): Promise<void> {
   const out: Record<string, unknown> = {
     benchmark: 'ps',
     commit, dirty, date: new Date().toISOString(),
-    machine: {
-      cpu: cpus()[0]?.model ?? null, cores: availableParallelism(), memory_gib: Math.round(totalmem() / 2 ** 30), node: process.version,
-      platform: `${process.platform} ${process.arch}`, nats_server: natsServerVersion(), shared: 'other work may run on the same machine during the bench',
-    },
+    machine: machineRecord(),
     goals: { ratio: 0.7, note: 'sparse_push and sparse_pull ≥ 0.7 × raw nats.js (noAsyncTraces: true) moving the same bytes' },
     ...results,
     setup: {

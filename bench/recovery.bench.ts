@@ -67,15 +67,12 @@
  */
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, writeFileSync, existsSync } from 'node:fs';
-import { availableParallelism, cpus, tmpdir, totalmem } from 'node:os';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parse as parseYaml, stringify as stringifyYaml } from 'yaml';
 import { findNatsServer, startLocalCluster, type LocalCluster, type StartLocalClusterOptions } from '../deploy/local-cluster.ts';
-import {
-  Cleanup, DEFAULT_RECOVERY_OPTIONS, JobWatch, cliHelpMatches, gitCommit, natsServerVersion, loadNetLab, nodePids, now, placementOf, recoveryDefinition, recoveryFromAcks,
-  followOutput, removeDir, signalGroup, sleep, spawnTracked, type NetLab, type Recovery, type Tracked,
-} from './chaos.ts';
+import { Cleanup, DEFAULT_RECOVERY_OPTIONS, JobWatch, cliHelpMatches, gitCommit, loadNetLab, nodePids, now, placementOf, recoveryDefinition, recoveryFromAcks, followOutput, removeDir, signalGroup, sleep, spawnTracked, type NetLab, type Recovery, type Tracked, machineRecord } from './chaos.ts';
 import { median } from './stats.ts';
 
 const ROOT = fileURLToPath(new URL('../', import.meta.url));
@@ -735,10 +732,7 @@ async function main(): Promise<void> {
       commit: sha,
       dirty,
       date: new Date().toISOString(),
-      machine: {
-        cpu: cpus()[0]?.model ?? null, cores: availableParallelism(), memory_gib: Math.round(totalmem() / 2 ** 30), node: process.version,
-        platform: `${process.platform} ${process.arch}`, nats_server: natsServerVersion(), shared: 'other work may run on the same machine during the bench',
-      },
+      machine: machineRecord(),
       goals: GOALS,
       goal_rule: 'a scenario is met when every run finished, the slowest run\'s recovery_s is within its recovery goal, nothing was lost or duplicated (summed over runs), '
         + 'the median final AUC is at least auc_fault_free − auc_delta, and no run saw unequal replicas; replication_cost is met when ratio ≥ replication_ratio',

@@ -25,7 +25,7 @@
  * does not write it.
  */
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { availableParallelism, cpus, tmpdir, totalmem } from 'node:os';
+import { tmpdir } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { join } from 'node:path';
 import { startLocalCluster } from '../deploy/local-cluster.ts';
@@ -33,7 +33,7 @@ import { ActorSystem, SeededRandom, connectTransport, silentLogger, systemClock,
 import { buildShardPlan } from '../topology/mod.ts';
 import { createShardActor, type ShardSnapshot } from '../actors/mod.ts';
 import { ShardClient } from '../actors/worker/shard-client.ts';
-import { alternateRounds, earlierResults, gitCommit, natsServerVersion } from './chaos.ts';
+import { alternateRounds, earlierResults, gitCommit, machineRecord } from './chaos.ts';
 
 const quick = process.argv.includes('--quick');
 const ROUNDS = quick ? 2 : 6;
@@ -126,10 +126,7 @@ async function main(): Promise<void> {
   const out: Record<string, unknown> = {
     benchmark: 'state-transfer',
     commit, dirty, date: new Date().toISOString(),
-    machine: {
-      cpu: cpus()[0]?.model ?? null, cores: availableParallelism(), memory_gib: Math.round(totalmem() / 2 ** 30), node: process.version,
-      platform: `${process.platform} ${process.arch}`, nats_server: natsServerVersion(), shared: 'other work may run on the same machine during the bench',
-    },
+    machine: machineRecord(),
     goals: { ratio: GOAL, note: 'each segmented path (fetch and restore, segments of ≤ 64 MiB and of ~4 MiB) ≥ 0.8 × one whole message, the same state; ratio = median over rounds of whole time / segmented time' },
     ...results,
     setup: {

@@ -21,14 +21,14 @@
  * `superseded`). `--quick`: fewer messages; `--rounds N` (default 5).
  */
 import { mkdirSync, writeFileSync, mkdtempSync, rmSync } from 'node:fs';
-import { availableParallelism, cpus, tmpdir, totalmem } from 'node:os';
+import { tmpdir } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { connect, type NatsConnection } from '@nats-io/transport-node';
 import { startLocalCluster } from '../deploy/local-cluster.ts';
 import { ActorSystem, SeededRandom, connectTransport, systemClock, zbytes, type Transport } from '../runtime/mod.ts';
-import { alternateRounds, earlierResults, gitCommit, natsServerVersion } from './chaos.ts';
+import { alternateRounds, earlierResults, gitCommit, machineRecord } from './chaos.ts';
 import { median } from './stats.ts';
 
 const roundsArg = process.argv.indexOf('--rounds');
@@ -193,10 +193,7 @@ async function main(): Promise<void> {
   const out: Record<string, unknown> = {
     benchmark: 'transport',
     commit, dirty, date: new Date().toISOString(),
-    machine: {
-      cpu: cpus()[0]?.model ?? null, cores: availableParallelism(), memory_gib: Math.round(totalmem() / 2 ** 30), node: process.version,
-      platform: `${process.platform} ${process.arch}`, nats_server: natsServerVersion(), shared: 'other work may run on the same machine during the bench',
-    },
+    machine: machineRecord(),
     cluster: { nodes: 3, max_payload: MAX_PAYLOAD, note: 'sender and receiver on different nodes; empty handlers' },
     raw_side: 'nats.js with noAsyncTraces: true; multi-part 8 MiB as four 2 MiB publishes',
     rounds: ROUNDS,

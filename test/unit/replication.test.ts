@@ -210,6 +210,12 @@ function delayedDeliveries(bus: Bus, ms: number): Bus {
   });
 }
 
+/** A push of 150 rows (ids k·150 + 1 …, new for each k) with gradient `grad`, naming batch `batch`: ~2 KB, a state that outgrows a small message limit. */
+function rowsPush(p: ShardPlan, k: number, grad: number, batch: string): PushRequest {
+  const ids = Int32Array.from({ length: 150 }, (_, i) => 1 + k * 150 + i);
+  return { ...push(p, { grad, batches: [batch] }), sparse: [{ table: 'emb', ids, grads: new Float32Array(ids.length * 2).fill(grad) }] };
+}
+
 function push(p: ShardPlan, o: { grad?: number; batches?: string[]; round?: number | null; expected?: number | null } = {}): PushRequest {
   const ids = Int32Array.from([1, 2, 3].filter((id) => shardOfSparseId(p, id) === 's0'));
   return {
@@ -329,10 +335,7 @@ describe('replicated shards', () => {
     const limits = { n1: 4096, n2: 4096, client: 4096 };
     const lab = new Lab(plan(), systemClock, null, { maxPayload: 2048, maxMessageBytes: limits });
     const dir = await mkdtemp(join(tmpdir(), 'hetps-ckpt-seg-'));
-    const rows = (k: number, grad: number, batch: string): Record<string, unknown> => {
-      const ids = Int32Array.from({ length: 150 }, (_, i) => 1 + k * 150 + i);
-      return { ...push(lab.plan, { grad, batches: [batch] }), sparse: [{ table: 'emb', ids, grads: new Float32Array(ids.length * 2).fill(grad) }] } as unknown as Record<string, unknown>;
-    };
+    const rows = (k: number, grad: number, batch: string) => rowsPush(lab.plan, k, grad, batch) as unknown as Record<string, unknown>;
     try {
       await lab.start('n1'); await lab.start('n2');
       for (let k = 0; k < 12; k++) await lab.ask('n1', 'push', rows(k, k + 1, `b${k}`), 500 + k);
@@ -463,10 +466,7 @@ describe('replicated shards', () => {
   test('a restore while a seed is on its way: the replica is seeded again with the restored state, not left with the one the seed carried', async () => {
     const limits = { n1: 4096, n2: 4096, client: 4096 };
     const lab = new Lab(plan(), systemClock, null, { maxPayload: 2048, maxMessageBytes: limits });
-    const rows = (k: number, grad: number, batch: string): Record<string, unknown> => {
-      const ids = Int32Array.from({ length: 150 }, (_, i) => 1 + k * 150 + i);
-      return { ...push(lab.plan, { grad, batches: [batch] }), sparse: [{ table: 'emb', ids, grads: new Float32Array(ids.length * 2).fill(grad) }] } as unknown as Record<string, unknown>;
-    };
+    const rows = (k: number, grad: number, batch: string) => rowsPush(lab.plan, k, grad, batch) as unknown as Record<string, unknown>;
     try {
       await lab.start('n1'); await lab.start('n2');
       const client = new ShardClient(lab.client, { requestTimeoutMs: 5_000, log: silentLogger(), shouldStop: () => false, plans: lab.plan });
@@ -501,10 +501,7 @@ describe('replicated shards', () => {
     // Every node's limit is 4 KiB (max_payload 2 KiB: each message is also chunked); pushes of 150 rows fit, the state does not.
     const limits = { n1: 4096, n2: 4096, client: 4096 };
     const lab = new Lab(plan(), systemClock, null, { maxPayload: 2048, maxMessageBytes: limits, log: { n1: log } });
-    const rows = (k: number, grad: number, batch = `b${k}`): PushRequest => {
-      const ids = Int32Array.from({ length: 150 }, (_, i) => 1 + k * 150 + i);
-      return { ...push(lab.plan, { grad, batches: [batch] }), sparse: [{ table: 'emb', ids, grads: new Float32Array(ids.length * 2).fill(grad) }] };
-    };
+    const rows = (k: number, grad: number, batch = `b${k}`) => rowsPush(lab.plan, k, grad, batch);
     try {
       await lab.start('n1'); await lab.start('n2');
       for (let k = 0; k < 12; k++) await lab.ask('n1', 'push', rows(k, k + 1) as unknown as Record<string, unknown>);
