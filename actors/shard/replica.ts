@@ -716,10 +716,10 @@ export class Replica {
     return fn();
   }
 
-  /** The copy of the cut `token` with the logs of the same moment: whole, or (`segmentBytes`) its head, its segments to be taken with `take_frozen_part`. */
-  takeFrozen(token: string, segmentBytes?: number): Record<string, unknown> {
+  /** The copy of the cut `token` with the logs of the same moment: whole, or (`maxSegmentBytes`) its head, its segments to be taken with `take_frozen_part`. */
+  takeFrozen(token: string, maxSegmentBytes?: number): Record<string, unknown> {
     this.requirePrimary('take_frozen');
-    const state = segmentBytes === undefined ? this.o.state.takeFrozen(token) : this.o.state.takeFrozenSegments(token, segmentBytes);
+    const state = maxSegmentBytes === undefined ? this.o.state.takeFrozen(token) : this.o.state.takeFrozenSegments(token, maxSegmentBytes);
     const logs = this.frozenLogs?.token === token ? this.frozenLogs : { dedup: [], applied: [], refused: [] };
     this.frozenLogs = null;
     return { ...state, dedup: logs.dedup, applied: logs.applied, refused: logs.refused };
