@@ -801,6 +801,20 @@ export class GroupMember {
     return c.members.filter((m) => !c.lost.includes(m));
   }
 
+  /**
+   * Who is told a window is pushed alone: the active members, and a cut one
+   * alive again by this member's verdicts. A verdict that came and went
+   * leaves it cut here until the driver re-forms the group, while it never
+   * heard it was dead (a member ignores verdicts about itself) and waits in
+   * sync for rounds nobody here will start: the notice lets it push alone
+   * too. It is sent once to a cut member (`send` does not retry for one).
+   */
+  private ownNoticeTo(): string[] {
+    const c = this.machine.getSnapshot().context;
+    const health = this.o.health ?? null;
+    return c.members.filter((m) => m !== this.o.member && (!c.lost.includes(m) || (c.cut.includes(m) && health !== null && health.stateOf(m) !== 'dead')));
+  }
+
   /** Who reduces what, as this member sees the group now: the active members and itself. */
   private deal(): string[] {
     const owners = this.active();
@@ -967,7 +981,7 @@ export class GroupMember {
   private async aloneWindow(w: number, idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded'>> {
     // Not waited for: only a peer still in a window it began in sync needs it (its mailbox is up then); one that
     // went on alone, paused or re-formed meanwhile never takes it, and this member must not wait for that.
-    for (const to of this.active().filter((m) => m !== this.o.member)) {
+    for (const to of this.ownNoticeTo()) {
       void this.send(to, 'own', { run_id: this.o.runId, window: w, member: this.o.member }, OWN_NOTICE_MS).catch((e: unknown) => {
         this.o.log.debug({ group: this.o.group.name, to, window: w, err: (e as Error).message }, 'own notice not delivered');
       });

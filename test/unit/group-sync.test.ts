@@ -887,3 +887,34 @@ test('closeEarly (a pause pending): the window ends after the step in progress, 
     await c.close();
   }
 });
+
+test('a dead verdict that its mates see come and go, and the member itself never sees: it is not left waiting for a round they will not start', { timeout: 60_000 }, async () => {
+  const [b1, b2, b3, b4, b5, b6, b7, b8, b9] = [...batches, ...batches];
+  const timeouts = { lostAfterMs: 60_000, recoveryTimeoutMs: 60_000, stallNoteMs: 60_000 };
+  const [ha, hb, hc] = [verdicts(), verdicts(), verdicts()];
+  const c = await cluster('verdict-flap');
+  try {
+    const g = group('sync', ['a', 'b', 'c'], 1);
+    const ma = await member(c, g, 'a', sessions[0]!, { ...timeouts, health: ha });
+    const mb = await member(c, g, 'b', sessions[1]!, { ...timeouts, health: hb });
+    const mc = await member(c, g, 'c', sessions[2]!, { ...timeouts, health: hc });
+    const w0 = await Promise.all([ma.runWindow(source([b1!])), mb.runWindow(source([b2!])), mc.runWindow(source([b3!]))]);
+    assert.deepEqual(w0.map((o) => o.members), [['a', 'b', 'c'], ['a', 'b', 'c'], ['a', 'b', 'c']]);
+    // b and c see a dead for a moment (a heartbeat late past the dead timeout), then alive; a ignores verdicts about itself.
+    for (const h of [hb, hc]) { h.set('a', 'dead'); h.set('a', 'alive'); }
+    assert.equal(mb.state, 'degraded');
+    assert.equal(ma.state, 'running.sync.stepping');
+    const deadline = (what: string) => new Promise<never>((_r, reject) => { setTimeout(() => reject(new Error(`${what} did not end in 15 s`)), 15_000).unref(); });
+    // b and c push their windows alone until the driver re-forms the group; a must not wait for rounds they will not start,
+    // whether they are a window ahead of it (their notices wait in its inbox) or behind (it waits for their notices).
+    const [o1b, o1c] = await Promise.all([mb.runWindow(source([b5!])), mc.runWindow(source([b6!]))]);
+    const o1a = await Promise.race([ma.runWindow(source([b4!])), deadline('a\'s window behind its mates')]);
+    const o2a = ma.runWindow(source([b7!]));
+    await new Promise((r) => setTimeout(r, 300));
+    const o2 = await Promise.race([Promise.all([o2a, mb.runWindow(source([b8!])), mc.runWindow(source([b9!]))]), deadline('a\'s window ahead of its mates')]);
+    assert.deepEqual([o1a, o1b, o1c, ...o2].map((o) => [o.window, o.members]), [[1, ['a']], [1, ['b']], [1, ['c']], [2, ['a']], [2, ['b']], [2, ['c']]]);
+    await Promise.all([ma.stop(), mb.stop(), mc.stop()]);
+  } finally {
+    await c.close();
+  }
+});
