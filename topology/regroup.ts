@@ -232,6 +232,26 @@ export function needsRejoin(groups: readonly { name: string; nodes: readonly str
   return g !== undefined && g.sync_mode !== 'async' && g.nodes.length > 1;
 }
 
+/**
+ * Reducing groups left degraded with every member alive: a member's report
+ * has said `degraded` for at least `afterMs` (since: the first of those
+ * reports, monotonic ms; null: its latest report says otherwise) while the
+ * health verdicts call every member of the group alive (`afterMs` per
+ * group: a driver waits longer for a group it re-formed so before). Degraded by a dead
+ * verdict, a group waits for the driver to re-form it; a driver that missed
+ * the verdict's coming and going (a standby that took over after it, a
+ * telemetry gap) would leave it async for the rest of the job. Sorted by name.
+ */
+export function strandedGroups(
+  groups: readonly { name: string; nodes: readonly string[]; sync_mode: string }[],
+  degradedSince: (node: string) => number | null, isAlive: (node: string) => boolean, now: number, afterMs: (group: string) => number,
+): string[] {
+  return groups.filter((g) => g.sync_mode !== 'async' && g.nodes.length > 1 && g.nodes.every(isAlive) && g.nodes.some((n) => {
+    const since = degradedSince(n);
+    return since !== null && now - since >= afterMs(g.name);
+  })).map((g) => g.name).sort(cmp);
+}
+
 /** Who trains where: the job info's groups, active workers and standbys. */
 export interface Membership<G extends { name: string; nodes: readonly string[] }> {
   groups: G[];

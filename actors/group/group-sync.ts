@@ -390,6 +390,16 @@ export class GroupInbox {
   addPushed(m: PushedMessage): void { if (m.window >= this.floor) { this.window(m.window).pushed.set(m.member, m); this.poke(); } }
   addOwn(member: string, window: number): void { if (window >= this.floor) { this.window(window).own.add(member); this.poke(); } }
 
+  /**
+   * `member` pushes window `w` or a later one alone: either way it takes no
+   * part in a round of `w` (it ended its window `w` without this member, in a
+   * round among the others or alone, before it began a later one).
+   */
+  aloneFrom(member: string, w: number): boolean {
+    for (const [k, win] of this.windows) if (k >= w && win.own.has(member)) return true;
+    return false;
+  }
+
   /** Forgets windows up to `w`. */
   finish(w: number): void {
     this.floor = Math.max(this.floor, w + 1);
@@ -981,12 +991,17 @@ export class GroupMember {
   private async aloneWindow(w: number, idle: boolean, drained: boolean, phases: WindowPhases): Promise<Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded'>> {
     // Not waited for: only a peer still in a window it began in sync needs it (its mailbox is up then); one that
     // went on alone, paused or re-formed meanwhile never takes it, and this member must not wait for that.
-    for (const to of this.ownNoticeTo()) {
-      void this.send(to, 'own', { run_id: this.o.runId, window: w, member: this.o.member }, OWN_NOTICE_MS).catch((e: unknown) => {
-        this.o.log.debug({ group: this.o.group.name, to, window: w, err: (e as Error).message }, 'own notice not delivered');
+    this.noticeAlone(w, this.ownNoticeTo());
+    return this.closeAlone(w, await this.pushOwn(idle, drained, phases));
+  }
+
+  /** Tells `to` that this member takes no part in a round of window `w` with them (an `own` notice; not waited for). */
+  private noticeAlone(w: number, to: readonly string[]): void {
+    for (const m of to) {
+      void this.send(m, 'own', { run_id: this.o.runId, window: w, member: this.o.member }, OWN_NOTICE_MS).catch((e: unknown) => {
+        this.o.log.debug({ group: this.o.group.name, to: m, window: w, err: (e as Error).message }, 'own notice not delivered');
       });
     }
-    return this.closeAlone(w, await this.pushOwn(idle, drained, phases));
   }
 
   private closeAlone(w: number, pushed: Awaited<ReturnType<GroupMember['pushOwn']>>): Omit<WindowOutcome, 'window' | 'steps' | 'phases' | 'discarded'> {
@@ -1075,11 +1090,12 @@ export class GroupMember {
     this.machine.send(groupEvents.memberReady(member, round));
     lap('slices');
 
-    // A member that pushes this window alone never sends its slices: no round of the window can start, so this one pushes alone too.
-    const anyAlone = () => owners.some((m) => m !== member && this.inbox.window(w).own.has(m));
+    // A member that pushes this window (or a later one) alone takes no part in its round: no round of it can start, so this one
+    // pushes alone too. A later one: a member cut by a verdict it never heard of may still be in a window its mates ended without it.
+    const anyAlone = () => owners.some((m) => m !== member && this.inbox.aloneFrom(m, w));
     const fallBack = async (phase: 'round' | 'gather') => {
       lap(phase);
-      this.o.log.info({ group: this.o.group.name, window: w, alone: owners.filter((m) => this.inbox.window(w).own.has(m)) },
+      this.o.log.info({ group: this.o.group.name, window: w, alone: owners.filter((m) => m !== member && this.inbox.aloneFrom(m, w)) },
         `group ${this.o.group.name} window ${w}: a member pushes this window alone (the group is degraded by a dead member); ${member} pushes its own gradient too`);
       return this.closeAlone(w, own ?? await this.pushOwn(idle, drained, phases));
     };
@@ -1089,6 +1105,10 @@ export class GroupMember {
     lap('round');
     if (!sameMembers(roundMembers, owners)) {
       // The round has other members than this member assumed (one was dropped, or joined late): the shards are dealt anew.
+      // One left out that is alive by the verdicts (cut by a verdict that came and went, which it never heard of) holds this
+      // member's slice of the window: told, it pushes the window alone instead of reducing that slice a second time.
+      const notice = this.ownNoticeTo();
+      this.noticeAlone(w, owners.filter((m) => !roundMembers.includes(m) && notice.includes(m)));
       owners = roundMembers;
       streamed = 0;
       await this.sendSlices(w, owners, steps, idle, drained);
@@ -1164,7 +1184,11 @@ export class GroupMember {
       const out: PushedMessage[] = [];
       for (const m of owners) {
         const p = got.get(m);
-        if (p === undefined) { if (!this.active().includes(m)) continue; return null; }
+        if (p === undefined) {
+          // Dropped, or it ended the window without this member (its notice came after this member had reduced): no report comes.
+          if (!this.active().includes(m) || (m !== member && this.inbox.aloneFrom(m, w))) continue;
+          return null;
+        }
         out.push(p);
       }
       return out;
@@ -1176,8 +1200,11 @@ export class GroupMember {
     // direct: nobody pushes for another member, so a dropped member takes no shard's update with it.
     const lostShards = this.direct ? [] : [...reduceOwners(this.o.plan.shards, owners)].filter(([, m]) => !reported.has(m)).map(([s]) => s);
     if (lostShards.length > 0) {
-      this.o.log.warn({ group: this.o.group.name, window: w, shards: lostShards },
-        `group ${this.o.group.name} window ${w}: the update of shard(s) ${lostShards.join(', ')} was lost with a dropped member (it may or may not have been pushed)`);
+      const alone = owners.filter((m) => m !== member && !reported.has(m) && this.inbox.aloneFrom(m, w));
+      this.o.log.warn({ group: this.o.group.name, window: w, shards: lostShards, alone },
+        alone.length > 0
+          ? `group ${this.o.group.name} window ${w}: ${alone.join(', ')} ended the window without this member (a dead verdict for it that it never heard of) after this member had reduced their slices: their gradient reached this member's shards twice, and this member's missed shard(s) ${lostShards.join(', ')}`
+          : `group ${this.o.group.name} window ${w}: the update of shard(s) ${lostShards.join(', ')} was lost with a dropped member (it may or may not have been pushed)`);
     }
     this.inbox.finish(w);
     const version = Math.max(own?.version ?? 0, ...results.flatMap((x) => (x.r.refused ? [] : [x.r.reply.version])));

@@ -41,7 +41,7 @@ import {
   type Clock, type Logger, type Timer, type Transport,
 } from '../../runtime/mod.ts';
 import {
-  INITIAL_DEGRADATION_STATE, baselineStepMs, detectDegradation, groupNodes, medianOf, needsRejoin, noteRegrouped, observedSlowdown, standbyReplacement,
+  INITIAL_DEGRADATION_STATE, baselineStepMs, detectDegradation, groupNodes, medianOf, needsRejoin, noteRegrouped, observedSlowdown, standbyReplacement, strandedGroups,
   profilesAtObservedSpeed, regroupPlan, workerGroupSchema,
   type DegradationPolicy, type DegradationState, type NodeProfile, type WorkerGroupConfig,
 } from '../../topology/mod.ts';
@@ -76,7 +76,7 @@ export interface RegroupRecord {
    * `rejoin`: the groups unchanged, re-formed to take back workers alive again after their group dropped them;
    * `standby`: a standby worker took a dead member's place.
    */
-  trigger: 'command' | 'automatic' | 'rejoin' | 'standby' | 'recovery-timeout' | 'recover';
+  trigger: 'command' | 'automatic' | 'rejoin' | 'standby' | 'recovery-timeout' | 'recover' | 'stranded';
   groups_version: number;
   groups: WorkerGroupConfig[];
   /** Nodes whose group changed. */
@@ -120,6 +120,15 @@ export interface RegroupControllerOptions {
    * info's `rejoining`. Absent: no rejoins (the worker stays out of its group's rounds).
    */
   health?: HealthView | null;
+  /**
+   * With `health`: a reducing group whose members report it `degraded` for
+   * this long while the verdicts call every member alive is re-formed
+   * unchanged (trigger `stranded`): the dead verdict that degraded it came and
+   * went without this controller seeing it (it took over after it, as a
+   * standby driver does), so no rejoin would come. Default: the job's
+   * worker recovery timeout (how long a group waits for a member); 0: never.
+   */
+  strandedAfterMs?: number;
   /** Every live worker has paused for `groupsVersion` (ctl.pause). */
   onPaused?: (groupsVersion: number, workers: string[]) => void;
 }
@@ -163,6 +172,13 @@ export class RegroupController {
   private readonly cutTimers = new Map<string, Timer>();
   /** Dead past the recovery timeout: their groups re-form without them (not yet done). */
   private readonly toReform = new Set<string>();
+  /** Per worker: since when (monotonic ms) its progress reports say its group is degraded; cleared by every regroup. */
+  private readonly degradedSince = new Map<string, number>();
+  /** Groups left degraded with every member alive (strandedGroups): re-formed unchanged (not yet done). */
+  private readonly stranded = new Set<string>();
+  /** Stranded re-forms per group so far: each one doubles the wait before the next (at most 8×), should the group keep degrading. */
+  private readonly strandedTimes = new Map<string, number>();
+  private readonly strandTimer: Timer | null;
   private rejoinLoop: Promise<void> | null = null;
   private readonly unwatchHealth: (() => void) | null;
 
@@ -174,7 +190,11 @@ export class RegroupController {
     this.unsubscribe = subscribeTelemetry(o.transport, o.job, {
       profile: (t) => { this.profiles.set(t.node, nodeProfileOf(t)); },
       start: (t) => { this.started.add(t.node); },
-      done: (t) => { this.ended.add(t.node); this.wake(); },
+      done: (t) => { this.ended.add(t.node); this.degradedSince.delete(t.node); this.wake(); },
+      progress: (t) => {
+        if (t.group_state !== 'degraded') this.degradedSince.delete(t.node);
+        else if (!this.degradedSince.has(t.node)) this.degradedSince.set(t.node, this.o.clock.monotonic());
+      },
       batch: (t) => {
         this.started.add(t.node);
         const ms = t.emulated_step_ms ?? t.busy_ms;
@@ -200,6 +220,9 @@ export class RegroupController {
     this.unwatchHealth = o.health?.onChange((node, state) => this.noteVerdict(node, state)) ?? null;
     const every = o.autoEveryMs ?? 1_000;
     this.timer = every > 0 && o.info.mode === 'hps' ? o.clock.setInterval(() => { void this.autoCheck(); }, every) : null;
+    const strandedAfter = this.strandedAfterMs;
+    this.strandTimer = o.health && strandedAfter > 0 && o.info.mode === 'hps'
+      ? o.clock.setInterval(() => this.checkStranded(strandedAfter), Math.max(100, Math.min(2_000, strandedAfter / 4))) : null;
   }
 
   /** The job info as last written (the one writer is this controller). */
@@ -215,6 +238,7 @@ export class RegroupController {
     this.cut?.lift();
     this.cut = null;
     this.timer?.cancel();
+    this.strandTimer?.cancel();
     for (const t of this.cutTimers.values()) t.cancel();
     this.cutTimers.clear();
     this.unwatchHealth?.();
@@ -293,8 +317,10 @@ export class RegroupController {
     rejoined: string[]; replaced: RegroupRecord['replaced'];
   }): void {
     const started = this.o.clock.monotonic();
+    this.degradedSince.clear();
     this.inProgress = this.complete(r.v, r.reason, r.trigger, r.groups, r.moved, r.groupedBy, { rejoined: r.rejoined, replaced: r.replaced }, started)
-      .finally(() => { this.inProgress = null; });
+      // Reports from before the re-form may still arrive: a group counts as degraded again only from reports after it.
+      .finally(() => { this.inProgress = null; this.degradedSince.clear(); });
   }
 
   /**
@@ -334,12 +360,13 @@ export class RegroupController {
   /** Re-forms the groups unchanged for the workers in `returning`, once no regroup or pause is in the way. */
   private async rejoin(): Promise<void> {
     const { log } = this.o;
-    while ((this.returning.size > 0 || this.toReplace.size > 0 || this.toReform.size > 0) && !this.disposed) {
+    while ((this.returning.size > 0 || this.toReplace.size > 0 || this.toReform.size > 0 || this.stranded.size > 0) && !this.disposed) {
       if (this.inProgress !== null) { await this.inProgress.catch(() => undefined); continue; }
       // An operator's pause: the rejoin follows the resume.
       if (this.pausedAt !== null) { await this.changed(1_000); continue; }
       if (this.toReplace.size > 0) { await this.replaceDead(); continue; }
       if (this.toReform.size > 0) { await this.reformWithoutDead(); continue; }
+      if (this.stranded.size > 0) { await this.reformStranded(); continue; }
       const nodes = [...this.returning].sort();
       this.returning.clear();
       // Still alive (a verdict may have come and gone meanwhile), and still in a group that reduces.
@@ -352,6 +379,41 @@ export class RegroupController {
       } catch (e) {
         log.warn({ err: (e as Error).message, rejoining: back }, `rejoin of ${back.join(', ')} failed: could not write the job info; they stay out of their group's rounds`);
       }
+    }
+  }
+
+  private get strandedAfterMs(): number { return this.o.strandedAfterMs ?? this.info.recovery_timeout_ms ?? this.info.ack_wait_ms; }
+
+  /** Reducing groups degraded with every member alive (see `strandedAfterMs`) are queued for a re-form. */
+  private checkStranded(afterMs: number): void {
+    if (this.disposed || this.inProgress !== null || this.pausedAt !== null || this.cut !== null || this.rejoinLoop !== null) return;
+    const found = this.strandedNow(afterMs);
+    if (found.length === 0) return;
+    for (const g of found) this.stranded.add(g);
+    this.rejoinLoop ??= this.rejoin().finally(() => { this.rejoinLoop = null; });
+  }
+
+  private strandedNow(afterMs: number): string[] {
+    return strandedGroups(this.groups, (n) => this.degradedSince.get(n) ?? null, (n) => this.o.health?.stateOf(n) === 'alive', this.o.clock.monotonic(),
+      (g) => afterMs * 2 ** Math.min(3, this.strandedTimes.get(g) ?? 0));
+  }
+
+  /** Re-forms the groups unchanged for the groups in `stranded`, still degraded with every member alive. */
+  private async reformStranded(): Promise<void> {
+    const { log } = this.o;
+    const afterMs = this.strandedAfterMs;
+    const still = this.strandedNow(afterMs).filter((g) => this.stranded.has(g));
+    for (const g of still) this.strandedTimes.set(g, (this.strandedTimes.get(g) ?? 0) + 1);
+    this.stranded.clear();
+    if (still.length === 0) return;
+    const now = this.o.clock.monotonic();
+    const longest = Math.max(...this.groups.filter((g) => still.includes(g.name)).flatMap((g) => g.nodes.map((n) => now - (this.degradedSince.get(n) ?? now))));
+    const reason = `${still.length > 1 ? 'groups' : 'group'} ${still.join(', ')} degraded for ${(longest / 1000).toFixed(1)} s with every member alive by the health verdicts (a dead verdict that came and went before this driver could follow it)`;
+    try {
+      const v = await this.reform(reason, 'stranded', []);
+      log.warn({ groups_version: v, groups: still }, `regroup to groups v${v} (${reason}): the groups re-form unchanged at the next window boundary and sync again`);
+    } catch (e) {
+      log.warn({ err: (e as Error).message, groups: still }, `re-forming ${still.join(', ')} failed: could not write the job info; ${still.length > 1 ? 'they stay' : 'it stays'} async`);
     }
   }
 

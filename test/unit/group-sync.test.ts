@@ -918,3 +918,43 @@ test('a dead verdict that its mates see come and go, and the member itself never
     await c.close();
   }
 });
+
+test('a member whose mate finished a window\'s round without it (a verdict it never heard of) pushes that window alone on the mate\'s notice: nothing is applied twice', { timeout: 60_000 }, async () => {
+  const [b1, b2, b3, b4, b5, b6] = batches;
+  const timeouts = { lostAfterMs: 60_000, recoveryTimeoutMs: 60_000, stallNoteMs: 60_000 };
+  const [ha, hb] = [verdicts(), verdicts()];
+  await sameAsReference(async (c) => {
+    const g = group('sync', ['a', 'b'], 1);
+    const ma = await member(c, g, 'a', sessions[0]!, { ...timeouts, health: ha });
+    const mb = await member(c, g, 'b', sessions[1]!, { ...timeouts, health: hb });
+    const w0 = await Promise.all([ma.runWindow(source([b1!])), mb.runWindow(source([b2!]))]);
+    assert.deepEqual(w0.map((o) => o.members), [['a', 'b'], ['a', 'b']]);
+    // b begins window 1, sends a its slice and waits for a's; a dead verdict for a reaches b (not a): b finishes the
+    // round without it, alone, and the verdict turns alive again.
+    const o1b = mb.runWindow(source([b3!]));
+    await new Promise((r) => setTimeout(r, 300));
+    hb.set('a', 'dead');
+    hb.set('a', 'alive');
+    assert.deepEqual((await o1b).members, ['b']);
+    // a begins window 1 in sync with b's slice in its mailbox: reducing it would apply b's gradient a second time on
+    // a's shards. b told a it took no part: a pushes its own gradient alone (the reference applies b3, then b4).
+    const deadline = new Promise<never>((_r, reject) => { setTimeout(() => reject(new Error('a\'s window 1 did not end in 15 s')), 15_000).unref(); });
+    const o1a = await Promise.race([ma.runWindow(source([b4!])), deadline]);
+    assert.deepEqual([o1a.window, o1a.members], [1, ['a']]);
+    const o2b = await mb.runWindow(source([b5!]));
+    assert.deepEqual([o2b.window, o2b.members], [2, ['b']]);
+    const o2a = await Promise.race([ma.runWindow(source([b6!])), deadline]);
+    assert.deepEqual([o2a.window, o2a.members], [2, ['a']]);
+    await Promise.all([ma.stop(), mb.stop()]);
+  }, [union([b1!, b2!]), b3!, b4!, b5!, b6!], uniqueIdsOf(union([b1!, b2!, b3!, b4!, b5!, b6!])));
+});
+
+test('GroupInbox: a member that pushes a window or a later one alone takes no part in its round; a finished window\'s notices are forgotten', () => {
+  const inbox = new GroupInbox();
+  inbox.addOwn('b', 3);
+  assert.deepEqual([inbox.aloneFrom('b', 2), inbox.aloneFrom('b', 3), inbox.aloneFrom('b', 4), inbox.aloneFrom('c', 2)], [true, true, false, false]);
+  inbox.finish(3);
+  assert.equal(inbox.aloneFrom('b', 0), false);
+  inbox.addOwn('b', 2);
+  assert.equal(inbox.aloneFrom('b', 0), false, 'a notice for a finished window is dropped');
+});

@@ -160,7 +160,7 @@ function verdicts() {
 }
 
 /** A controller over an in-process bus that follows `health` (set by the test), its job info in a memory store; every worker started and alive. */
-async function followingVerdicts(jobInfo: JobInfo) {
+async function followingVerdicts(jobInfo: JobInfo, more: { strandedAfterMs?: number } = {}) {
   const broker = new InProcessBroker();
   const driverT = await connectTransport({ servers: null, broker, name: 'driver' });
   const workerT = await connectTransport({ servers: null, broker, name: 'worker' });
@@ -169,15 +169,19 @@ async function followingVerdicts(jobInfo: JobInfo) {
   const health = verdicts();
   const ctl = new RegroupController({
     transport: driverT, job: JOB, jobStore: store, info: jobInfo, clock: systemClock, log: silentLogger(), autoEveryMs: 0,
-    isDead: (n) => health.stateOf(n) === 'dead', health,
+    isDead: (n) => health.stateOf(n) === 'dead', health, ...more,
   });
   for (const w of jobInfo.workers) { publishTelemetry(workerT, JOB, 'start', w, { node: w, group: 'x', mode: 'hps', emulated_speed: null }); health.set(w, 'alive'); }
   /** Every one of `workers` reports it paused for groups version `v`. */
   const ready = (v: number, workers: readonly string[]) => {
     for (const w of workers) publishTelemetry(workerT, JOB, 'regroup', w, { node: w, groups_version: v, state: 'ready', group: 'x' });
   };
+  /** `w`'s progress report, naming the state of its group as it sees it. */
+  const progress = (w: string, groupState: string) => publishTelemetry(workerT, JOB, 'progress', w, {
+    node: w, group: 'x', steps: 1, samples: 32, loss: null, samples_per_s: 1, round: null, emulated_speed: null, group_state: groupState,
+  });
   const close = async () => { await ctl.dispose(); await driverT.close(); await workerT.close(); };
-  return { store, health, ctl, ready, close };
+  return { store, health, ctl, ready, progress, close };
 }
 
 test('rejoin: a member of a reducing group dead and then alive again is taken back by a re-form with the groups unchanged', async () => {
@@ -210,6 +214,56 @@ test('rejoin: a member of a reducing group dead and then alive again is taken ba
     // A later pause is not a rejoin: nobody gives up a window for it.
     await ctl.pause('operator');
     assert.deepEqual((await store.get())!.rejoining, []);
+  } finally {
+    await close();
+  }
+});
+
+test('stranded: a reducing group its members report degraded while every member is alive (a verdict this driver never saw) is re-formed unchanged; async groups, dead members and short spells are left alone', async () => {
+  const { store, health, ctl, ready, progress, close } = await followingVerdicts(info, { strandedAfterMs: 400 });
+  const reportEvery = (ms: number, reports: () => void) => { reports(); return setInterval(reports, ms); };
+  try {
+    // An async group's members push alone anyway, and a group with a member dead by the verdicts waits for its rejoin or
+    // recovery timeout (the dead verdict seen here): neither is stranded.
+    health.set('w1', 'dead');
+    let t = reportEvery(100, () => { progress('w2', 'degraded'); progress('w3', 'degraded'); });
+    await new Promise((r) => setTimeout(r, 1_200));
+    clearInterval(t);
+    assert.equal((await store.get())!.groups_version, 0, 'nothing re-formed for an async group or a member dead by the verdicts');
+    // A standby driver's view: w1 alive (it never saw it dead); w2 still reports its group degraded, w1 that it runs in sync.
+    // A spell shorter than strandedAfterMs re-forms nothing.
+    const fresh = await followingVerdicts(info, { strandedAfterMs: 400 });
+    try {
+      t = reportEvery(100, () => { fresh.progress('w2', 'degraded'); fresh.progress('w1', 'running.sync.stepping'); });
+      await new Promise((r) => setTimeout(r, 250));
+      fresh.progress('w2', 'running.sync.reducing');
+      clearInterval(t);
+      await new Promise((r) => setTimeout(r, 600));
+      assert.equal((await fresh.store.get())!.groups_version, 0, 'a short spell of degraded re-forms nothing');
+      const t0 = Date.now();
+      t = reportEvery(100, () => { fresh.progress('w2', 'degraded'); fresh.progress('w1', 'running.sync.stepping'); });
+      await until(async () => (await fresh.store.get())!.groups_version === 1);
+      assert.ok(Date.now() - t0 >= 400, `re-formed after ${Date.now() - t0} ms of degraded reports, before strandedAfterMs`);
+      const written = (await fresh.store.get())!;
+      assert.deepEqual([written.groups, written.rejoining], [info.groups, []], 'the groups re-form unchanged; nobody gives up a window');
+      clearInterval(t);
+      fresh.ready(1, info.workers);
+      await until(async () => (await fresh.store.get())!.resume_version === 1);
+      await until(async () => fresh.ctl.records.length === 1);
+      assert.equal(fresh.ctl.records[0]!.trigger, 'stranded');
+      assert.match(fresh.ctl.records[0]!.reason, /group fast degraded for [0-9.]+ s with every member alive/);
+      // Still degraded after it (a member cut off from its mates but not from the health actor): the next re-form waits twice as long.
+      const t1 = Date.now();
+      t = reportEvery(100, () => fresh.progress('w2', 'degraded'));
+      await until(async () => (await fresh.store.get())!.groups_version === 2);
+      assert.ok(Date.now() - t1 >= 800, `the second re-form came ${Date.now() - t1} ms after the first, not after twice strandedAfterMs`);
+      clearInterval(t);
+      fresh.ready(2, info.workers);
+      await until(async () => (await fresh.store.get())!.resume_version === 2);
+    } finally {
+      clearInterval(t);
+      await fresh.close();
+    }
   } finally {
     await close();
   }
