@@ -1276,6 +1276,9 @@ export class GroupMember {
           this.checkStop(fields.window);
           if (!this.machine.getSnapshot().context.members.includes(to)) return; // dropped from the group: nobody waits for it
           if (this.stopped) return; // this member re-forms or ends: its messages are of a membership that is over
+          // It ended this window (or a later one) without this member (its `own` notice): nobody there waits for it. Its
+          // mailbox may already serve a new membership, refusing this one's messages until this member re-forms too.
+          if (this.inbox.aloneFrom(to, fields.window)) return;
           const now = this.clock.monotonic();
           if (giveUpAfterMs !== null && now - started >= giveUpAfterMs) return;
           this.checkSilent(to, started, now);

@@ -958,3 +958,31 @@ test('GroupInbox: a member that pushes a window or a later one alone takes no pa
   inbox.addOwn('b', 2);
   assert.equal(inbox.aloneFrom('b', 0), false, 'a notice for a finished window is dropped');
 });
+
+test('streamed parts to a mate that ended the window without this member and re-formed since stop on its notice: the window is pushed alone, not retried forever', { timeout: 60_000 }, async () => {
+  const [b1, b2, b3, b4, b5] = batches;
+  const timeouts = { lostAfterMs: 60_000, recoveryTimeoutMs: 60_000, stallNoteMs: 60_000, streamSlices: true };
+  const [ha, hb] = [verdicts(), verdicts()];
+  const c = await cluster('verdict-flap-streamed');
+  try {
+    const g = group('sync', ['a', 'b'], 2);
+    const ma = await member(c, g, 'a', sessions[0]!, { ...timeouts, health: ha });
+    const mb = await member(c, g, 'b', sessions[1]!, { ...timeouts, health: hb });
+    const w0 = await Promise.all([ma.runWindow(source([b1!, b2!])), mb.runWindow(source([b3!]))]);
+    assert.deepEqual(w0.map((o) => o.members), [['a', 'b'], ['a', 'b']]);
+    // b cuts a on a verdict that comes and goes, pushes window 1 alone (telling a), and re-forms for the driver's
+    // regroup: its new mailbox refuses the old membership's messages ("re-forming; send again").
+    hb.set('a', 'dead');
+    hb.set('a', 'alive');
+    assert.deepEqual((await mb.runWindow(source([b4!]))).members, ['b']);
+    await mb.stop('regrouped');
+    const mb2 = await member(c, g, 'b', sessions[1]!, { ...timeouts, health: hb, runId: 'run-1/g1' });
+    // a's window 1 streams its first step to b as a part: b's new mailbox never takes it, and b's notice says it need not.
+    const deadline = new Promise<never>((_r, reject) => { setTimeout(() => reject(new Error('a\'s window 1 did not end in 15 s')), 15_000).unref(); });
+    const o1a = await Promise.race([ma.runWindow(source([b5!, b2!])), deadline]);
+    assert.deepEqual([o1a.window, o1a.members], [1, ['a']]);
+    await Promise.all([ma.stop(), mb2.stop()]);
+  } finally {
+    await c.close();
+  }
+});
