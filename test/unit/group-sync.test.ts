@@ -721,17 +721,24 @@ function verdicts(): HealthView & { set(node: string, state: HealthState): void 
   };
 }
 
+/**
+ * A sync group of `names` (every `syncSteps` steps), each member with its own view of the verdicts and no timeout that
+ * would drop a member in these tests; window 0 trained in sync on `first[i]` for member i.
+ */
+async function syncedWithVerdicts<const N extends readonly string[]>(c: Cluster, names: N, first: CtrBatch[][], syncSteps = 1, more: Partial<GroupMemberOptions> = {}) {
+  const g = group('sync', [...names], syncSteps);
+  const timeouts = { lostAfterMs: 60_000, recoveryTimeoutMs: 60_000, stallNoteMs: 60_000, ...more };
+  const views = names.map(() => verdicts());
+  const members = await Promise.all(names.map((n, i) => member(c, g, n, sessions[i]!, { ...timeouts, health: views[i]! })));
+  const w0 = await Promise.all(members.map((m, i) => m.runWindow(source(first[i]!))));
+  assert.deepEqual(w0.map((o) => o.members), names.map(() => [...names]), 'window 0 in sync');
+  return { g, timeouts, members: members as { [K in keyof N]: GroupMember }, views: views as { [K in keyof N]: ReturnType<typeof verdicts> } };
+}
+
 test('a dead verdict degrades the group to async: windows are pushed alone, and a member that began its window in sync pushes alone too', { timeout: 60_000 }, async () => {
   const [b1, b2, b3, b4, b5, b6, b7] = batches;
-  const timeouts = { lostAfterMs: 60_000, recoveryTimeoutMs: 60_000, stallNoteMs: 60_000 };
-  const [ha, hb, hc] = [verdicts(), verdicts(), verdicts()];
   await sameAsReference(async (c) => {
-    const g = group('sync', ['a', 'b', 'c'], 1);
-    const ma = await member(c, g, 'a', sessions[0]!, { ...timeouts, health: ha });
-    const mb = await member(c, g, 'b', sessions[1]!, { ...timeouts, health: hb });
-    const mc = await member(c, g, 'c', sessions[2]!, { ...timeouts, health: hc });
-    const w0 = await Promise.all([ma.runWindow(source([b1!])), mb.runWindow(source([b2!])), mc.runWindow(source([b3!]))]);
-    assert.deepEqual(w0.map((o) => o.members), [['a', 'b', 'c'], ['a', 'b', 'c'], ['a', 'b', 'c']]);
+    const { members: [ma, mb, mc], views: [ha, hb] } = await syncedWithVerdicts(c, ['a', 'b', 'c'], [[b1!], [b2!], [b3!]]);
     await mc.stop('killed');
     // The verdict reaches b first: b's next window is its own, and b tells a so.
     hb.set('c', 'dead');
@@ -890,16 +897,9 @@ test('closeEarly (a pause pending): the window ends after the step in progress, 
 
 test('a dead verdict that its mates see come and go, and the member itself never sees: it is not left waiting for a round they will not start', { timeout: 60_000 }, async () => {
   const [b1, b2, b3, b4, b5, b6, b7, b8, b9] = [...batches, ...batches];
-  const timeouts = { lostAfterMs: 60_000, recoveryTimeoutMs: 60_000, stallNoteMs: 60_000 };
-  const [ha, hb, hc] = [verdicts(), verdicts(), verdicts()];
   const c = await cluster('verdict-flap');
   try {
-    const g = group('sync', ['a', 'b', 'c'], 1);
-    const ma = await member(c, g, 'a', sessions[0]!, { ...timeouts, health: ha });
-    const mb = await member(c, g, 'b', sessions[1]!, { ...timeouts, health: hb });
-    const mc = await member(c, g, 'c', sessions[2]!, { ...timeouts, health: hc });
-    const w0 = await Promise.all([ma.runWindow(source([b1!])), mb.runWindow(source([b2!])), mc.runWindow(source([b3!]))]);
-    assert.deepEqual(w0.map((o) => o.members), [['a', 'b', 'c'], ['a', 'b', 'c'], ['a', 'b', 'c']]);
+    const { members: [ma, mb, mc], views: [, hb, hc] } = await syncedWithVerdicts(c, ['a', 'b', 'c'], [[b1!], [b2!], [b3!]]);
     // b and c see a dead for a moment (a heartbeat late past the dead timeout), then alive; a ignores verdicts about itself.
     for (const h of [hb, hc]) { h.set('a', 'dead'); h.set('a', 'alive'); }
     assert.equal(mb.state, 'degraded');
@@ -921,14 +921,8 @@ test('a dead verdict that its mates see come and go, and the member itself never
 
 test('a member whose mate finished a window\'s round without it (a verdict it never heard of) pushes that window alone on the mate\'s notice: nothing is applied twice', { timeout: 60_000 }, async () => {
   const [b1, b2, b3, b4, b5, b6] = batches;
-  const timeouts = { lostAfterMs: 60_000, recoveryTimeoutMs: 60_000, stallNoteMs: 60_000 };
-  const [ha, hb] = [verdicts(), verdicts()];
   await sameAsReference(async (c) => {
-    const g = group('sync', ['a', 'b'], 1);
-    const ma = await member(c, g, 'a', sessions[0]!, { ...timeouts, health: ha });
-    const mb = await member(c, g, 'b', sessions[1]!, { ...timeouts, health: hb });
-    const w0 = await Promise.all([ma.runWindow(source([b1!])), mb.runWindow(source([b2!]))]);
-    assert.deepEqual(w0.map((o) => o.members), [['a', 'b'], ['a', 'b']]);
+    const { members: [ma, mb], views: [, hb] } = await syncedWithVerdicts(c, ['a', 'b'], [[b1!], [b2!]]);
     // b begins window 1, sends a its slice and waits for a's; a dead verdict for a reaches b (not a): b finishes the
     // round without it, alone, and the verdict turns alive again.
     const o1b = mb.runWindow(source([b3!]));
@@ -961,15 +955,9 @@ test('GroupInbox: a member that pushes a window or a later one alone takes no pa
 
 test('streamed parts to a mate that ended the window without this member and re-formed since stop on its notice: the window is pushed alone, not retried forever', { timeout: 60_000 }, async () => {
   const [b1, b2, b3, b4, b5] = batches;
-  const timeouts = { lostAfterMs: 60_000, recoveryTimeoutMs: 60_000, stallNoteMs: 60_000, streamSlices: true };
-  const [ha, hb] = [verdicts(), verdicts()];
   const c = await cluster('verdict-flap-streamed');
   try {
-    const g = group('sync', ['a', 'b'], 2);
-    const ma = await member(c, g, 'a', sessions[0]!, { ...timeouts, health: ha });
-    const mb = await member(c, g, 'b', sessions[1]!, { ...timeouts, health: hb });
-    const w0 = await Promise.all([ma.runWindow(source([b1!, b2!])), mb.runWindow(source([b3!]))]);
-    assert.deepEqual(w0.map((o) => o.members), [['a', 'b'], ['a', 'b']]);
+    const { g, members: [ma, mb], views: [, hb], timeouts } = await syncedWithVerdicts(c, ['a', 'b'], [[b1!, b2!], [b3!]], 2, { streamSlices: true });
     // b cuts a on a verdict that comes and goes, pushes window 1 alone (telling a), and re-forms for the driver's
     // regroup: its new mailbox refuses the old membership's messages ("re-forming; send again").
     hb.set('a', 'dead');
