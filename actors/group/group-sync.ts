@@ -1203,7 +1203,7 @@ export class GroupMember {
       const alone = owners.filter((m) => m !== member && !reported.has(m) && this.inbox.aloneFrom(m, w));
       this.o.log.warn({ group: this.o.group.name, window: w, shards: lostShards, alone },
         alone.length > 0
-          ? `group ${this.o.group.name} window ${w}: ${alone.join(', ')} ended the window without this member (a dead verdict for it that it never heard of) after this member had reduced their slices: their gradient reached this member's shards twice, and this member's missed shard(s) ${lostShards.join(', ')}`
+          ? `group ${this.o.group.name} window ${w}: ${alone.join(', ')} ended the window without this member (a dead verdict for it that it never heard of) after this member had reduced their slices: their gradient reached this member's shards twice, and this member's gradient missed shard(s) ${lostShards.join(', ')}`
           : `group ${this.o.group.name} window ${w}: the update of shard(s) ${lostShards.join(', ')} was lost with a dropped member (it may or may not have been pushed)`);
     }
     this.inbox.finish(w);
