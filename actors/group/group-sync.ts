@@ -1092,10 +1092,11 @@ export class GroupMember {
 
     // A member that pushes this window (or a later one) alone takes no part in its round: no round of it can start, so this one
     // pushes alone too. A later one: a member cut by a verdict it never heard of may still be in a window its mates ended without it.
-    const anyAlone = () => owners.some((m) => m !== member && this.inbox.aloneFrom(m, w));
+    const aloneOwners = () => owners.filter((m) => m !== member && this.inbox.aloneFrom(m, w));
+    const anyAlone = () => aloneOwners().length > 0;
     const fallBack = async (phase: 'round' | 'gather') => {
       lap(phase);
-      this.o.log.info({ group: this.o.group.name, window: w, alone: owners.filter((m) => m !== member && this.inbox.aloneFrom(m, w)) },
+      this.o.log.info({ group: this.o.group.name, window: w, alone: aloneOwners() },
         `group ${this.o.group.name} window ${w}: a member pushes this window alone (the group is degraded by a dead member); ${member} pushes its own gradient too`);
       return this.closeAlone(w, own ?? await this.pushOwn(idle, drained, phases));
     };
@@ -1200,7 +1201,7 @@ export class GroupMember {
     // direct: nobody pushes for another member, so a dropped member takes no shard's update with it.
     const lostShards = this.direct ? [] : [...reduceOwners(this.o.plan.shards, owners)].filter(([, m]) => !reported.has(m)).map(([s]) => s);
     if (lostShards.length > 0) {
-      const alone = owners.filter((m) => m !== member && !reported.has(m) && this.inbox.aloneFrom(m, w));
+      const alone = aloneOwners().filter((m) => !reported.has(m));
       this.o.log.warn({ group: this.o.group.name, window: w, shards: lostShards, alone },
         alone.length > 0
           ? `group ${this.o.group.name} window ${w}: ${alone.join(', ')} ended the window without this member (a dead verdict for it that it never heard of) after this member had reduced their slices: their gradient reached this member's shards twice, and this member's gradient missed shard(s) ${lostShards.join(', ')}`

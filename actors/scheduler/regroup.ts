@@ -222,7 +222,7 @@ export class RegroupController {
     this.timer = every > 0 && o.info.mode === 'hps' ? o.clock.setInterval(() => { void this.autoCheck(); }, every) : null;
     const strandedAfter = this.strandedAfterMs;
     this.strandTimer = o.health && strandedAfter > 0 && o.info.mode === 'hps'
-      ? o.clock.setInterval(() => this.checkStranded(strandedAfter), Math.max(100, Math.min(2_000, strandedAfter / 4))) : null;
+      ? o.clock.setInterval(() => this.checkStranded(), Math.max(100, Math.min(2_000, strandedAfter / 4))) : null;
   }
 
   /** The job info as last written (the one writer is this controller). */
@@ -317,7 +317,6 @@ export class RegroupController {
     rejoined: string[]; replaced: RegroupRecord['replaced'];
   }): void {
     const started = this.o.clock.monotonic();
-    this.degradedSince.clear();
     this.inProgress = this.complete(r.v, r.reason, r.trigger, r.groups, r.moved, r.groupedBy, { rejoined: r.rejoined, replaced: r.replaced }, started)
       // Reports from before the re-form may still arrive: a group counts as degraded again only from reports after it.
       .finally(() => { this.inProgress = null; this.degradedSince.clear(); });
@@ -385,24 +384,23 @@ export class RegroupController {
   private get strandedAfterMs(): number { return this.o.strandedAfterMs ?? this.info.recovery_timeout_ms ?? this.info.ack_wait_ms; }
 
   /** Reducing groups degraded with every member alive (see `strandedAfterMs`) are queued for a re-form. */
-  private checkStranded(afterMs: number): void {
+  private checkStranded(): void {
     if (this.disposed || this.inProgress !== null || this.pausedAt !== null || this.cut !== null || this.rejoinLoop !== null) return;
-    const found = this.strandedNow(afterMs);
+    const found = this.strandedNow();
     if (found.length === 0) return;
     for (const g of found) this.stranded.add(g);
     this.rejoinLoop ??= this.rejoin().finally(() => { this.rejoinLoop = null; });
   }
 
-  private strandedNow(afterMs: number): string[] {
+  private strandedNow(): string[] {
     return strandedGroups(this.groups, (n) => this.degradedSince.get(n) ?? null, (n) => this.o.health?.stateOf(n) === 'alive', this.o.clock.monotonic(),
-      (g) => afterMs * 2 ** Math.min(3, this.strandedTimes.get(g) ?? 0));
+      (g) => this.strandedAfterMs * 2 ** Math.min(3, this.strandedTimes.get(g) ?? 0));
   }
 
   /** Re-forms the groups unchanged for the groups in `stranded`, still degraded with every member alive. */
   private async reformStranded(): Promise<void> {
     const { log } = this.o;
-    const afterMs = this.strandedAfterMs;
-    const still = this.strandedNow(afterMs).filter((g) => this.stranded.has(g));
+    const still = this.strandedNow().filter((g) => this.stranded.has(g));
     for (const g of still) this.strandedTimes.set(g, (this.strandedTimes.get(g) ?? 0) + 1);
     this.stranded.clear();
     if (still.length === 0) return;
