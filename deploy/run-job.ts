@@ -65,7 +65,7 @@ import { Checkpointer, type CheckpointTaken } from '../actors/scheduler/checkpoi
 import { LoadBalancer, type LoadBalancingReport } from '../actors/scheduler/load-balancer.ts';
 import { CutMoment } from '../actors/scheduler/cut-moment.ts';
 import { checkpointRoot, readManifest, type CheckpointManifest, type ResumePoint } from '../actors/store/checkpoint.ts';
-import { layoutMatches, reshard } from '../actors/store/checkpoint-reshard.ts';
+import { restoreOntoPlan } from '../actors/store/checkpoint-reshard.ts';
 import type { ShardSnapshot } from '../actors/shard/shard.messages.ts';
 
 /** A control command the driver sends itself during training, as any NATS client would. */
@@ -410,21 +410,15 @@ async function startNodesAndPlanGroups(ctx: JobContext, backend: JobBackend, ser
  */
 async function restoreShards(ctx: JobContext, backend: JobBackend, plan: ShardPlan, resume: ResumePoint): Promise<void> {
   const { out, log } = ctx;
-  let snapshots = resume.snapshots;
-  if (!layoutMatches(snapshots, plan)) {
-    // Another number of servers (or blocks cut otherwise): every row and block goes where this plan puts it.
-    const rows = (m: ReadonlyMap<string, ShardSnapshot>) => [...m.values()].reduce((n, s) => n + s.sparse.reduce((k, t) => k + t.ids.length, 0), 0);
-    snapshots = reshard(snapshots, plan, resume.path);
-    out.line(`resume: re-sharded ${resume.manifest.name} from ${[...resume.snapshots.keys()].join(', ')} onto ${plan.shards.join(', ')}: `
-      + `${plan.dense.length} dense blocks, ${rows(snapshots)} rows (${[...snapshots].map(([s, snap]) => `${s} ${rows(new Map([[s, snap]]))}`).join(', ')})`);
-    if (rows(snapshots) !== rows(resume.snapshots)) throw new ConfigError(`--resume: re-sharding ${resume.path} lost rows (${rows(resume.snapshots)} → ${rows(snapshots)}); nothing was restored`);
-  }
   await waitForShards(backend.system, plan, { timeoutMs: DEFAULT_NODE_WAIT_MS, log });
   const client = new ShardClient(backend.system, { requestTimeoutMs: 60_000, log, shouldStop: () => false, plans: plan });
-  for (const shard of plan.shards) {
-    const r = await client.restore(shard, snapshots.get(shard)! as unknown as Record<string, unknown>);
-    out.line(`resume: shard ${shard} restored from ${resume.manifest.name}${resume.manifest.kind === 'delta' ? ` (a delta on ${resume.manifest.chain.join(' + ')})` : ''} (version ${r.version})`);
-  }
+  const from = `${resume.manifest.name}${resume.manifest.kind === 'delta' ? ` (a delta on ${resume.manifest.chain.join(' + ')})` : ''}`;
+  await restoreOntoPlan(resume, plan, (shard, snap) => client.restore(shard, snap as unknown as Record<string, unknown>), (e) => {
+    if (e.kind === 'restored') out.line(`resume: shard ${e.shard} restored from ${from} (version ${e.version})`);
+    // Another number of servers (or blocks cut otherwise): every row and block goes where this plan puts it.
+    else out.line(`resume: re-sharded ${resume.manifest.name} from ${e.from.join(', ')} onto ${plan.shards.join(', ')}: `
+      + `${e.dense_blocks} dense blocks, ${e.rows.reduce((n, r) => n + r.rows, 0)} rows (${e.rows.map((r) => `${r.shard} ${r.rows}`).join(', ')}): ${e.reason}`);
+  });
 }
 
 /** The shard plan, the queued batches and the job info (each store write a named set-up step in the NATS backend). */

@@ -12,19 +12,29 @@
 import { denseBlocksByShard, partitionOf, type ShardPlan } from '../../topology/mod.ts';
 import type { DedupWindowWire, DenseBlockSnapshot, ShardSnapshot } from '../shard/shard.messages.ts';
 import type { SparseTableSnapshot } from '../../native-bridge/mod.ts';
-import { CheckpointError } from './checkpoint.ts';
+import { CheckpointError, type ResumePoint } from './checkpoint.ts';
 
 /** Whether `snapshots` can be restored onto `plan` as they are: the same shards, each with exactly its blocks and only rows of its partitions. */
 export function layoutMatches(snapshots: ReadonlyMap<string, ShardSnapshot>, plan: ShardPlan): boolean {
-  if (JSON.stringify([...snapshots.keys()].sort()) !== JSON.stringify([...plan.shards].sort())) return false;
-  const blocks = denseBlocksByShard(plan);
-  for (const [shard, snap] of snapshots) {
-    const want = blocks.get(shard)!.map((b) => `${b.id}:${b.param}:${b.offset}:${b.length}`).sort();
-    const have = snap.dense.map((b) => `${b.id}:${b.param}:${b.offset}:${b.length}`).sort();
-    if (JSON.stringify(want) !== JSON.stringify(have)) return false;
-    for (const t of snap.sparse) {
-      for (const id of t.ids) if (plan.partitionOwner[partitionOf(id, plan.partitions)] !== shard) return false;
-    }
+  if (!sameShards([...snapshots.keys()], plan)) return false;
+  for (const [shard, snap] of snapshots) if (!shardLayoutMatches(shard, snap, plan)) return false;
+  return true;
+}
+
+/** Whether a checkpoint holding state of `shards` has exactly the shards of `plan`. */
+export function sameShards(shards: readonly string[], plan: ShardPlan): boolean {
+  return JSON.stringify([...shards].sort()) === JSON.stringify([...plan.shards].sort());
+}
+
+/** Whether one shard's snapshot can be restored onto `shard` of `plan` as it is: exactly its blocks, and only rows of its partitions. */
+export function shardLayoutMatches(shard: string, snap: ShardSnapshot, plan: ShardPlan): boolean {
+  const blocks = denseBlocksByShard(plan).get(shard);
+  if (blocks === undefined) return false;
+  const want = blocks.map((b) => `${b.id}:${b.param}:${b.offset}:${b.length}`).sort();
+  const have = snap.dense.map((b) => `${b.id}:${b.param}:${b.offset}:${b.length}`).sort();
+  if (JSON.stringify(want) !== JSON.stringify(have)) return false;
+  for (const t of snap.sparse) {
+    for (const id of t.ids) if (plan.partitionOwner[partitionOf(id, plan.partitions)] !== shard) return false;
   }
   return true;
 }
@@ -154,4 +164,56 @@ function mergeDedup(windows: readonly DedupWindowWire[]): DedupWindowWire[] {
     const seqs = [...m.replies.keys()].sort((a, b) => a - b);
     return { from, evicted_up_to: m.evicted, seqs, replies: seqs.map((q) => m.replies.get(q)!) };
   });
+}
+
+/** What `restoreOntoPlan` did, for the driver's output. */
+export type RestoreEvent =
+  | { kind: 'restored'; shard: string; version: number }
+  | { kind: 'reshard'; reason: string; from: string[]; rows: { shard: string; rows: number }[]; dense_blocks: number };
+
+const rowsOf = (snap: ShardSnapshot): number => snap.sparse.reduce((k, t) => k + t.ids.length, 0);
+
+/**
+ * A resume's state onto the shards of `plan`, through `restore` (one shard
+ * at a time). A checkpoint of the same layout is read and restored one shard
+ * at a time, so the caller holds one shard's state at once. A checkpoint of
+ * another layout (other shards, blocks cut otherwise, rows of partitions
+ * another shard owns now) is read whole and re-sharded first; should that be
+ * found only at a later shard, the shards already restored are restored
+ * again from the re-sharded state (a restore replaces a shard's whole state).
+ * Throws CheckpointError when re-sharding loses a row: nothing is restored then.
+ */
+export async function restoreOntoPlan(
+  resume: Pick<ResumePoint, 'path' | 'manifest' | 'shards' | 'readShard' | 'readAll'>, plan: ShardPlan,
+  restore: (shard: string, snap: ShardSnapshot) => Promise<{ version: number }>, on: (e: RestoreEvent) => void,
+): Promise<void> {
+  const restored: string[] = [];
+  let reason = `the checkpoint holds shards ${resume.shards.join(', ')}, plan v${plan.version} has ${plan.shards.join(', ')}`;
+  if (sameShards(resume.shards, plan)) {
+    let fits = true;
+    for (const shard of plan.shards) {
+      const snap = await resume.readShard(shard);
+      if (!shardLayoutMatches(shard, snap, plan)) {
+        fits = false;
+        reason = `shard ${shard}'s blocks or rows are laid out otherwise than in plan v${plan.version}`;
+        break;
+      }
+      const r = await restore(shard, snap);
+      restored.push(shard);
+      on({ kind: 'restored', shard, version: r.version });
+    }
+    if (fits) return;
+  }
+  const old = await resume.readAll();
+  const snapshots = reshard(old, plan, resume.path);
+  const before = [...old.values()].reduce((n, s) => n + rowsOf(s), 0);
+  const after = [...snapshots.values()].reduce((n, s) => n + rowsOf(s), 0);
+  if (after !== before) throw new CheckpointError(`--resume: re-sharding ${resume.path} lost rows (${before} → ${after}); `
+    + (restored.length === 0 ? 'nothing was restored' : `the resume stops with ${restored.join(', ')} restored from the checkpoint as they were`), resume.path, []);
+  on({ kind: 'reshard', reason, from: [...old.keys()], rows: [...snapshots].map(([shard, s]) => ({ shard, rows: rowsOf(s) })), dense_blocks: plan.dense.length });
+  old.clear();
+  for (const shard of plan.shards) {
+    const r = await restore(shard, snapshots.get(shard)!);
+    on({ kind: 'restored', shard, version: r.version });
+  }
 }

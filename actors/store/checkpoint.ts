@@ -433,12 +433,21 @@ function processAlive(pid: number): boolean {
   try { process.kill(pid, 0); return true; } catch (e) { return (e as NodeJS.ErrnoException).code === 'EPERM'; }
 }
 
-/** A checkpoint chosen for a resume, its shards' state read, checked and (a delta) applied over its chain. */
+/**
+ * A checkpoint chosen for a resume: it and every checkpoint of its chain
+ * verified (every file's SHA-256), its shards' state read when asked for, one
+ * shard at a time, so the driver holds one shard's state (and its delta
+ * chain) at once, not the whole checkpoint.
+ */
 export interface ResumePoint {
   path: string;
   manifest: CheckpointManifest;
-  /** Per shard, its state as of the checkpoint (a delta's chain applied in order). */
-  snapshots: Map<string, ShardSnapshot>;
+  /** The shards that hold state in the checkpoint (its chain included), sorted. */
+  shards: string[];
+  /** One shard's state as of the checkpoint (a delta's chain applied in order); CheckpointError naming the file that does not read. */
+  readShard(shard: string): Promise<ShardSnapshot>;
+  /** Every shard's state at once (a re-shard needs them together). */
+  readAll(): Promise<Map<string, ShardSnapshot>>;
   /** Batch ids done (acknowledged) at the cut. */
   done: Set<string>;
   /** Newer checkpoints refused on the way, each with its reason (`latest` only). */
@@ -451,19 +460,24 @@ export interface ResumePoint {
  * files decoded and applied in order.
  */
 export async function readCheckpointState(path: string): Promise<{ manifest: CheckpointManifest; snapshots: Map<string, ShardSnapshot> }> {
-  return readChain(path, await verifyCheckpoint(path));
+  const manifest = await verifyCheckpoint(path);
+  return { manifest, snapshots: await (await checkpointChain(path, manifest)).readAll() };
 }
 
-/** A checkpoint for a resume: its state, and a check that it is of this job and records where the data stood. */
+/** A checkpoint for a resume: its chain verified, and a check that it is of this job and records where the data stood. */
 async function readForResume(path: string, job: string): Promise<Omit<ResumePoint, 'refused'>> {
   const manifest = await verifyCheckpoint(path);
   if (manifest.job !== job) throw new CheckpointError(`checkpoint ${path} is of job ${manifest.job}, not ${job}; give a checkpoint of this job (or --job ${manifest.job})`, path, []);
   if (manifest.data === null) throw new CheckpointError(`checkpoint ${path} records no data position (a checkpoint saved by the API); a resume needs one taken by the driver (ctl.checkpoint, checkpoint.every_s, the end of a job)`, path, []);
-  const { snapshots } = await readChain(path, manifest);
-  return { path, manifest, snapshots, done: new Set(manifest.data.acked) };
+  return { path, manifest, ...(await checkpointChain(path, manifest)), done: new Set(manifest.data.acked) };
 }
 
-async function readChain(path: string, manifest: CheckpointManifest): Promise<{ manifest: CheckpointManifest; snapshots: Map<string, ShardSnapshot> }> {
+/**
+ * A checkpoint's chain (the checkpoints a delta builds on, then itself), each
+ * link verified; a shard's state is read from its files in each link only
+ * when asked for.
+ */
+async function checkpointChain(path: string, manifest: CheckpointManifest): Promise<Pick<ResumePoint, 'shards' | 'readShard' | 'readAll'>> {
   const links: { path: string; manifest: CheckpointManifest }[] = [];
   for (const name of manifest.chain) {
     const p = join(dirname(path), name);
@@ -474,17 +488,21 @@ async function readChain(path: string, manifest: CheckpointManifest): Promise<{ 
     }
   }
   links.push({ path, manifest });
-  const perShard = new Map<string, ShardSnapshot[]>();
-  for (const l of links) {
-    for (const f of l.manifest.files) {
-      if (f.shard === null) continue;
-      const snap = await readShardFile(l.path, l.manifest, f);
-      let a = perShard.get(f.shard);
-      if (a === undefined) { a = []; perShard.set(f.shard, a); }
-      a.push(snap);
+  const shards = [...new Set(links.flatMap((l) => l.manifest.files.flatMap((f) => (f.shard === null ? [] : [f.shard]))))].sort();
+  const readShard = async (shard: string): Promise<ShardSnapshot> => {
+    const chain: ShardSnapshot[] = [];
+    for (const l of links) {
+      for (const f of l.manifest.files) if (f.shard === shard) chain.push(await readShardFile(l.path, l.manifest, f));
     }
-  }
-  return { manifest, snapshots: new Map([...perShard].map(([shard, chain]) => [shard, overlay(chain)])) };
+    if (chain.length === 0) throw new CheckpointError(`checkpoint ${path} holds no state of shard ${shard} (it holds ${shards.join(', ') || 'none'})`, path, []);
+    return overlay(chain);
+  };
+  const readAll = async (): Promise<Map<string, ShardSnapshot>> => {
+    const all = new Map<string, ShardSnapshot>();
+    for (const s of shards) all.set(s, await readShard(s));
+    return all;
+  };
+  return { shards, readShard, readAll };
 }
 
 /**

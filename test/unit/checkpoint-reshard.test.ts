@@ -9,7 +9,12 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { buildShardPlan, denseBlocksByShard, partitionOf, type ShardPlan } from '../../topology/mod.ts';
 import type { ShardSnapshot } from '../../actors/shard/shard.messages.ts';
-import { layoutMatches, reshard } from '../../actors/store/checkpoint-reshard.ts';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { encode } from '../../runtime/mod.ts';
+import { layoutMatches, reshard, restoreOntoPlan, type RestoreEvent } from '../../actors/store/checkpoint-reshard.ts';
+import { CheckpointError, loadResumePoint, writeCheckpoint, type CheckpointManifest } from '../../actors/store/checkpoint.ts';
 
 const PARAMS = [{ name: 'W1', size: 1000 }, { name: 'b1', size: 10 }, { name: 'bias', size: 1 }];
 const TABLES = [{ name: 'emb', dim: 3 }, { name: 'wide', dim: 1 }];
@@ -143,4 +148,92 @@ test('re-sharded, every new shard gets the dedup table and the applied-batch log
   }
   // A checkpoint written before the logs were kept re-shards without them.
   assert.equal(reshard(snapshotsOf(from, [3]), plan(['s1', 's2', 's3'], 9), '/ck').get('s3')!.dedup, undefined);
+});
+
+/**
+ * A resume point over `snaps` that logs each shard read; `restore` logs each
+ * restore. The log shows how many shards' state the caller held at once.
+ */
+function resumeOver(snaps: Map<string, ShardSnapshot>, log: string[]) {
+  const shards = [...snaps.keys()].sort();
+  const readShard = async (shard: string) => { log.push(`read ${shard}`); return snaps.get(shard)!; };
+  return {
+    path: '/ck', manifest: { name: 'ckpt-1', kind: 'full', chain: [] } as unknown as CheckpointManifest, shards, readShard,
+    readAll: async () => { log.push('read all'); return new Map(shards.map((s) => [s, snaps.get(s)!])); },
+  };
+}
+
+test('a resume onto the same layout reads and restores one shard at a time; onto another it reads the whole checkpoint and re-shards it first', async () => {
+  const ids = Array.from({ length: 300 }, (_, i) => i * 7919 + 3);
+  const from = plan(['s1', 's2', 's3'], 4);
+  const snaps = snapshotsOf(from, ids);
+  const log: string[] = [];
+  const events: RestoreEvent[] = [];
+  const restored = new Map<string, ShardSnapshot>();
+  const restore = async (shard: string, snap: ShardSnapshot) => { log.push(`restore ${shard}`); restored.set(shard, snap); return { version: snap.version }; };
+
+  await restoreOntoPlan(resumeOver(snaps, log), from, restore, (e) => events.push(e));
+  assert.deepEqual(log, ['read s1', 'restore s1', 'read s2', 'restore s2', 'read s3', 'restore s3'], 'never two shards read before the first is restored');
+  assert.deepEqual(events, [40, 41, 42].map((version, i) => ({ kind: 'restored', shard: `s${i + 1}`, version })));
+  for (const s of from.shards) assert.equal(restored.get(s), snaps.get(s), 'the checkpoint\'s state as it is');
+
+  // Another number of servers: read whole, re-sharded, then restored; nothing restored before the re-shard.
+  log.length = 0; events.length = 0; restored.clear();
+  const four = plan(['s1', 's2', 's3', 's4'], 5);
+  await restoreOntoPlan(resumeOver(snaps, log), four, restore, (e) => events.push(e));
+  assert.deepEqual(log, ['read all', 'restore s1', 'restore s2', 'restore s3', 'restore s4']);
+  const re = events[0]!;
+  assert.equal(re.kind, 'reshard');
+  assert.match((re as { reason: string }).reason, /holds shards s1, s2, s3, plan v5 has s1, s2, s3, s4/);
+  assert.equal((re as { rows: { rows: number }[] }).rows.reduce((n, r) => n + r.rows, 0), 2 * ids.length, 'every row of both tables');
+  assert.equal(layoutMatches(restored, four), true);
+});
+
+test('a resume whose layout differs only from its second shard on: the first restored as read, then every shard again from the re-sharded state', async () => {
+  const ids = Array.from({ length: 200 }, (_, i) => i * 104_729 + 11);
+  const from = plan(['s1', 's2'], 1);
+  const snaps = snapshotsOf(from, ids);
+  // The same shards and blocks; partitions placed otherwise, so that s1 keeps exactly its rows and s2's do not fit.
+  const owner = [...from.partitionOwner];
+  const s1Parts = new Set(ids.filter((id) => from.partitionOwner[partitionOf(id, from.partitions)] === 's1').map((id) => partitionOf(id, from.partitions)));
+  const moveFrom = ids.map((id) => partitionOf(id, from.partitions)).find((p) => owner[p] === 's2' && !s1Parts.has(p))!;
+  assert.notEqual(moveFrom, undefined);
+  owner[moveFrom] = 's1';
+  const to: ShardPlan = { ...from, version: 2, partitionOwner: owner };
+  const log: string[] = [];
+  const events: RestoreEvent[] = [];
+  const restored = new Map<string, ShardSnapshot>();
+  await restoreOntoPlan(resumeOver(snaps, log), to, async (shard, snap) => { log.push(`restore ${shard}`); restored.set(shard, snap); return { version: snap.version }; }, (e) => events.push(e));
+  assert.deepEqual(log, ['read s1', 'restore s1', 'read s2', 'read all', 'restore s1', 'restore s2']);
+  assert.deepEqual(events.map((e) => e.kind), ['restored', 'reshard', 'restored', 'restored']);
+  assert.match((events[1] as { reason: string }).reason, /shard s2's blocks or rows are laid out otherwise than in plan v2/);
+  assert.equal(layoutMatches(restored, to), true, 'the last restore of each shard fits the plan');
+  assert.equal([...restored.values()].reduce((n, s) => n + s.sparse[0]!.ids.length, 0), ids.length);
+});
+
+test('a resume from files reads a shard\'s files only when that shard is asked for: a file spoiled after the checks fails its own shard, by name', async () => {
+  const root = await mkdtemp(join(tmpdir(), 'hetps-resume-'));
+  try {
+    const p = plan(['s1', 's2', 's3'], 3);
+    const snaps = snapshotsOf(p, Array.from({ length: 90 }, (_, i) => i * 13));
+    const ck = await writeCheckpoint(root, {
+      files: p.shards.map((s) => ({ name: `${s}.msgpack`, bytes: encode(snaps.get(s)), shard: s })),
+      manifest: {
+        kind: 'full', chain: [], job: 'j', run_id: 'r', trigger: 'periodic', plan: { version: 3, shards: p.shards, placement: null }, groups: null,
+        optimizer: { dense: 'adam', sparse: 'adagrad' }, data: { total_batches: 9, acked: ['b1'] },
+      },
+    });
+    const r = await loadResumePoint('latest', root, 'j');
+    assert.deepEqual(r.shards, ['s1', 's2', 's3']);
+    const f = join(ck.path, 's3.msgpack');
+    const bytes = await readFile(f);
+    bytes[bytes.length - 1] = bytes[bytes.length - 1]! ^ 1;
+    await writeFile(f, bytes);
+    assert.deepEqual((await r.readShard('s1')).sparse[0]!.ids, snaps.get('s1')!.sparse[0]!.ids);
+    assert.equal((await r.readShard('s2')).version, snaps.get('s2')!.version);
+    await assert.rejects(r.readShard('s3'), (e: unknown) => e instanceof CheckpointError && /s3\.msgpack has SHA-256/.test(e.message));
+    await assert.rejects(r.readShard('s9'), /holds no state of shard s9 \(it holds s1, s2, s3\)/);
+  } finally {
+    await rm(root, { recursive: true, force: true });
+  }
 });
