@@ -120,7 +120,7 @@ export function rolePermissions(role: Role, job: string, scope: { node: string; 
         publish: {
           // Its stream to the other replicas (a new or restarted one is seeded first, in segments), and what it tells the scheduler's
           // failover of them: a seeded replica caught up, or one it cannot seed.
-          allow: [`${p}.shard.*.replicate`, ...['seed_begin', 'seed_part', 'seed'].map((op) => `${p}.shard.*.${op}`), `${p}.shard.*.round_expected`, ...failoverReports, ...telemetry, ...heartbeat, ...healthWatch.publish, ...kvRead, `$KV.${s.buckets[2]}.>`, ...jsInfo, ...probe],
+          allow: [`${p}.shard.*.replicate`, ...['seed_begin', 'seed_part', 'seed_logs', 'seed'].map((op) => `${p}.shard.*.${op}`), `${p}.shard.*.round_expected`, ...failoverReports, ...telemetry, ...heartbeat, ...healthWatch.publish, ...kvRead, `$KV.${s.buckets[2]}.>`, ...jsInfo, ...probe],
           deny: [`${p}.ctl.>`],
         },
         // One server node's user (`shard-<node>`) serves only the replicas on that node (`<shard>@<node>`, any shard of

@@ -27,7 +27,7 @@
  *   answered without applying it again.
  */
 import {
-  DeferredReply, HetpsError, PayloadTooLargeError, isRetryable, type ActorDefinition, type ActorSystem, type Logger, type Timer,
+  DeferredReply, HetpsError, PayloadTooLargeError, ValidationError, isRetryable, type ActorDefinition, type ActorSystem, type Logger, type Timer,
 } from '../../runtime/mod.ts';
 import { replicaNodes, type ReplicaRole, type ShardPlan } from '../../topology/mod.ts';
 import type { ShardState } from './shard.actor.ts';
@@ -48,6 +48,78 @@ export interface SeedMessage {
   applied: [string, number][];
   refused: string[];
   open_rounds: ReplicationEntry[];
+}
+
+/** A seed's logs: its dedup table, applied-batch log, refused batches and open rounds' contributions. */
+export type SeedLogs = Pick<SeedMessage, 'dedup' | 'applied' | 'refused' | 'open_rounds'>;
+
+/** Bytes one dedup reply and its seq take in a message, at most (its fields all present). */
+const DEDUP_PAIR_BYTES = 128;
+const utf8Bytes = (s: string): number => Buffer.byteLength(s, 'utf8');
+
+/**
+ * A seed's logs cut into chunks of at most `budget` bytes each (about: each
+ * item's size is bounded from above), in order: the dedup windows (a
+ * sender's window may be cut across chunks by its seqs), the applied-batch
+ * log, the refused batches, the open rounds' contributions. One item larger
+ * than the budget (a batch id, a contribution) goes alone in a chunk; the
+ * message carrying it is then refused as over the limit. Always at least one
+ * chunk. `mergeSeedLogs` puts them back together.
+ */
+export function splitSeedLogs(logs: SeedLogs, budget: number): SeedLogs[] {
+  const chunks: SeedLogs[] = [];
+  let cur: SeedLogs = { dedup: [], applied: [], refused: [], open_rounds: [] };
+  let bytes = 0;
+  const room = (n: number): void => {
+    if (bytes > 0 && bytes + n > budget) {
+      chunks.push(cur);
+      cur = { dedup: [], applied: [], refused: [], open_rounds: [] };
+      bytes = 0;
+    }
+    bytes += n;
+  };
+  for (const w of logs.dedup) {
+    const head = 64 + utf8Bytes(w.from);
+    let from = 0;
+    do {
+      room(head + (w.seqs.length > from ? DEDUP_PAIR_BYTES : 0));
+      // As many pairs as the chunk has room for (at least one, so that it makes progress).
+      const fit = Math.max(1, Math.floor((budget - bytes) / DEDUP_PAIR_BYTES) + 1);
+      const to = Math.min(w.seqs.length, from + fit);
+      bytes += (to - from - 1) * DEDUP_PAIR_BYTES;
+      cur.dedup.push({ from: w.from, evicted_up_to: w.evicted_up_to, seqs: w.seqs.slice(from, to), replies: w.replies.slice(from, to) });
+      from = to;
+    } while (from < w.seqs.length);
+  }
+  for (const a of logs.applied) { room(16 + utf8Bytes(a[0])); cur.applied.push(a); }
+  for (const b of logs.refused) { room(8 + utf8Bytes(b)); cur.refused.push(b); }
+  for (const e of logs.open_rounds) { room(entryBytes(e)); cur.open_rounds.push(e); }
+  chunks.push(cur);
+  return chunks;
+}
+
+/** The chunks of `splitSeedLogs` as one: a sender's window cut across chunks is one window again. */
+export function mergeSeedLogs(chunks: readonly SeedLogs[]): SeedLogs {
+  const windows = new Map<string, DedupWindowWire>();
+  const out: SeedLogs = { dedup: [], applied: [], refused: [], open_rounds: [] };
+  for (const c of chunks) {
+    for (const w of c.dedup) {
+      const have = windows.get(w.from);
+      if (have === undefined) {
+        const copy = { from: w.from, evicted_up_to: w.evicted_up_to, seqs: [...w.seqs], replies: [...w.replies] };
+        windows.set(w.from, copy);
+        out.dedup.push(copy);
+      } else {
+        have.evicted_up_to = Math.max(have.evicted_up_to, w.evicted_up_to);
+        for (const x of w.seqs) have.seqs.push(x);
+        for (const r of w.replies) have.replies.push(r);
+      }
+    }
+    for (const a of c.applied) out.applied.push(a);
+    for (const b of c.refused) out.refused.push(b);
+    for (const e of c.open_rounds) out.open_rounds.push(e);
+  }
+  return out;
 }
 
 /** The actor id of `shard`'s replica on `node`. */
@@ -264,8 +336,8 @@ class ReplicationLink {
         this.sentTo = this.ackedTo;
         // Nothing since the seed's position (an idle shard): caught up now, not at the next update.
         this.reportIfCaughtUp();
-        this.r.o.log.info({ shard: this.r.o.shard, to: this.node, base_rseq: seed.last.base_rseq, segments: seed.segments, bytes: seed.bytes },
-          `shard ${this.r.o.shard}: seeded its replica on ${this.node} (${seed.segments} segment(s), ${seed.bytes} bytes of state); streaming the updates since`);
+        this.r.o.log.info({ shard: this.r.o.shard, to: this.node, base_rseq: seed.last.base_rseq, segments: seed.segments, bytes: seed.bytes, log_chunks: seed.logChunks },
+          `shard ${this.r.o.shard}: seeded its replica on ${this.node} (${seed.segments} segment(s), ${seed.bytes} bytes of state, its logs in ${seed.logChunks} message(s)); streaming the updates since`);
       }
       while (!this.closed) {
         const batch = this.nextBatch();
@@ -342,10 +414,14 @@ class ReplicationLink {
    * meanwhile. A segment not confirmed fails the whole seed: the next try
    * starts over from a fresh copy of the state.
    */
-  private async sendSeed(): Promise<{ last: SeedMessage; segments: number; bytes: number } | null> {
-    const { state: snapshot, last } = this.r.seedMessage(this.node);
-    const { head, segments } = splitSnapshot(snapshot, segmentBudget(this.r.o.system.transport.maxMessageBytes));
-    const base = { epoch: last.epoch, primary: last.primary, transfer: last.transfer };
+  private async sendSeed(): Promise<{ last: SeedMessage; segments: number; bytes: number; logChunks: number } | null> {
+    const { state: snapshot, last: whole } = this.r.seedMessage(this.node);
+    const budget = segmentBudget(this.r.o.system.transport.maxMessageBytes);
+    const { head, segments } = splitSnapshot(snapshot, budget);
+    const base = { epoch: whole.epoch, primary: whole.primary, transfer: whole.transfer };
+    // The logs in chunks that each fit, too: all but the last as `seed_logs`, the last in the seed's last message.
+    const logs = splitSeedLogs(whole, budget);
+    const last: SeedMessage = { ...whole, ...logs[logs.length - 1]! };
     await this.ref.request('seed_begin', { ...base, head, segments: segments.length }, { timeoutMs: Math.max(10_000, this.r.timeoutMs) });
     let bytes = 0;
     for (let index = 0; index < segments.length; index++) {
@@ -356,7 +432,11 @@ class ReplicationLink {
       // A big segment over a slow link: at least 1 MB/s before it counts as lost.
       await this.ref.request('seed_part', { ...base, index, segment }, { timeoutMs: Math.max(10_000, this.r.timeoutMs, Math.ceil(n / 1_000)) });
     }
-    return this.closed ? null : { last, segments: segments.length, bytes };
+    for (let index = 0; index < logs.length - 1; index++) {
+      if (this.closed) return null;
+      await this.ref.request('seed_logs', { ...base, index, ...logs[index]! }, { timeoutMs: Math.max(10_000, this.r.timeoutMs, Math.ceil(budget / 1_000)) });
+    }
+    return this.closed ? null : { last, segments: segments.length, bytes, logChunks: logs.length };
   }
 
   /**
@@ -451,6 +531,8 @@ export class Replica {
   private recent: ReplicationEntry[] = [];
   /** A seed arriving in segments (`seed_begin` … `seed`). */
   private readonly incoming: IncomingSnapshot;
+  /** The logs of the seed in progress that came ahead of its last message (`seed_logs`), in order. */
+  private incomingLogs: { transfer: string; chunks: SeedLogs[] } | null = null;
   /** Numbers the seeds this primary sends. */
   private nextTransfer = 0;
 
@@ -803,7 +885,22 @@ export class Replica {
   seedBegin(m: { epoch: number; primary: string; transfer: string; head: SnapshotHead; segments: number }): Record<string, never> {
     this.checkSender(m.epoch, m.primary, 'seed_begin');
     this.incoming.begin(m.transfer, m.head, m.segments, this.o.shard, m.primary);
+    this.incomingLogs = { transfer: m.transfer, chunks: [] };
     return {};
+  }
+
+  /** Chunk `index` (0, 1, … in order) of the logs of the seed `transfer`, ahead of its last message. */
+  seedLogs(m: SeedLogs & { epoch: number; primary: string; transfer: string; index: number }): { received: number } {
+    this.checkSender(m.epoch, m.primary, 'seed_logs');
+    const into = this.incomingLogs;
+    if (into === null || into.transfer !== m.transfer) {
+      throw new ValidationError(`shard ${this.o.shard}: the replica on ${this.o.node}: seed_logs of transfer ${m.transfer}, but ${into === null ? 'no seed is in progress' : `the seed in progress is ${into.transfer}`}; start the seed again (seed_begin)`);
+    }
+    if (m.index !== into.chunks.length) {
+      throw new ValidationError(`shard ${this.o.shard}: the replica on ${this.o.node}: seed_logs ${m.index} of transfer ${m.transfer} out of order (expected ${into.chunks.length}); start the seed again (seed_begin)`);
+    }
+    into.chunks.push({ dedup: m.dedup, applied: m.applied, refused: m.refused, open_rounds: m.open_rounds });
+    return { received: into.chunks.length };
   }
 
   seedPart(m: { epoch: number; primary: string; transfer: string; index: number; segment: SnapshotSegment }): { received: number } {
@@ -814,16 +911,19 @@ export class Replica {
   seed(m: SeedMessage & { from?: string }): ReplicateReply {
     this.checkSender(m.epoch, m.primary, 'seed');
     const snapshot = this.incoming.finish(m.transfer);
+    const ahead = this.incomingLogs?.transfer === m.transfer ? this.incomingLogs.chunks : [];
+    this.incomingLogs = null;
+    const logs = ahead.length === 0 ? m : mergeSeedLogs([...ahead, m]);
     // A seed replaces the whole state: whichever process of the primary sends it is the one followed from now on.
     this.o.state.restore(snapshot);
     this.primarySender = m.from ?? null;
-    this.dedup.import(m.dedup);
+    this.dedup.import(logs.dedup);
     this.applied.clear();
-    for (const [b, n] of m.applied) this.applied.set(b, n);
+    for (const [b, n] of logs.applied) this.applied.set(b, n);
     this.refused.clear();
-    for (const b of m.refused) this.refused.add(b);
+    for (const b of logs.refused) this.refused.add(b);
     this.openRounds = [];
-    for (const e of m.open_rounds) {
+    for (const e of logs.open_rounds) {
       this.applyUpdate(e);
       this.trackRound(e);
     }
@@ -891,6 +991,7 @@ export function createReplicaActor(replica: Replica): ReplicaActorDefinition {
       replicate: (m) => replica.replicate(m),
       seed_begin: (m) => replica.seedBegin(m),
       seed_part: (m) => replica.seedPart(m),
+      seed_logs: (m) => replica.seedLogs(m),
       seed: (m) => replica.seed(m),
       integrity: () => replica.integrity(),
       round_expected: (m) => replica.roundExpected(m),

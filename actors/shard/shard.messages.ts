@@ -260,10 +260,27 @@ export const replicaMessages = {
     segment: snapshotSegmentSchema,
   }),
   /**
+   * Chunk `index` (0, 1, … in order) of the seed's logs, after its segments
+   * and before its last message: logs over the message limit (every batch id
+   * applied, the dedup windows, open rounds' contributions) go in chunks that
+   * each fit; the last chunk rides in `seed`. A sender's dedup window may be
+   * cut across chunks (the replica joins it again).
+   */
+  seed_logs: z.object({
+    epoch: z.number().int().nonnegative(),
+    primary: z.string().min(1),
+    transfer: z.string().min(1),
+    index: z.number().int().nonnegative(),
+    dedup: z.array(dedupWindowSchema),
+    applied: z.array(z.tuple([z.string(), z.number().int().positive()])),
+    refused: z.array(z.string()),
+    open_rounds: z.array(replicationEntrySchema),
+  }),
+  /**
    * The seed's last message, after its segments: the primary's state as of
    * update `base_rseq` is the one `transfer` carried; with it come its dedup
    * table, its applied-batch log and the contributions to still-open
-   * synchronous rounds. The replica restores it all at once (all or
+   * synchronous rounds (their last chunk, after any `seed_logs`). The replica restores it all at once (all or
    * nothing), then the stream continues from `base_rseq + 1`.
    */
   seed: z.object({

@@ -116,6 +116,14 @@ function plan(): ShardPlan {
   });
 }
 
+/** plan() with its dense parameter cut into `blocks` blocks of 4 floats (pushes carry block 0 only). */
+function manyBlocksPlan(blocks: number): ShardPlan {
+  return buildShardPlan({
+    version: 1, shards: ['s0'], servers: ['n1', 'n2', 'n3'], backupFactor: 1, partitions: 4, maxBlockBytes: 16,
+    denseParams: [{ name: 'w', size: 4 * blocks }], sparseTables: [{ name: 'emb', dim: 2 }],
+  });
+}
+
 interface Node { system: ActorSystem; host: ShardHost; store: PlanStore }
 
 /** Lab options: the bus's max_payload, a node's message limit (communication.max_message_bytes) and its log. */
@@ -146,7 +154,7 @@ class Lab {
     const host = new ShardHost({
       node, system, planStore: store, log: this.opts.log?.[node] ?? silentLogger(), replication: 'sync', lagLimit: 8, requestTimeoutMs: 300,
       newState: (shard, p) => new ShardState({
-        shard, plan: p, initialDense: new Map([['w', Float32Array.from([1, 2, 3, 4])]]),
+        shard, plan: p, initialDense: new Map([['w', Float32Array.from({ length: p.denseParams[0]!.size }, (_, i) => (i % 4) + 1)]]),
         denseOptimizer: { type: 'sgd', learningRate: 0.1 }, sparseOptimizer: { type: 'sgd', learningRate: 0.1 },
         sparseInitScale: 0.1, seed: SEED, clock: this.clock, staleness: this.staleness,
       }),
@@ -511,7 +519,7 @@ describe('replicated shards', () => {
       // (~2 KB each) then wait to be streamed together, more than one message can hold.
       await Promise.all([12, 13, 14].map((k) => lab.ask('n1', 'push', rows(k % 12, 0.5, `b${k}`) as unknown as Record<string, unknown>, 1000 + k)));
       const seeded = infos.find((m) => /seeded its replica on n2/.test(m));
-      const [, segments, bytes] = /\((\d+) segment\(s\), (\d+) bytes of state\)/.exec(seeded ?? '') ?? [];
+      const [, segments, bytes] = /\((\d+) segment\(s\), (\d+) bytes of state,/.exec(seeded ?? '') ?? [];
       assert.ok(Number(bytes) > 5 * 4096, `the state (${bytes} bytes) is many times the limit`);
       assert.ok(Number(segments) >= Math.ceil(Number(bytes) / 4096), `${segments} segment(s), each within the limit`);
       assert.deepEqual(errors, [], 'nothing refused as too large');
@@ -528,13 +536,43 @@ describe('replicated shards', () => {
     }
   });
 
-  test('a seed whose logs are over the primary\'s message limit (communication.max_message_bytes) is logged as an error naming the setting and tried again seldom; pushes stop waiting for that replica, which the failover makes seeding again and never promotes', async () => {
+  test('a seed whose logs (every batch id applied, the dedup table) are many times the primary\'s message limit goes in chunks that each fit it; the backup ends with the primary\'s state and logs', async () => {
+    const infos: string[] = [];
+    const errors: string[] = [];
+    const log = pino({ level: 'info' }, { write: (l: string) => { const o = JSON.parse(l) as { level: number; msg: string }; (o.level >= 50 ? errors : infos).push(o.msg); } });
+    const lab = new Lab(plan(), systemClock, null, { maxPayload: 2048, maxMessageBytes: { n1: 1536 }, log: { n1: log } });
+    try {
+      await lab.start('n1'); await lab.start('n2');
+      const long = (k: number) => Array.from({ length: 8 }, (_, j) => `batch-${k}-${j}-${'x'.repeat(24)}`);
+      for (let k = 0; k < 12; k++) await lab.ask('n1', 'push', push(lab.plan, { grad: k + 1, batches: long(k) }) as unknown as Record<string, unknown>);
+      await lab.kill('n2');
+      await lab.start('n2');
+      // This push finds the restarted backup at update 0: it is answered once the seed is confirmed.
+      await lab.ask('n1', 'push', push(lab.plan, { grad: 7, batches: ['after'] }) as unknown as Record<string, unknown>, 900);
+      assert.deepEqual(errors, [], 'nothing refused as too large');
+      const seeded = infos.find((m) => /seeded its replica on n2/.test(m));
+      const chunks = Number(/its logs in (\d+) message\(s\)/.exec(seeded ?? '')?.[1]);
+      // 97 batch ids of ~40 bytes and 13 dedup pairs: ~5 KB of logs against a 1 152-byte budget.
+      assert.ok(chunks >= 4, `the logs went in ${chunks} messages (${seeded})`);
+      await lab.ask('n1', 'push', push(lab.plan, { grad: 2, batches: ['last'] }) as unknown as Record<string, unknown>, 901);
+      // The primary's integrity reply (its whole log) does not fit its own limit: the backup's is checked against what was pushed.
+      const b = await lab.ask<IntegrityReply>('n2', 'integrity');
+      const want = Object.fromEntries([...Array.from({ length: 12 }, (_, k) => long(k)).flat(), 'after', 'last'].map((id) => [id, 1]));
+      assert.deepEqual(b.applied, want, 'the backup holds the whole applied-batch log, each batch once');
+      const [sp, sb] = await Promise.all(['n1', 'n2'].map((n) => lab.ask<ShardStats>(n, 'stats')));
+      assert.equal(sb!.version, sp!.version, 'and the primary\'s version');
+    } finally {
+      await lab.close();
+    }
+  });
+
+  test('a seed whose layout is over the primary\'s message limit (communication.max_message_bytes) is logged as an error naming the setting and tried again seldom; pushes stop waiting for that replica, which the failover makes seeding again and never promotes', async () => {
     const errors: string[] = [];
     const warnings: string[] = [];
     const log = pino({ level: 'warn' }, { write: (l: string) => { const o = JSON.parse(l) as { level: number; msg: string }; (o.level >= 50 ? errors : warnings).push(o.msg); } });
-    // Pushes (a few hundred bytes) fit; the seed's last message (every batch id the primary applied: its state goes in
-    // segments, its logs in one message) does not.
-    const lab = new Lab(plan(), systemClock, null, { maxPayload: 2048, maxMessageBytes: { n1: 1536 }, log: { n1: log } });
+    // Pushes (a few hundred bytes) fit, and so do the seed's arrays and logs, in segments and chunks; its layout (one
+    // entry per dense block: 60 of them here) is one message, which does not.
+    const lab = new Lab(manyBlocksPlan(60), systemClock, null, { maxPayload: 2048, maxMessageBytes: { n1: 1536 }, log: { n1: log } });
     const health = fakeHealth();
     const schedLog: string[] = [];
     const sched = lab.system('scheduler');
@@ -555,7 +593,7 @@ describe('replicated shards', () => {
       const t0 = Date.now();
       await lab.client.ref('shard', replicaId('s0', 'n1')).request('push', push(lab.plan, { grad: 7, batches: ['after'] }) as unknown as Record<string, unknown>, { timeoutMs: 5_000 });
       assert.ok(Date.now() - t0 < 3_000, `answered ${Date.now() - t0} ms after it was sent`);
-      assert.match(errors[0]!, /shard s0: cannot seed its replica on n2: message of \d+ bytes .* exceeds the 1536-byte limit \(communication\.max_message_bytes\); raise communication\.max_message_bytes/);
+      assert.match(errors[0]!, /shard s0: cannot seed its replica on n2: message of \d+ bytes to \S+\.seed_begin exceeds the 1536-byte limit \(communication\.max_message_bytes\); raise communication\.max_message_bytes/);
       assert.match(errors[1]!, /shard s0: its replica on n2 holds no copy and cannot be seeded; pushes no longer wait for it/);
       // The failover hears of it: from the next plan on n2 is seeding, and the shard is unprotected.
       await until(async () => (await lab.store.get())!.placement.replicas.s0!.seeding.includes('n2'), 'n2 seeding again in the plan', 5_000);

@@ -6,9 +6,10 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { encode, ValidationError } from '../../runtime/mod.ts';
+import { encode, encodeEnvelope, ValidationError } from '../../runtime/mod.ts';
+import { mergeSeedLogs, splitSeedLogs, type SeedLogs } from '../../actors/shard/replica.ts';
 import { SnapshotAssembler, segmentBudget, segmentBytes, splitSnapshot } from '../../actors/shard/snapshot-segments.ts';
-import type { ShardSnapshot } from '../../actors/shard/shard.messages.ts';
+import type { PushReply, ReplicationEntry, ShardSnapshot } from '../../actors/shard/shard.messages.ts';
 
 function snapshot(denseLengths: number[], rows: number, dim = 8, slots = 1): ShardSnapshot {
   let x = 0;
@@ -88,4 +89,36 @@ test('the receiver names a segment out of order, an unknown block or table, mism
   err(() => a.finish(), /sparse table emb has \d+ of 500 rows after \d+ segment\(s\)/);
   a.add(segments.at(-1)!);
   assert.deepEqual(a.finish(), snap);
+});
+
+test('a seed\'s logs cut to the message limit: every seed_logs message fits it, a sender\'s dedup window cut across chunks is one again, and the chunks put back together are the logs', () => {
+  const reply = (v: number): PushReply => ({ version: v, applied: true, staleness: 3, lr_scale: 0.5, sparse_lr_scale: 0.25, dropped: 'dense' });
+  const window = (from: string, n: number) => ({ from, evicted_up_to: n > 100 ? 17 : -1, seqs: Array.from({ length: n }, (_, i) => 18 + i), replies: Array.from({ length: n }, (_, i) => reply(i)) });
+  const entry = (k: number): ReplicationEntry => ({
+    rseq: 100 + k, kind: 'push', from: `w${k}#ab12`, seq: k, lr_scale: 1, reply: null,
+    push: {
+      plan_version: 3, round: 7, expected: 2, weight: 1, base_version: 4, later_steps: [], lr_mult: 1, batches: [`b-${k}`],
+      dense: [{ block: 0, grad: new Float32Array(40).fill(k) }], sparse: [{ table: 'emb', ids: Int32Array.from([1, 2, 3]), grads: new Float32Array(6).fill(k) }],
+    },
+  });
+  const logs: SeedLogs = {
+    dedup: [window('w1#aa', 2_000), window('w2#bb', 3), window('w3#cc', 0)],
+    applied: Array.from({ length: 3_000 }, (_, i) => [`epoch-${i % 3}/batch-${i}-${'é'.repeat(i % 17)}`, 1 + (i % 2)] as [string, number]),
+    refused: Array.from({ length: 50 }, (_, i) => `stale-${i}`),
+    open_rounds: [1, 2, 3, 4, 5].map(entry),
+  };
+  for (const limit of [1_536, 64 * 1024]) {
+    const chunks = splitSeedLogs(logs, segmentBudget(limit));
+    assert.ok(chunks.length > (limit === 1_536 ? 300 : 2), `${chunks.length} chunks at a ${limit}-byte limit`);
+    for (const [index, c] of chunks.entries()) {
+      const bytes = encodeEnvelope({ type: 'seed_logs', from: 'n1#1a2b3c', seq: 99 }, { epoch: 3, primary: 'server-1', transfer: 'server-1>server-2:3:1f', index, ...c }).byteLength;
+      assert.ok(bytes <= limit, `chunk ${index}: ${bytes} bytes over the ${limit}-byte limit`);
+    }
+    assert.ok(chunks.filter((c) => c.dedup.some((w) => w.from === 'w1#aa')).length > 1, 'the big window is cut across chunks');
+    assert.deepEqual(mergeSeedLogs(chunks), logs);
+  }
+  // Nothing to send: one empty chunk. An item larger than the budget goes alone (its message is then refused by the transport).
+  assert.deepEqual(splitSeedLogs({ dedup: [], applied: [], refused: [], open_rounds: [] }, 1_000), [{ dedup: [], applied: [], refused: [], open_rounds: [] }]);
+  const big = splitSeedLogs({ dedup: [], applied: [['a', 1], ['x'.repeat(5_000), 1], ['b', 1]], refused: [], open_rounds: [] }, 1_000);
+  assert.deepEqual(big.map((c) => c.applied.map(([id]) => id.length)), [[1], [5_000], [1]]);
 });
