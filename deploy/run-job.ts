@@ -678,7 +678,7 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
       const inactive = balancerIdleReason(config);
       balancer = new LoadBalancer({
         failover, planStore: backend.planStore, system: backend.system, health: plane.health, servers: config.cluster.server_nodes,
-        threshold: lb.imbalance_threshold, sustainS: lb.sustain_seconds, capacity: serverCapacities(config), exclusive: (fn) => checkpointer.exclusive(fn),
+        threshold: lb.imbalance_threshold, sustainS: lb.sustain_seconds, capacity: serverCapacities(config), capacityFrom: lb.capacity, exclusive: (fn) => checkpointer.exclusive(fn),
         transport: backend.transport, job, clock: systemClock, log,
       }, inactive);
       balancer.start();

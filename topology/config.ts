@@ -646,6 +646,13 @@ const configSchema = section({
     imbalance_threshold: upToOne().default(0.3),
     /** Seconds an imbalance must last before shards move; the article: a minute. */
     sustain_seconds: posNum().default(60),
+    /**
+     * How servers of unequal capacity are compared. `declared`: each load divided by
+     * nodes.<server>.capacity (1 where none is given). `measured`: by the capacity each
+     * server shows, its traffic per second of its process's CPU, so the loads compared
+     * are the servers' CPU use (the article's balancer watches CPU).
+     */
+    capacity: oneOf(['declared', 'measured']).default('declared'),
   }).prefault({}),
   checkpoint: section({
     /** Root of the job's checkpoints, one directory per checkpoint; null: <job.run_dir>/checkpoints/<job.name>. */
@@ -803,6 +810,7 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   { path: 'load_balancing.enabled', when: (c) => c.load_balancing.enabled && !balancerActs(c), instead: BALANCER_IDLE },
   { path: 'load_balancing.imbalance_threshold', when: (c) => !balancerActs(c), instead: BALANCER_IDLE },
   { path: 'load_balancing.sustain_seconds', when: (c) => !balancerActs(c), instead: BALANCER_IDLE },
+  { path: 'load_balancing.capacity', when: (c) => !balancerActs(c), instead: BALANCER_IDLE },
   // The warm-up runs only for hotness sharding.
   { path: 'sharding.warmup_batches', when: (c) => !c.sharding.hotness, instead: 'sharding.hotness is false: no warm-up is read, and the partitions are dealt round-robin (by count in proportion to nodes.<server>.capacity where servers differ)' },
   { path: 'server.use_gpu', when: (c) => c.server.use_gpu, instead: 'server-side optimizers run on the CPU' },

@@ -149,6 +149,14 @@ export interface ReplicaOptions {
   onUnseedable: (shard: string, node: string, epoch: number, why: string) => Promise<void>;
   /** Per replication request; default 1000 ms. */
   requestTimeoutMs?: number;
+  /** This server process's CPU time so far (ms, every thread), for load balancing's measured capacity; default process.cpuUsage(). */
+  cpuMs?: () => number;
+}
+
+/** This process's CPU time so far, user and system, every thread (ms). */
+export function processCpuMs(): number {
+  const u = process.cpuUsage();
+  return (u.user + u.system) / 1000;
 }
 
 // ---------------------------------------------------------------- dedup
@@ -987,6 +995,8 @@ export function createReplicaActor(replica: Replica): ReplicaActorDefinition {
         // A replica without its state (restarted, waiting for its seed) has applied nothing a failover could promote.
         applied_rseq: replica.seeded ? replica.streamPosition : null,
         replica_lag: replica.linkLags(),
+        // The whole server process's, the same in each of its replicas' stats (load balancing's measured capacity).
+        process_cpu_ms: Math.round((replica.o.cpuMs ?? processCpuMs)()),
       }),
       replicate: (m) => replica.replicate(m),
       seed_begin: (m) => replica.seedBegin(m),

@@ -22,6 +22,7 @@ const NOT_ACTIVE = [
   'load_balancing.enabled',
   'load_balancing.imbalance_threshold',
   'load_balancing.sustain_seconds',
+  'load_balancing.capacity',
   'server.use_gpu',
   'server.gpu_id',
 ];
@@ -42,7 +43,7 @@ fault_tolerance:
 ${mode === 'hps' ? '  preheat_backup: true\n  standby_workers: [w9]\n' : ''}  replication: async
   heartbeat_ms: 100
   dead_after_ms: 400
-load_balancing: { enabled: true, imbalance_threshold: 0.5, sustain_seconds: 10 }
+load_balancing: { enabled: true, imbalance_threshold: 0.5, sustain_seconds: 10, capacity: measured }
 server: { use_gpu: true, gpu_id: 1 }
 checkpoint: { dir: ckpts, every_s: 5, keep: 2, at_end: false, full_every: 4 }
 monitoring: { enabled: true, port: 9000 }
@@ -122,13 +123,13 @@ describe('inactiveSettings', () => {
   server_nodes: [${servers}]
 model: { type: ctr }
 data: { source: spam }
-load_balancing: { enabled: true, imbalance_threshold: 0.4, sustain_seconds: 20 }
+load_balancing: { enabled: true, imbalance_threshold: 0.4, sustain_seconds: 20, capacity: measured }
 ${rest}`, FILE));
     assert.deepEqual(at('s1, s2', ''), []);
     assert.deepEqual(at('s1, s2, s3', 'fault_tolerance: { replication: sync }\n'), []);
     for (const [servers, rest] of [['s1', ''], ['s1, s2', 'fault_tolerance: { replication: async }\n']] as const) {
       const listed = at(servers, rest);
-      assert.deepEqual(listed.map(pathOf), ['load_balancing.enabled', 'load_balancing.imbalance_threshold', 'load_balancing.sustain_seconds'], `${servers} ${rest}`);
+      assert.deepEqual(listed.map(pathOf), ['load_balancing.enabled', 'load_balancing.imbalance_threshold', 'load_balancing.sustain_seconds', 'load_balancing.capacity'], `${servers} ${rest}`);
       assert.match(listed[0]!, /two or more server nodes and fault_tolerance\.replication sync/);
     }
   });

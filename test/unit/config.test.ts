@@ -325,6 +325,10 @@ describe('schema rules', () => {
   test('an invalid choice lists the choices and suggests the closest', () => {
     const text = BASE + 'training: { mode: hsp }\n';
     expectIssue(text, { path: 'training.mode', words: ['must be one of bsp, asp, hps', 'got "hsp"', 'did you mean `hps`'], line: 8 });
+    const lb = BASE + 'load_balancing: { capacity: measure }\n';
+    expectIssue(lb, { path: 'load_balancing.capacity', words: ['must be one of declared, measured', 'got "measure"', 'did you mean `measured`'], line: 8 });
+    assert.equal(parse(BASE + 'load_balancing: { capacity: measured }\n').load_balancing.capacity, 'measured');
+    assert.equal(parse(BASE).load_balancing.capacity, 'declared', 'declared by default');
   });
 
   test('required keys: model.type and data.source', () => {

@@ -11,7 +11,7 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { ActorSystem, InProcessBroker, SeededRandom, Transport, isRetryable, silentLogger, systemClock } from '../../runtime/mod.ts';
 import {
-  buildShardPlan, handOver, imbalanceOf, planMigration, relativeLoads, seedReplica, serverLoads, trafficRates, withPlacement,
+  MIN_MEASURED_CPU, buildShardPlan, cpuRates, handOver, imbalanceOf, measuredCapacities, planMigration, relativeLoads, seedReplica, serverLoads, trafficRates, withPlacement,
   type ReplicaPlacement, type ShardPlan, type TrafficRate,
 } from '../../topology/mod.ts';
 import { ShardState, type PushRequest } from '../../actors/mod.ts';
@@ -82,6 +82,29 @@ describe('the rule', () => {
     const m = planMigration(two, r, ['n1', 'n2'], 0.3, new Map([['n1', 1], ['n2', 4]]))!;
     assert.deepEqual([m.from, m.to, Object.fromEntries(m.predicted)], ['n1', 'n2', { n1: 100, n2: 200 }]);
     assert.equal(m.predictedImbalance, 0.5, '100 / 1 against 200 / 4');
+  });
+
+  test('measured capacity: traffic per CPU-second of each server process; loads divided by it are the servers\' CPU use, so equal traffic on a server that burns more CPU for it is an imbalance', () => {
+    assert.deepEqual(Object.fromEntries(cpuRates(
+      [{ node: 'n1', cpuMs: 1_000 }, { node: 'n2', cpuMs: 5_000 }, { node: 'n3', cpuMs: 10 }],
+      [{ node: 'n1', cpuMs: 2_600 }, { node: 'n2', cpuMs: 100 }, { node: 'n4', cpuMs: 50 }], 2,
+    )), { n1: 0.8 }, 'CPU seconds per second; a restarted process (counter down) or a server in one sample only has none');
+    // Four shards, equal traffic: two primaries on each server. n1 spends 0.8 of a core on it, n2 0.2.
+    const four = placement({ a: { primary: 'n1', backups: [], seeding: [] }, b: { primary: 'n1', backups: [], seeding: [] }, c: { primary: 'n2', backups: [], seeding: [] }, d: { primary: 'n2', backups: [], seeding: [] } });
+    const r = rates({ 'a@n1': [100, 0], 'b@n1': [100, 0], 'c@n2': [100, 0], 'd@n2': [100, 0] });
+    const loads = serverLoads(four, r, ['n1', 'n2']);
+    assert.equal(planMigration(four, r, ['n1', 'n2'], 0.3), null, 'by traffic alone they are balanced');
+    const cap = measuredCapacities(loads, new Map([['n1', 0.8], ['n2', 0.2]]))!;
+    assert.deepEqual(Object.fromEntries(cap), { n1: 250, n2: 1_000 }, 'floats per CPU-second');
+    assert.deepEqual(Object.fromEntries(relativeLoads(loads, cap)), { n1: 0.8, n2: 0.2 }, 'the loads compared are the CPU use');
+    const m = planMigration(four, r, ['n1', 'n2'], 0.3, cap)!;
+    assert.deepEqual([m.shard, m.from, m.to, m.seed], ['a', 'n1', 'n2', true]);
+    assert.deepEqual(Object.fromEntries(relativeLoads(m.predicted, cap)), { n1: 0.4, n2: 0.3 }, 'the CPU each server is expected to use after the move');
+    // A server that cannot be measured (idle, below MIN_MEASURED_CPU, or without a figure) takes the mean of the measured ones.
+    const three = new Map([['n1', 200], ['n2', 200], ['n3', 0]]);
+    assert.deepEqual(Object.fromEntries(measuredCapacities(three, new Map([['n1', 0.8], ['n2', 0.2], ['n3', 0.01]]))!), { n1: 250, n2: 1_000, n3: 625 });
+    assert.deepEqual(Object.fromEntries(measuredCapacities(three, new Map([['n1', 0.8]]))!), { n1: 250, n2: 250, n3: 250 });
+    assert.equal(measuredCapacities(three, new Map([['n1', MIN_MEASURED_CPU / 2]])), null, 'nothing to measure from');
   });
 
   test('a server holding no replica of the shard is seeded first; ties go to a caught-up backup', () => {
@@ -256,6 +279,10 @@ describe('the balancer', () => {
       assert.deepEqual([m.from, m.to, m.seeded], ['n1', 'n2', false], 'n2 held a caught-up backup');
       assert.ok(m.imbalance > 0.3 && m.expected_imbalance < 0.3 && m.measured_after!.imbalance < 0.3, JSON.stringify(m));
       assert.equal(lab.balancer.migrations.length, 1, 'balanced afterwards: no move back');
+      // The replicas' stats carry their process's CPU time (one process here: the same CPU use for both servers).
+      const rep = lab.balancer.report();
+      assert.equal(rep.capacity_from, 'declared');
+      assert.ok(rep.cpu !== null && rep.cpu.n1! > 0 && Math.abs(rep.cpu.n1! - rep.cpu.n2!) <= 0.2 * Math.max(rep.cpu.n1!, rep.cpu.n2!), `CPU use of the servers' process: ${JSON.stringify(rep.cpu)}`);
       const final = (await lab.store.get())!;
       assert.deepEqual(SHARDS.map((s) => final.placement.replicas[s]!.primary).sort(), ['n1', 'n2'], 'one primary on each server');
       assert.ok(lab.failover.replicas.some((r) => r.node === 'n1' && r.shard === m.shard && r.kind === 'backup'), 'n1 seeded again and caught up');
@@ -308,10 +335,13 @@ describe('the balancer', () => {
 
 describe('the balancer\'s samples', () => {
   /** A balancer over fake replicas whose counters grow as `rates` says (floats per tick); `silent` ones never answer. */
-  function fakeBalancer(silent: Set<string>, plan = layout(), unseedable = new Set<string>()) {
+  function fakeBalancer(silent: Set<string>, plan = layout(), unseedable = new Set<string>(), o: {
+    perTick?: Record<string, [number, number]>; cpuPerS?: Record<string, number>; capacityFrom?: 'declared' | 'measured';
+  } = {}) {
     const store = memoryPlanStore(plan);
     const counters = new Map<string, { pulled: number; pushed: number }>();
-    const perTick: Record<string, [number, number]> = { 'a@n1': [1000, 100], 'b@n1': [1000, 100], 'a@n2': [0, 100], 'b@n2': [0, 100] };
+    const perTick: Record<string, [number, number]> = o.perTick ?? { 'a@n1': [1000, 100], 'b@n1': [1000, 100], 'a@n2': [0, 100], 'b@n2': [0, 100] };
+    const t0 = performance.now();
     const handovers: string[] = [];
     const system = {
       ref: (_kind: string, id: string) => ({
@@ -320,7 +350,10 @@ describe('the balancer\'s samples', () => {
           const c = counters.get(id) ?? { pulled: 0, pushed: 0 };
           const [pull, push] = perTick[id] ?? [0, 0];
           counters.set(id, { pulled: c.pulled + pull, pushed: c.pushed + push });
-          return { pulled_floats: c.pulled + pull, pushed_floats: c.pushed + push, role: handovers.length ? 'primary' : 'backup', epoch: 99 };
+          // Each server process's CPU time grows at its own rate (CPU seconds per second), whichever replica reports it.
+          const node = id.split('@')[1]!;
+          const cpu = o.cpuPerS?.[node] === undefined ? {} : { process_cpu_ms: o.cpuPerS[node]! * (performance.now() - t0) };
+          return { pulled_floats: c.pulled + pull, pushed_floats: c.pushed + push, role: handovers.length ? 'primary' : 'backup', epoch: 99, ...cpu };
         },
       }),
     } as unknown as ActorSystem;
@@ -330,6 +363,7 @@ describe('the balancer\'s samples', () => {
     } as unknown as ShardFailover;
     const balancer = new LoadBalancer({
       failover, planStore: store, system, health: health({ n1: 'alive', n2: 'alive' }), servers: ['n1', 'n2'], threshold: 0.3, sustainS: 0.05, sampleMs: 20,
+      ...(o.capacityFrom === undefined ? {} : { capacityFrom: o.capacityFrom }),
       transport: { publish: () => {} } as unknown as Transport, job: 'lbf', clock: systemClock, log: silentLogger(),
     });
     return { balancer, handovers };
@@ -366,6 +400,33 @@ describe('the balancer\'s samples', () => {
     } finally {
       await waiting.balancer.dispose();
       await unseedable.balancer.dispose();
+    }
+  });
+
+  test('load_balancing.capacity measured: equal traffic, but one server process burns four times the CPU for it — its primary moves; compared by declared capacity, nothing moves', { timeout: 10_000 }, async () => {
+    // a's primary on n1, b's on n2, each backed up on the other: the same traffic on both servers.
+    const plan = layout();
+    plan.placement.replicas.b = { primary: 'n2', backups: ['n1'], seeding: [] };
+    const perTick: Record<string, [number, number]> = { 'a@n1': [1000, 100], 'b@n2': [1000, 100], 'a@n2': [0, 100], 'b@n1': [0, 100] };
+    const cpuPerS = { n1: 0.8, n2: 0.2 };
+    const measured = fakeBalancer(new Set(), plan, new Set(), { perTick, cpuPerS, capacityFrom: 'measured' });
+    const declared = fakeBalancer(new Set(), plan, new Set(), { perTick, cpuPerS });
+    measured.balancer.start();
+    declared.balancer.start();
+    try {
+      await until(() => measured.handovers.length === 1, 'a move by measured capacity', 5_000);
+      assert.deepEqual(measured.handovers, ['a→n2'], 'the primary on the server that burns more CPU moves to its backup');
+      const rec = measured.balancer.migrations[0]!;
+      assert.ok(rec.capacity !== null && rec.capacity.n1! < rec.capacity.n2!, `n1 measured with less capacity: ${JSON.stringify(rec.capacity)}`);
+      const rep = measured.balancer.report();
+      assert.equal(rep.capacity_from, 'measured');
+      assert.ok(Math.abs(rep.cpu!.n1! - 0.8) < 0.05 && Math.abs(rep.cpu!.n2! - 0.2) < 0.05, `CPU use as reported: ${JSON.stringify(rep.cpu)}`);
+      await new Promise((r) => setTimeout(r, 300));
+      assert.deepEqual(declared.handovers, [], 'by traffic (declared capacities: none) the servers are balanced');
+      assert.equal(declared.balancer.report().capacity, null);
+    } finally {
+      await measured.balancer.dispose();
+      await declared.balancer.dispose();
     }
   });
 });
