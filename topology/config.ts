@@ -649,8 +649,8 @@ const configSchema = section({
     /**
      * How servers of unequal capacity are compared. `declared`: each load divided by
      * nodes.<server>.capacity (1 where none is given). `measured`: by the capacity each
-     * server shows, its traffic per second of its process's CPU, so the loads compared
-     * are the servers' CPU use (the article's balancer watches CPU).
+     * server shows, its traffic per second its event loop is busy, so the loads compared
+     * are how busy the servers are (the article's balancer watches CPU utilisation).
      */
     capacity: oneOf(['declared', 'measured']).default('declared'),
   }).prefault({}),

@@ -13,10 +13,10 @@
  * (`pulled_floats`, `pushed_floats`).
  *
  * Servers of unequal capacity compare their loads divided by it: declared
- * (`nodes.<server>.capacity`), or measured from each server process's CPU
- * (`load_balancing.capacity: measured`, `measuredCapacities`), so that the
- * loads compared are the servers' CPU use, as the reference article's
- * balancer watches it.
+ * (`nodes.<server>.capacity`), or measured from how busy each server's event
+ * loop is (`load_balancing.capacity: measured`, `measuredCapacities`), so
+ * that the loads compared are the servers' utilisation, as the reference
+ * article's balancer watches CPU utilisation.
  *
  * The servers are imbalanced when `(max − min) / max` of their loads is over
  * `load_balancing.imbalance_threshold`; once that has held for
@@ -94,43 +94,44 @@ export function relativeLoads(loads: ReadonlyMap<string, number>, capacity: Read
   return new Map([...loads].map(([s, l]) => [s, l / (capacity.get(s) ?? 1)]));
 }
 
-/** One server process's CPU time (user + system, every thread), cumulative ms, as its replicas' stats report it. */
-export interface ServerCpu { node: string; cpuMs: number }
+/** How long one server process's event loop has been busy, cumulative ms, as its replicas' stats report it. */
+export interface ServerBusy { node: string; busyMs: number }
 
 /**
- * CPU use of each server between two samples (CPU seconds per second: 1 is
- * one core busy). A server missing from either sample, or whose counter went
+ * The fraction of the time each server's event loop was busy between two
+ * samples (0–1). A server missing from either sample, or whose counter went
  * down (a restarted process), has none.
  */
-export function cpuRates(before: readonly ServerCpu[], after: readonly ServerCpu[], seconds: number): Map<string, number> {
-  const prev = new Map(before.map((c) => [c.node, c.cpuMs]));
+export function busyFractions(before: readonly ServerBusy[], after: readonly ServerBusy[], seconds: number): Map<string, number> {
+  const prev = new Map(before.map((c) => [c.node, c.busyMs]));
   const out = new Map<string, number>();
   if (!(seconds > 0)) return out;
   for (const c of after) {
     const p = prev.get(c.node);
-    if (p === undefined || c.cpuMs < p) continue;
-    out.set(c.node, (c.cpuMs - p) / 1000 / seconds);
+    if (p === undefined || c.busyMs < p) continue;
+    out.set(c.node, (c.busyMs - p) / 1000 / seconds);
   }
   return out;
 }
 
-/** The least CPU use (cores) a server's capacity is measured from: below it, its process's own housekeeping outweighs the traffic. */
-export const MIN_MEASURED_CPU = 0.05;
+/** The least busy fraction a server's capacity is measured from: below it, its process's own housekeeping outweighs the traffic. */
+export const MIN_MEASURED_BUSY = 0.05;
 
 /**
  * Capacities measured (`load_balancing.capacity: measured`): each server's
- * parameter traffic per second of its process's CPU (floats per CPU-second),
- * over the same window, so a server that spends more CPU on the same traffic
- * (a slower machine, a busier one) has less capacity, and a load divided by
- * it (`relativeLoads`) is the server's CPU use. A server that cannot be
- * measured (no traffic, less CPU than MIN_MEASURED_CPU, no CPU figure) takes
- * the mean of the measured ones. Null when none can be measured.
+ * parameter traffic per second its event loop was busy (floats per busy
+ * second), over the same window. A server that takes longer over the same
+ * traffic — a slower machine, or one whose CPU other work contends for —
+ * has less capacity, and a load divided by it (`relativeLoads`) is how busy
+ * the server is. A server that cannot be measured (no traffic, busy less
+ * than MIN_MEASURED_BUSY, no figure) takes the mean of the measured ones.
+ * Null when none can be measured.
  */
-export function measuredCapacities(loads: ReadonlyMap<string, number>, cpu: ReadonlyMap<string, number>): Map<string, number> | null {
+export function measuredCapacities(loads: ReadonlyMap<string, number>, busy: ReadonlyMap<string, number>): Map<string, number> | null {
   const measured = new Map<string, number>();
   for (const [s, load] of loads) {
-    const c = cpu.get(s);
-    if (c !== undefined && c >= MIN_MEASURED_CPU && load > 0) measured.set(s, load / c);
+    const b = busy.get(s);
+    if (b !== undefined && b >= MIN_MEASURED_BUSY && load > 0) measured.set(s, load / b);
   }
   if (measured.size === 0) return null;
   const mean = [...measured.values()].reduce((a, b) => a + b, 0) / measured.size;

@@ -18,7 +18,7 @@
  */
 import type { ActorSystem, Clock, Logger, Timer, Transport } from '../../runtime/mod.ts';
 import {
-  cpuRates, imbalanceOf, measuredCapacities, planMigration, relativeLoads, serverLoads, trafficRates, type Migration, type ReplicaTraffic, type ServerCpu, type ShardPlan,
+  busyFractions, imbalanceOf, measuredCapacities, planMigration, relativeLoads, serverLoads, trafficRates, type Migration, type ReplicaTraffic, type ServerBusy, type ShardPlan,
 } from '../../topology/mod.ts';
 import type { HealthView } from '../health/health.types.ts';
 import { publishEvent } from '../monitor/monitor.messages.ts';
@@ -39,7 +39,7 @@ export interface LoadBalancerOptions {
   sustainS: number;
   /** nodes.<server>.capacity where given (the others count 1): loads are compared divided by it. */
   capacity?: Readonly<Record<string, number>> | null;
-  /** load_balancing.capacity: `measured` compares the servers by the capacity each shows (traffic per CPU-second), over the declared one; default `declared`. */
+  /** load_balancing.capacity: `measured` compares the servers by the capacity each shows (traffic per second its event loop is busy), over the declared one; default `declared`. */
   capacityFrom?: 'declared' | 'measured';
   /** Runs a handover between checkpoints (Checkpointer.exclusive); default: at once. */
   exclusive?: <T>(fn: () => Promise<T>) => Promise<T>;
@@ -65,7 +65,7 @@ export interface MigrationRecord {
   /** Server loads (floats per second) when the move was decided, and the imbalance they had for sustain_seconds (of the loads divided by the capacities). */
   loads: Record<string, number>;
   imbalance: number;
-  /** The capacities the loads were compared by (floats per CPU-second where measured); null: every server counted alike. */
+  /** The capacities the loads were compared by (floats per busy second where measured); null: every server counted alike. */
   capacity: Record<string, number> | null;
   /** The loads and imbalance the move was expected to leave. */
   expected_loads: Record<string, number>;
@@ -86,11 +86,11 @@ export interface LoadBalancingReport {
   imbalance: number | null;
   /** Why the balancer does not act, when it does not (e.g. async replication). */
   inactive: string | null;
-  /** Where the capacities the loads are compared by come from, and the last ones used (floats per CPU-second where measured; null: all alike). */
+  /** Where the capacities the loads are compared by come from, and the last ones used (floats per busy second where measured; null: all alike). */
   capacity_from: 'declared' | 'measured';
   capacity: Record<string, number> | null;
-  /** The last sample's CPU use of each server process (cores), with traffic; null before two such samples. */
-  cpu: Record<string, number> | null;
+  /** The last sample's fraction of the time each server's event loop was busy (0–1), with traffic; null before two such samples. */
+  busy: Record<string, number> | null;
 }
 
 /** Sample intervals the loads are measured over (the rates between the oldest kept sample and the newest). */
@@ -105,12 +105,12 @@ export class LoadBalancer {
   private timer: Timer | null = null;
   private stopped = false;
   /** The recent samples under the current plan, oldest first (at most RATE_WINDOW + 1). */
-  private recent: { at: number; traffic: ReplicaTraffic[]; cpu: ServerCpu[] }[] = [];
+  private recent: { at: number; traffic: ReplicaTraffic[]; busy: ServerBusy[] }[] = [];
   private recentEpoch = -1;
   private loads: Map<string, number> | null = null;
   private imbalance: number | null = null;
   private lastCapacity: ReadonlyMap<string, number> | null = null;
-  private lastCpu: ReadonlyMap<string, number> | null = null;
+  private lastBusy: ReadonlyMap<string, number> | null = null;
   /** Since when (monotonic ms) the imbalance has been over the threshold; null when it is not. */
   private overSince: number | null = null;
   private moving: Promise<void> | null = null;
@@ -160,10 +160,10 @@ export class LoadBalancer {
     const sample = await this.traffic(plan);
     // A replica that did not answer would count as idle and draw a move onto a busy server: no sample then.
     if (sample === null) { this.recent = []; return; }
-    const { traffic, cpu } = sample;
+    const { traffic, busy: loopBusy } = sample;
     // Rates only between samples under one plan: a plan change moves traffic between replicas.
     if (plan.version !== this.recentEpoch) { this.recent = []; this.recentEpoch = plan.version; this.overSince = null; }
-    this.recent.push({ at, traffic, cpu });
+    this.recent.push({ at, traffic, busy: loopBusy });
     if (this.recent.length > RATE_WINDOW + 1) this.recent.shift();
     if (this.recent.length < 2) return;
     // Over the last RATE_WINDOW intervals, so an hps window's burst of pushes does not swing one sample's loads.
@@ -171,13 +171,13 @@ export class LoadBalancer {
     const rates = trafficRates(prev.traffic, traffic, (at - prev.at) / 1000);
     const live = this.o.servers.filter((s) => this.o.health.stateOf(s) !== 'dead');
     const loads = serverLoads(plan.placement, rates, live);
-    const cpuUse = cpuRates(prev.cpu, cpu, (at - prev.at) / 1000);
+    const busyFraction = busyFractions(prev.busy, loopBusy, (at - prev.at) / 1000);
     // Measured over the same window as the loads; declared where nothing can be measured yet.
-    const capacity = (this.o.capacityFrom === 'measured' ? measuredCapacities(loads, cpuUse) : null) ?? this.capacity;
+    const capacity = (this.o.capacityFrom === 'measured' ? measuredCapacities(loads, busyFraction) : null) ?? this.capacity;
     const { imbalance } = imbalanceOf(relativeLoads(loads, capacity));
     const busy = [...loads.values()].some((l) => l > 0);
     // The report keeps the last sample with traffic (not the idle one after training).
-    if (busy) { this.loads = loads; this.imbalance = imbalance; this.lastCapacity = capacity; this.lastCpu = cpuUse; }
+    if (busy) { this.loads = loads; this.imbalance = imbalance; this.lastCapacity = capacity; this.lastBusy = busyFraction; }
     const hold = this.holdReason(plan);
     const lastMove = this.migrations.at(-1);
     // Over a full rate window, as moves are decided: one interval right after a move is one hps window's burst of pushes.
@@ -200,22 +200,22 @@ export class LoadBalancer {
     await this.moving;
   }
 
-  /** Every replica's traffic counters and each server process's CPU time; null when a replica does not answer in time (or was deposed). */
-  private async traffic(plan: ShardPlan): Promise<{ traffic: ReplicaTraffic[]; cpu: ServerCpu[] } | null> {
+  /** Every replica's traffic counters and how long each server's event loop has been busy; null when a replica does not answer in time (or was deposed). */
+  private async traffic(plan: ShardPlan): Promise<{ traffic: ReplicaTraffic[]; busy: ServerBusy[] } | null> {
     const out: ReplicaTraffic[] = [];
-    const cpu = new Map<string, number>();
+    const busy = new Map<string, number>();
     const replicas = allReplicas(plan);
     await Promise.all(replicas.map(async ({ shard, node }) => {
       const s = await this.o.system.ref('shard', replicaId(shard, node))
-        .request<{ pulled_floats?: number; pushed_floats?: number; role?: string; process_cpu_ms?: number }>('stats', {}, { timeoutMs: 1_000 })
+        .request<{ pulled_floats?: number; pushed_floats?: number; role?: string; loop_busy_ms?: number }>('stats', {}, { timeoutMs: 1_000 })
         .catch(() => null);
       if (s === null || typeof s.pulled_floats !== 'number' || typeof s.pushed_floats !== 'number' || s.role === 'fenced') return;
       out.push({ shard, node, pulled: s.pulled_floats, pushed: s.pushed_floats });
       // One process per server node: any of its replicas says it (the latest answer, should they differ by a few ms).
-      if (typeof s.process_cpu_ms === 'number') cpu.set(node, Math.max(cpu.get(node) ?? 0, s.process_cpu_ms));
+      if (typeof s.loop_busy_ms === 'number') busy.set(node, Math.max(busy.get(node) ?? 0, s.loop_busy_ms));
     }));
     if (out.length < replicas.length) return null;
-    return { traffic: out, cpu: [...cpu].map(([node, cpuMs]) => ({ node, cpuMs })) };
+    return { traffic: out, busy: [...busy].map(([node, busyMs]) => ({ node, busyMs })) };
   }
 
   /** Carries out `move`, decided on `loads` with `imbalance`. */
@@ -224,7 +224,7 @@ export class LoadBalancer {
     const started = this.o.clock.monotonic();
     const { log } = this.o;
     log.warn({ shard, from, to, seed, loads: fmtLoads(loads), imbalance: Number(imbalance.toFixed(3)) },
-      `load balancing: server loads ${showLoads(loads)} floats/s, imbalance ${imbalance.toFixed(2)}${this.o.capacityFrom === 'measured' && capacity !== null ? ' of their CPU use (loads per measured capacity)' : ''} > ${this.o.threshold} for ${this.o.sustainS} s: `
+      `load balancing: server loads ${showLoads(loads)} floats/s, imbalance ${imbalance.toFixed(2)}${this.o.capacityFrom === 'measured' && capacity !== null ? ' of how busy they are (loads per measured capacity)' : ''} > ${this.o.threshold} for ${this.o.sustainS} s: `
       + `moving shard ${shard}'s primary ${from} → ${to}${seed ? ' (seeding a replica there first)' : ''}`);
     if (seed) {
       const v = await this.o.failover.seedFor(shard, to);
@@ -275,7 +275,7 @@ export class LoadBalancer {
       inactive: this.inactive,
       capacity_from: this.o.capacityFrom ?? 'declared',
       capacity: this.lastCapacity === null ? null : fmtLoads(this.lastCapacity),
-      cpu: this.lastCpu === null ? null : Object.fromEntries([...this.lastCpu].map(([k, v]) => [k, Number(v.toFixed(3))])),
+      busy: this.lastBusy === null ? null : Object.fromEntries([...this.lastBusy].map(([k, v]) => [k, Number(v.toFixed(3))])),
     };
   }
 

@@ -26,6 +26,7 @@
  *   applied (a batch trained again after its worker died unacknowledged) is
  *   answered without applying it again.
  */
+import { performance } from 'node:perf_hooks';
 import {
   DeferredReply, HetpsError, PayloadTooLargeError, ValidationError, isRetryable, type ActorDefinition, type ActorSystem, type Logger, type Timer,
 } from '../../runtime/mod.ts';
@@ -149,14 +150,18 @@ export interface ReplicaOptions {
   onUnseedable: (shard: string, node: string, epoch: number, why: string) => Promise<void>;
   /** Per replication request; default 1000 ms. */
   requestTimeoutMs?: number;
-  /** This server process's CPU time so far (ms, every thread), for load balancing's measured capacity; default process.cpuUsage(). */
-  cpuMs?: () => number;
+  /** How long this server process's event loop has been busy so far (ms), for load balancing's measured capacity; default `loopBusyMs`. */
+  busyMs?: () => number;
 }
 
-/** This process's CPU time so far, user and system, every thread (ms). */
-export function processCpuMs(): number {
-  const u = process.cpuUsage();
-  return (u.user + u.system) / 1000;
+/**
+ * How long this process's event loop has been busy so far (ms; Node's event
+ * loop utilization, `active`): the time its replicas' work took, which grows
+ * both with the CPU that work costs on this machine and with contention for
+ * the machine's CPU (unlike the process's CPU time).
+ */
+export function loopBusyMs(): number {
+  return performance.eventLoopUtilization().active;
 }
 
 // ---------------------------------------------------------------- dedup
@@ -996,7 +1001,7 @@ export function createReplicaActor(replica: Replica): ReplicaActorDefinition {
         applied_rseq: replica.seeded ? replica.streamPosition : null,
         replica_lag: replica.linkLags(),
         // The whole server process's, the same in each of its replicas' stats (load balancing's measured capacity).
-        process_cpu_ms: Math.round((replica.o.cpuMs ?? processCpuMs)()),
+        loop_busy_ms: Math.round((replica.o.busyMs ?? loopBusyMs)()),
       }),
       replicate: (m) => replica.replicate(m),
       seed_begin: (m) => replica.seedBegin(m),

@@ -25,8 +25,8 @@ export interface ShardHostOptions {
   newState: (shard: string, plan: ShardPlan) => ShardState;
   /** Replication request timeout; default 1000 ms. */
   requestTimeoutMs?: number;
-  /** The process's CPU time so far (ms); default process.cpuUsage() (tests give each in-process node its own). */
-  cpuMs?: () => number;
+  /** How long the process's event loop has been busy so far (ms); default its event loop utilization (tests give each in-process node its own). */
+  busyMs?: () => number;
 }
 
 interface Hosted { def: ReplicaActorDefinition; actor: Actor<never> }
@@ -96,7 +96,7 @@ export class ShardHost {
         shard, node: this.o.node, state: this.o.newState(shard, plan), system: this.o.system, log: this.o.log,
         replication: this.o.replication, lagLimit: this.o.lagLimit,
         ...(this.o.requestTimeoutMs !== undefined ? { requestTimeoutMs: this.o.requestTimeoutMs } : {}),
-        ...(this.o.cpuMs !== undefined ? { cpuMs: this.o.cpuMs } : {}),
+        ...(this.o.busyMs !== undefined ? { busyMs: this.o.busyMs } : {}),
         onCaughtUp: (s, node, epoch) => this.reportCaughtUp(s, node, epoch),
         onUnseedable: (s, node, epoch, why) => this.reportUnseedable(s, node, epoch, why),
       }, plan, effective);

@@ -11,7 +11,7 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { ActorSystem, InProcessBroker, SeededRandom, Transport, isRetryable, silentLogger, systemClock } from '../../runtime/mod.ts';
 import {
-  MIN_MEASURED_CPU, buildShardPlan, cpuRates, handOver, imbalanceOf, measuredCapacities, planMigration, relativeLoads, seedReplica, serverLoads, trafficRates, withPlacement,
+  MIN_MEASURED_BUSY, buildShardPlan, busyFractions, handOver, imbalanceOf, measuredCapacities, planMigration, relativeLoads, seedReplica, serverLoads, trafficRates, withPlacement,
   type ReplicaPlacement, type ShardPlan, type TrafficRate,
 } from '../../topology/mod.ts';
 import { ShardState, type PushRequest } from '../../actors/mod.ts';
@@ -84,27 +84,27 @@ describe('the rule', () => {
     assert.equal(m.predictedImbalance, 0.5, '100 / 1 against 200 / 4');
   });
 
-  test('measured capacity: traffic per CPU-second of each server process; loads divided by it are the servers\' CPU use, so equal traffic on a server that burns more CPU for it is an imbalance', () => {
-    assert.deepEqual(Object.fromEntries(cpuRates(
-      [{ node: 'n1', cpuMs: 1_000 }, { node: 'n2', cpuMs: 5_000 }, { node: 'n3', cpuMs: 10 }],
-      [{ node: 'n1', cpuMs: 2_600 }, { node: 'n2', cpuMs: 100 }, { node: 'n4', cpuMs: 50 }], 2,
-    )), { n1: 0.8 }, 'CPU seconds per second; a restarted process (counter down) or a server in one sample only has none');
-    // Four shards, equal traffic: two primaries on each server. n1 spends 0.8 of a core on it, n2 0.2.
+  test('measured capacity: traffic per second each server\'s event loop is busy; loads divided by it are how busy the servers are, so equal traffic on a server that takes longer over it is an imbalance', () => {
+    assert.deepEqual(Object.fromEntries(busyFractions(
+      [{ node: 'n1', busyMs: 1_000 }, { node: 'n2', busyMs: 5_000 }, { node: 'n3', busyMs: 10 }],
+      [{ node: 'n1', busyMs: 2_600 }, { node: 'n2', busyMs: 100 }, { node: 'n4', busyMs: 50 }], 2,
+    )), { n1: 0.8 }, 'busy seconds per second; a restarted process (counter down) or a server in one sample only has none');
+    // Four shards, equal traffic: two primaries on each server. n1 is busy 0.8 of the time over it, n2 0.2.
     const four = placement({ a: { primary: 'n1', backups: [], seeding: [] }, b: { primary: 'n1', backups: [], seeding: [] }, c: { primary: 'n2', backups: [], seeding: [] }, d: { primary: 'n2', backups: [], seeding: [] } });
     const r = rates({ 'a@n1': [100, 0], 'b@n1': [100, 0], 'c@n2': [100, 0], 'd@n2': [100, 0] });
     const loads = serverLoads(four, r, ['n1', 'n2']);
     assert.equal(planMigration(four, r, ['n1', 'n2'], 0.3), null, 'by traffic alone they are balanced');
     const cap = measuredCapacities(loads, new Map([['n1', 0.8], ['n2', 0.2]]))!;
-    assert.deepEqual(Object.fromEntries(cap), { n1: 250, n2: 1_000 }, 'floats per CPU-second');
-    assert.deepEqual(Object.fromEntries(relativeLoads(loads, cap)), { n1: 0.8, n2: 0.2 }, 'the loads compared are the CPU use');
+    assert.deepEqual(Object.fromEntries(cap), { n1: 250, n2: 1_000 }, 'floats per busy second');
+    assert.deepEqual(Object.fromEntries(relativeLoads(loads, cap)), { n1: 0.8, n2: 0.2 }, 'the loads compared are how busy the servers are');
     const m = planMigration(four, r, ['n1', 'n2'], 0.3, cap)!;
     assert.deepEqual([m.shard, m.from, m.to, m.seed], ['a', 'n1', 'n2', true]);
-    assert.deepEqual(Object.fromEntries(relativeLoads(m.predicted, cap)), { n1: 0.4, n2: 0.3 }, 'the CPU each server is expected to use after the move');
-    // A server that cannot be measured (idle, below MIN_MEASURED_CPU, or without a figure) takes the mean of the measured ones.
+    assert.deepEqual(Object.fromEntries(relativeLoads(m.predicted, cap)), { n1: 0.4, n2: 0.3 }, 'how busy each server is expected to be after the move');
+    // A server that cannot be measured (idle, below MIN_MEASURED_BUSY, or without a figure) takes the mean of the measured ones.
     const three = new Map([['n1', 200], ['n2', 200], ['n3', 0]]);
     assert.deepEqual(Object.fromEntries(measuredCapacities(three, new Map([['n1', 0.8], ['n2', 0.2], ['n3', 0.01]]))!), { n1: 250, n2: 1_000, n3: 625 });
     assert.deepEqual(Object.fromEntries(measuredCapacities(three, new Map([['n1', 0.8]]))!), { n1: 250, n2: 250, n3: 250 });
-    assert.equal(measuredCapacities(three, new Map([['n1', MIN_MEASURED_CPU / 2]])), null, 'nothing to measure from');
+    assert.equal(measuredCapacities(three, new Map([['n1', MIN_MEASURED_BUSY / 2]])), null, 'nothing to measure from');
   });
 
   test('a server holding no replica of the shard is seeded first; ties go to a caught-up backup', () => {
@@ -279,10 +279,10 @@ describe('the balancer', () => {
       assert.deepEqual([m.from, m.to, m.seeded], ['n1', 'n2', false], 'n2 held a caught-up backup');
       assert.ok(m.imbalance > 0.3 && m.expected_imbalance < 0.3 && m.measured_after!.imbalance < 0.3, JSON.stringify(m));
       assert.equal(lab.balancer.migrations.length, 1, 'balanced afterwards: no move back');
-      // The replicas' stats carry their process's CPU time (one process here: the same CPU use for both servers).
+      // The replicas' stats carry how long their process's event loop has been busy (one process here: the same for both servers).
       const rep = lab.balancer.report();
       assert.equal(rep.capacity_from, 'declared');
-      assert.ok(rep.cpu !== null && rep.cpu.n1! > 0 && Math.abs(rep.cpu.n1! - rep.cpu.n2!) <= 0.2 * Math.max(rep.cpu.n1!, rep.cpu.n2!), `CPU use of the servers' process: ${JSON.stringify(rep.cpu)}`);
+      assert.ok(rep.busy !== null && rep.busy.n1! > 0 && rep.busy.n1! <= 1 && Math.abs(rep.busy.n1! - rep.busy.n2!) <= 0.2 * Math.max(rep.busy.n1!, rep.busy.n2!), `busy fractions of the servers' process: ${JSON.stringify(rep.busy)}`);
       const final = (await lab.store.get())!;
       assert.deepEqual(SHARDS.map((s) => final.placement.replicas[s]!.primary).sort(), ['n1', 'n2'], 'one primary on each server');
       assert.ok(lab.failover.replicas.some((r) => r.node === 'n1' && r.shard === m.shard && r.kind === 'backup'), 'n1 seeded again and caught up');
@@ -336,7 +336,7 @@ describe('the balancer', () => {
 describe('the balancer\'s samples', () => {
   /** A balancer over fake replicas whose counters grow as `rates` says (floats per tick); `silent` ones never answer. */
   function fakeBalancer(silent: Set<string>, plan = layout(), unseedable = new Set<string>(), o: {
-    perTick?: Record<string, [number, number]>; cpuPerS?: Record<string, number>; capacityFrom?: 'declared' | 'measured';
+    perTick?: Record<string, [number, number]>; busyPerS?: Record<string, number>; capacityFrom?: 'declared' | 'measured';
   } = {}) {
     const store = memoryPlanStore(plan);
     const counters = new Map<string, { pulled: number; pushed: number }>();
@@ -350,10 +350,10 @@ describe('the balancer\'s samples', () => {
           const c = counters.get(id) ?? { pulled: 0, pushed: 0 };
           const [pull, push] = perTick[id] ?? [0, 0];
           counters.set(id, { pulled: c.pulled + pull, pushed: c.pushed + push });
-          // Each server process's CPU time grows at its own rate (CPU seconds per second), whichever replica reports it.
+          // Each server's event loop is busy at its own rate (busy seconds per second), whichever replica reports it.
           const node = id.split('@')[1]!;
-          const cpu = o.cpuPerS?.[node] === undefined ? {} : { process_cpu_ms: o.cpuPerS[node]! * (performance.now() - t0) };
-          return { pulled_floats: c.pulled + pull, pushed_floats: c.pushed + push, role: handovers.length ? 'primary' : 'backup', epoch: 99, ...cpu };
+          const busy = o.busyPerS?.[node] === undefined ? {} : { loop_busy_ms: o.busyPerS[node]! * (performance.now() - t0) };
+          return { pulled_floats: c.pulled + pull, pushed_floats: c.pushed + push, role: handovers.length ? 'primary' : 'backup', epoch: 99, ...busy };
         },
       }),
     } as unknown as ActorSystem;
@@ -403,24 +403,24 @@ describe('the balancer\'s samples', () => {
     }
   });
 
-  test('load_balancing.capacity measured: equal traffic, but one server process burns four times the CPU for it — its primary moves; compared by declared capacity, nothing moves', { timeout: 10_000 }, async () => {
+  test('load_balancing.capacity measured: equal traffic, but one server is busy four times as long over it — its primary moves; compared by declared capacity, nothing moves', { timeout: 10_000 }, async () => {
     // a's primary on n1, b's on n2, each backed up on the other: the same traffic on both servers.
     const plan = layout();
     plan.placement.replicas.b = { primary: 'n2', backups: ['n1'], seeding: [] };
     const perTick: Record<string, [number, number]> = { 'a@n1': [1000, 100], 'b@n2': [1000, 100], 'a@n2': [0, 100], 'b@n1': [0, 100] };
-    const cpuPerS = { n1: 0.8, n2: 0.2 };
-    const measured = fakeBalancer(new Set(), plan, new Set(), { perTick, cpuPerS, capacityFrom: 'measured' });
-    const declared = fakeBalancer(new Set(), plan, new Set(), { perTick, cpuPerS });
+    const busyPerS = { n1: 0.8, n2: 0.2 };
+    const measured = fakeBalancer(new Set(), plan, new Set(), { perTick, busyPerS, capacityFrom: 'measured' });
+    const declared = fakeBalancer(new Set(), plan, new Set(), { perTick, busyPerS });
     measured.balancer.start();
     declared.balancer.start();
     try {
       await until(() => measured.handovers.length === 1, 'a move by measured capacity', 5_000);
-      assert.deepEqual(measured.handovers, ['a→n2'], 'the primary on the server that burns more CPU moves to its backup');
+      assert.deepEqual(measured.handovers, ['a→n2'], 'the primary on the busier server moves to its backup');
       const rec = measured.balancer.migrations[0]!;
       assert.ok(rec.capacity !== null && rec.capacity.n1! < rec.capacity.n2!, `n1 measured with less capacity: ${JSON.stringify(rec.capacity)}`);
       const rep = measured.balancer.report();
       assert.equal(rep.capacity_from, 'measured');
-      assert.ok(Math.abs(rep.cpu!.n1! - 0.8) < 0.05 && Math.abs(rep.cpu!.n2! - 0.2) < 0.05, `CPU use as reported: ${JSON.stringify(rep.cpu)}`);
+      assert.ok(Math.abs(rep.busy!.n1! - 0.8) < 0.05 && Math.abs(rep.busy!.n2! - 0.2) < 0.05, `busy fractions as reported: ${JSON.stringify(rep.busy)}`);
       await new Promise((r) => setTimeout(r, 300));
       assert.deepEqual(declared.handovers, [], 'by traffic (declared capacities: none) the servers are balanced');
       assert.equal(declared.balancer.report().capacity, null);

@@ -23,7 +23,7 @@ function status(o: { pulls: number; pushes: number; steps: [number, number, numb
     workers: [worker('f1', o.steps[0]), worker('f2', o.steps[1]), worker('s1', o.steps[2])],
     shards: [shard('s0', 'server-1'), shard('s1', 'server-2')],
     progress: { samples: 640, batches_acked: 20, batches_total: 100, samples_per_s: 50, loss: 0.6 }, regroups: [], events: [],
-    load_balancing: { threshold: 0.3, sustain_seconds: 60, migrations: [], loads: { 'server-1': 3_000_000, 'server-2': 1_000_000 }, imbalance: 0.667, inactive: null, capacity_from: 'declared', capacity: null, cpu: null },
+    load_balancing: { threshold: 0.3, sustain_seconds: 60, migrations: [], loads: { 'server-1': 3_000_000, 'server-2': 1_000_000 }, imbalance: 0.667, inactive: null, capacity_from: 'declared', capacity: null, busy: null },
     sharding: null,
   };
 }
