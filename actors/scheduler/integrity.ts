@@ -39,9 +39,23 @@ export async function checkIntegrity(o: {
   settleMs?: number;
 }): Promise<IntegrityReport> {
   const { plan } = o;
-  const ask = (shard: string, node: string) => o.system.ref('shard', replicaId(shard, node))
-    .request<IntegrityReply & Record<string, unknown>>('integrity', {}, { timeoutMs: 10_000, retries: 1 })
-    .catch((e: unknown) => { o.log?.warn({ shard, node, err: (e as Error).message }, 'replica did not answer the integrity check'); return null; });
+  // Paged: a log over the message limit comes in parts (integrity_part), each fetched in turn.
+  const ask = async (shard: string, node: string): Promise<IntegrityReply | null> => {
+    const ref = o.system.ref('shard', replicaId(shard, node));
+    try {
+      const r = await ref.request<IntegrityReply & Record<string, unknown>>('integrity', { paged: true }, { timeoutMs: 10_000, retries: 1 });
+      if (r.applied_token === undefined) return r;
+      const applied: Record<string, number> = {};
+      for (let index = 0; index < (r.applied_parts ?? 0); index++) {
+        const part = await ref.request<{ applied: [string, number][] }>('integrity_part', { token: r.applied_token, index }, { timeoutMs: 10_000, retries: 1 });
+        for (const [b, n] of part.applied) applied[b] = n;
+      }
+      return { ...r, applied };
+    } catch (e) {
+      o.log?.warn({ shard, node, err: (e as Error).message }, 'replica did not answer the integrity check');
+      return null;
+    }
+  };
   const denseShards = new Set(plan.dense.map((b) => b.shard));
   const lost = new Set<string>();
   const duplicated = new Set<string>();

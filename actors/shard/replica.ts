@@ -99,6 +99,24 @@ export function splitSeedLogs(logs: SeedLogs, budget: number): SeedLogs[] {
   return chunks;
 }
 
+/**
+ * The applied-batch log in parts of at most `budget` bytes each (about: each
+ * entry's size bounded from above), the first at most `first` bytes (it
+ * shares its message with the rest of a reply). Always at least one part.
+ */
+export function cutAppliedLog(applied: ReadonlyMap<string, number>, first: number, budget: number): [string, number][][] {
+  const parts: [string, number][][] = [[]];
+  let bytes = 0;
+  let limit = first;
+  for (const e of applied) {
+    const n = 16 + utf8Bytes(e[0]);
+    if (bytes > 0 && bytes + n > limit) { parts.push([]); bytes = 0; limit = budget; }
+    parts[parts.length - 1]!.push(e);
+    bytes += n;
+  }
+  return parts;
+}
+
 /** The chunks of `splitSeedLogs` as one: a sender's window cut across chunks is one window again. */
 export function mergeSeedLogs(chunks: readonly SeedLogs[]): SeedLogs {
   const windows = new Map<string, DedupWindowWire>();
@@ -546,8 +564,10 @@ export class Replica {
   private readonly incoming: IncomingSnapshot;
   /** The logs of the seed in progress that came ahead of its last message (`seed_logs`), in order. */
   private incomingLogs: { transfer: string; chunks: SeedLogs[] } | null = null;
-  /** Numbers the seeds this primary sends. */
+  /** Numbers the seeds this primary sends (and the integrity logs it hands out in parts). */
   private nextTransfer = 0;
+  /** The applied-batch log a paged integrity reply left out, in parts that each fit a message. */
+  private integrityParts: { token: string; parts: [string, number][][] } | null = null;
 
   constructor(readonly o: ReplicaOptions, plan: ShardPlan, role: ReplicaRole) {
     this.role = role;
@@ -948,13 +968,42 @@ export class Replica {
     return { applied_to: this.rseq };
   }
 
-  integrity(): IntegrityReply {
+  /**
+   * The end-of-run check's figures. `paged`: an applied-batch log that does
+   * not fit one message (with the rest of the reply) is cut into parts that
+   * each fit, held under a token for `integrityPart` (one copy at a time: a
+   * later paged request replaces it), and left out of the reply.
+   */
+  integrity(m: { paged?: boolean } = {}): IntegrityReply {
     let unreplicated = 0;
     for (const l of this.links.values()) if (l.gating) unreplicated = Math.max(unreplicated, l.lag);
-    return {
+    const head = {
       shard: this.o.shard, node: this.o.node, role: this.fenced ? 'fenced' : this.role, epoch: this.epoch, version: this.o.state.version,
-      hash: this.o.state.stateHash(), applied: Object.fromEntries(this.applied), refused: [...this.refused], unreplicated,
+      hash: this.o.state.stateHash(), refused: [...this.refused], unreplicated,
     };
+    if (m.paged === true) {
+      const budget = segmentBudget(this.o.system.transport.maxMessageBytes);
+      const refusedBytes = head.refused.reduce((n, b) => n + 8 + Buffer.byteLength(b, 'utf8'), 0);
+      const parts = cutAppliedLog(this.applied, Math.max(1, budget - refusedBytes), budget);
+      if (parts.length > 1) {
+        const token = `${this.o.node}:${(this.nextTransfer++).toString(36)}`;
+        this.integrityParts = { token, parts };
+        return { ...head, applied: {}, applied_token: token, applied_parts: parts.length };
+      }
+    }
+    return { ...head, applied: Object.fromEntries(this.applied) };
+  }
+
+  /** Part `index` of the applied-batch log a paged `integrity` left out; the copy is dropped after the last part. */
+  integrityPart(token: string, index: number): { applied: [string, number][] } {
+    const held = this.integrityParts;
+    if (held === null || held.token !== token) {
+      throw new ValidationError(`shard ${this.o.shard}: the replica on ${this.o.node} holds no integrity log under ${token}${held === null ? '' : ` (it holds ${held.token})`}; ask for the integrity check again`);
+    }
+    const part = held.parts[index];
+    if (part === undefined) throw new ValidationError(`shard ${this.o.shard}: integrity log ${token} has ${held.parts.length} parts, not part ${index}`);
+    if (index === held.parts.length - 1) this.integrityParts = null;
+    return { applied: part };
   }
 
   /** Replicas this one streams to, and how far behind each is. */
@@ -1008,7 +1057,8 @@ export function createReplicaActor(replica: Replica): ReplicaActorDefinition {
       seed_part: (m) => replica.seedPart(m),
       seed_logs: (m) => replica.seedLogs(m),
       seed: (m) => replica.seed(m),
-      integrity: () => replica.integrity(),
+      integrity: (m) => replica.integrity(m),
+      integrity_part: (m) => replica.integrityPart(m.token, m.index),
       round_expected: (m) => replica.roundExpected(m),
     },
     onStop: () => {

@@ -293,8 +293,15 @@ export const replicaMessages = {
     refused: z.array(z.string()),
     open_rounds: z.array(replicationEntrySchema),
   }),
-  /** The end-of-run check: the batches applied (with counts), those refused as stale, and the state hash. */
-  integrity: z.object({}),
+  /**
+   * The end-of-run check: the batches applied (with counts), those refused as
+   * stale, and the state hash. `paged`: the applied-batch log comes inline
+   * only when it fits one message; otherwise `applied` is empty and the reply
+   * names `applied_token` and how many `integrity_part`s hold the log.
+   */
+  integrity: z.object({ paged: z.boolean().optional() }),
+  /** Part `index` (0, 1, …) of a paged integrity reply's applied-batch log: `{ applied: [[batch_id, count]] }`; the copy is dropped after the last. */
+  integrity_part: z.object({ token: z.string().min(1), index: z.number().int().nonnegative() }),
 };
 export type ReplicaMessages = typeof replicaMessages;
 
@@ -312,6 +319,9 @@ export interface IntegrityReply {
   refused: string[];
   /** Updates applied but not yet confirmed by every backup (async replication: what a failover could lose). */
   unreplicated: number;
+  /** A paged reply whose log did not fit one message: `applied` is empty, the log is in `applied_parts` parts under this token. */
+  applied_token?: string;
+  applied_parts?: number;
 }
 export type PullRequest = z.output<typeof shardMessages.pull>;
 export type PushRequest = z.output<typeof shardMessages.push>;
