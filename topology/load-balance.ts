@@ -114,8 +114,16 @@ export function busyFractions(before: readonly ServerBusy[], after: readonly Ser
   return out;
 }
 
-/** The least busy fraction a server's capacity is measured from: below it, its process's own housekeeping outweighs the traffic. */
-export const MIN_MEASURED_BUSY = 0.05;
+/**
+ * The least busy fraction a server's capacity is measured from. A measured
+ * server's load per capacity is its busy fraction whatever its traffic, so
+ * housekeeping that inflates an idle server's figure only makes it look a
+ * little busier; the floor keeps a server busy next to never from having a
+ * capacity without bound. (At 0.05 a fast server carrying much traffic at
+ * 4 % busy took a slow one's capacity, and a primary moved back onto the
+ * slow one: test/chaos/server-throttled.test.ts.)
+ */
+export const MIN_MEASURED_BUSY = 0.01;
 
 /**
  * Capacities measured (`load_balancing.capacity: measured`): each server's

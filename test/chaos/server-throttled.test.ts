@@ -1,12 +1,12 @@
 /**
  * Measured server capacity on real processes: of two server nodes over a
- * real 3-node NATS cluster, s1 runs under a CPU quota of 0.15 of a core (a
+ * real 3-node NATS cluster, s1 runs under a CPU quota of 0.1 of a core (a
  * Linux cgroup: a slower or shared machine), s2 without one. The two carry
  * about the same parameter traffic (one primary each), so load balancing by
  * traffic sees no imbalance; with `load_balancing.capacity: measured` it
  * divides each server's traffic by how long its event loop is busy over it,
  * finds s1 with far less capacity, and moves s1's primary to s2 while
- * training goes on. The job ends with every batch acknowledged exactly once,
+ * training goes on, and nothing back. The job ends with every batch acknowledged exactly once,
  * nothing lost or applied twice and the replicas equal.
  *
  * Needs root and a cgroup cpu controller (CI runs as root); where none can be
@@ -16,7 +16,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { clusterAndDirForFile, explainExit, hetps, watchAcks, writeJobConfig, type Child } from '../support/ps.ts';
+import { assertNothingLost, clusterAndDirForFile, explainExit, hetps, watchAcks, writeJobConfig, type Child, type LossSummary } from '../support/ps.ts';
 import { cpuThrottle } from '../support/cpu-throttle.ts';
 
 const env = clusterAndDirForFile('hetps-server-throttled-');
@@ -30,7 +30,7 @@ test('load_balancing.capacity measured: a server under a CPU quota, carrying the
   const watch = await watchAcks(env.nats().urls, job);
   const { acks } = watch;
   const children: Child[] = [];
-  const throttle = await cpuThrottle(`hetps-throttle-${process.pid}`, 0.15);
+  const throttle = await cpuThrottle(`hetps-throttle-${process.pid}`, 0.1);
   try {
     const s1 = hetps(['launch', '--role', 'server', '--config', cfg, '--server-id', 's1'], { timeoutMs: 290_000 });
     await throttle.add(s1.pid);
@@ -43,9 +43,7 @@ test('load_balancing.capacity measured: a server under a CPU quota, carrying the
     children.push(driver);
     const r = await driver.exited;
     assert.equal(r.code, 0, explainExit(r));
-    const s = JSON.parse(await readFile(summaryFile, 'utf8')) as {
-      batches: number; batches_acked: number; duplicate_acks: number;
-      integrity: { lost: number; duplicated: number; replicas_equal: boolean | null; applied: number; dropped_stale?: number };
+    const s = JSON.parse(await readFile(summaryFile, 'utf8')) as LossSummary & {
       replication: { failovers: unknown[] };
       load_balancing: { capacity_from: string; migrations: Migration[]; busy: Record<string, number> | null; capacity: Record<string, number> | null } | null;
     };
@@ -64,11 +62,9 @@ test('load_balancing.capacity measured: a server under a CPU quota, carrying the
     t.diagnostic(`when decided: traffic ${JSON.stringify(m.loads)} (imbalance ${trafficImbalance.toFixed(3)}), capacity ${JSON.stringify(m.capacity)}, imbalance per capacity ${m.imbalance}`);
     assert.ok(trafficImbalance < 0.3, `the traffic alone was balanced (${trafficImbalance.toFixed(3)})`);
     assert.ok(m.imbalance > 0.3);
-    assert.equal(s.batches_acked, s.batches);
-    assert.equal(s.duplicate_acks, 0);
-    assert.deepEqual([...acks.entries()].filter(([, n]) => n !== 1), [], 'every batch acknowledged exactly once');
-    assert.deepEqual([s.integrity.lost, s.integrity.duplicated, s.integrity.replicas_equal], [0, 0, true], JSON.stringify(s.integrity));
-    assert.equal(s.integrity.applied + (s.integrity.dropped_stale ?? 0), s.batches, 'every batch applied once, or acknowledged and dropped as too stale');
+    assert.deepEqual(lb!.migrations.filter((x) => x.to === 's1'), [], 'nothing moved back onto the throttled server');
+    assertNothingLost(s, acks);
+    assert.equal(s.integrity!.replicas_equal, true, JSON.stringify(s.integrity));
   } finally {
     await watch.close();
     for (const c of children) c.kill('SIGKILL');

@@ -105,6 +105,14 @@ describe('the rule', () => {
     assert.deepEqual(Object.fromEntries(measuredCapacities(three, new Map([['n1', 0.8], ['n2', 0.2], ['n3', 0.01]]))!), { n1: 250, n2: 1_000, n3: 625 });
     assert.deepEqual(Object.fromEntries(measuredCapacities(three, new Map([['n1', 0.8]]))!), { n1: 250, n2: 250, n3: 250 });
     assert.equal(measuredCapacities(three, new Map([['n1', MIN_MEASURED_BUSY / 2]])), null, 'nothing to measure from');
+    // Seen on real processes: the slow n1 (a backup of both shards now) busy half the time, the fast n2 (both
+    // primaries) busy 4 % of it over twice the traffic. n2 is measured too, so nothing moves back onto n1 (at a 5 %
+    // floor n2 took n1's capacity, and the traffic moved a primary back).
+    const after = placement({ a: { primary: 'n2', backups: ['n1'], seeding: [] }, b: { primary: 'n2', backups: ['n1'], seeding: [] } });
+    const late = rates({ 'a@n2': [300_000, 60_000], 'b@n2': [300_000, 80_000], 'a@n1': [0, 180_000], 'b@n1': [0, 200_000] });
+    const lateCap = measuredCapacities(serverLoads(after, late, ['n1', 'n2']), new Map([['n1', 0.509], ['n2', 0.039]]))!;
+    assert.ok(lateCap.get('n2')! > 20 * lateCap.get('n1')!, JSON.stringify(Object.fromEntries(lateCap)));
+    assert.equal(planMigration(after, late, ['n1', 'n2'], 0.3, lateCap), null);
   });
 
   test('a server holding no replica of the shard is seeded first; ties go to a caught-up backup', () => {
