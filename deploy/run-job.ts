@@ -22,7 +22,7 @@
  *
  * Everything it says goes through a `JobPrinter`; the command line prints.
  */
-import { mkdir, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { randomUUID } from 'node:crypto';
@@ -47,7 +47,7 @@ import { DEFAULT_NODE_WAIT_MS, gradientCompressionFromConfig, modelAndData } fro
 import { RegroupController, type RegroupRecord } from '../actors/scheduler/regroup.ts';
 import { startControlPlane, type ControlPlane } from '../actors/scheduler/control-plane.ts';
 import { createMonitorActor } from '../actors/monitor/monitor.actor.ts';
-import { TELEMETRY_LOG } from '../actors/monitor/monitor-http.ts';
+import { TELEMETRY_LOG, newDashboardToken } from '../actors/monitor/monitor-http.ts';
 import { LeaseStandby, leaseBucketName, type LeaseHolder, type TakeoverRecord } from '../actors/scheduler/lease.ts';
 import { ShardFailover, createFailoverActor, type FailoverRecord, type ReplicaRecord } from '../actors/scheduler/failover.ts';
 import { checkIntegrity, type IntegrityReport } from '../actors/scheduler/integrity.ts';
@@ -820,8 +820,45 @@ function summaryOf(ctx: RunContext, c: Conducted, o: {
 }
 
 /** Where the monitor serves the dashboard and `/metrics` (monitoring.enabled, monitoring.port; 0: off). */
-function monitorHttpOf(config: HetpsConfig): { port: number; host: string } | null {
-  return config.monitoring.enabled && config.monitoring.port > 0 ? { port: config.monitoring.port, host: config.monitoring.host } : null;
+/** The file a run's generated dashboard token is written to (monitoring.auth: token without monitoring.token_file). */
+export const DASHBOARD_TOKEN_FILE = 'dashboard-token';
+
+/**
+ * Where the dashboard listens, and its token (monitoring.auth: token): the
+ * first line of monitoring.token_file, or a new one written to
+ * <run dir>/dashboard-token (readable by its owner only). Null when the
+ * dashboard is off. Says so when it listens beyond this machine with no token.
+ */
+async function dashboardHttp(config: HetpsConfig, runDir: string, out: JobPrinter): Promise<{ port: number; host: string; token: string | null } | null> {
+  const m = config.monitoring;
+  if (!m.enabled || m.port <= 0) return null;
+  let token: string | null = null;
+  if (m.auth === 'token') {
+    if (m.token_file !== null) {
+      const file = resolve(m.token_file);
+      const text = await readFile(file, 'utf8').catch((e: unknown) => {
+        throw new ConfigError(`monitoring.token_file: cannot read ${file} (${(e as Error).message}); give a file whose first line is the dashboard's token, or leave it out for a new token each run`, { data: { field: 'monitoring.token_file' } });
+      });
+      token = text.split('\n')[0]!.trim();
+      if (token.length < 16) throw new ConfigError(`monitoring.token_file: the first line of ${file} is ${token.length === 0 ? 'empty' : `${token.length} characters`}; a token needs at least 16`, { data: { field: 'monitoring.token_file' } });
+    } else {
+      token = newDashboardToken();
+      await mkdir(runDir, { recursive: true });
+      await writeFile(join(runDir, DASHBOARD_TOKEN_FILE), `${token}\n`, { mode: 0o600 });
+    }
+  } else if (!isLoopback(m.host)) {
+    out.line(`warning: the dashboard listens on ${m.host}:${m.port} with no token, and its buttons steer the job: anyone who reaches it can pause or regroup it; set monitoring.auth: token`);
+  }
+  return { port: m.port, host: m.host, token };
+}
+
+const isLoopback = (host: string) => host === 'localhost' || host === '::1' || host.startsWith('127.');
+
+/** The start-up line naming the dashboard (the URL to open) and /metrics, with where its token is when it asks for one. */
+function dashboardLine(url: string, login: string, runDir: string, config: HetpsConfig): string {
+  if (login === url) return `dashboard: ${url}  (metrics: ${url}metrics)`;
+  const where = config.monitoring.token_file !== null ? resolve(config.monitoring.token_file) : join(runDir, DASHBOARD_TOKEN_FILE);
+  return `dashboard: ${login}  (metrics: ${url}metrics with Authorization: Bearer <the token in ${where}>)`;
 }
 
 /** What the lease says of this driver for `check`: a deposed scheduler must stop supervising. */
@@ -896,7 +933,7 @@ export async function runJob(o: JobRunOptions, out: JobPrinter): Promise<UpSumma
       policy: { heartbeatMs: config.fault_tolerance.heartbeat_ms, deadAfterMs: config.fault_tolerance.dead_after_ms }, log,
       onShutdown: (reason) => { shutdownRequested = reason; },
       nats: servers === null ? null : { servers, ...natsAuthOf(ctx) }, secure: servers !== null && config.nats.secure,
-      http: monitorHttpOf(config), onServing: (url) => ctx.out.line(`dashboard: ${url}  (metrics: ${url}metrics)`),
+      http: await dashboardHttp(config, ctx.runDir, ctx.out), onServing: (url, login) => ctx.out.line(dashboardLine(url, login, ctx.runDir, config)),
       telemetryLog: join(ctx.runDir, TELEMETRY_LOG), compression: gradientCompressionFromConfig(config),
     });
     const p = plane;
@@ -1035,7 +1072,7 @@ export async function runStandby(o: StandbyRunOptions, out: JobPrinter): Promise
       policy: { heartbeatMs: config.fault_tolerance.heartbeat_ms, deadAfterMs: config.fault_tolerance.dead_after_ms }, log,
       onShutdown: (reason) => { shutdownRequested = reason; },
       nats: { servers, ...natsAuthOf(ctx) }, monitor: monitorDef, secure: config.nats.secure,
-      http: monitorHttpOf(config), onServing: (url) => out.line(`dashboard: ${url}  (metrics: ${url}metrics)`),
+      http: await dashboardHttp(config, runDir, out), onServing: (url, login) => out.line(dashboardLine(url, login, runDir, config)),
       telemetryLog: join(runDir, TELEMETRY_LOG), compression: gradientCompressionFromConfig(config),
     });
     const pending = await backend.queue.pending().catch(() => null);

@@ -672,6 +672,14 @@ const configSchema = section({
     port: z.number({ error: mustBe('a port number from 0 to 65535') }).int().min(0).max(65535).default(8888),
     /** The address they listen on: this machine only by default (the dashboard's buttons steer the job). */
     host: z.string({ error: mustBe('an address, e.g. 127.0.0.1 or 0.0.0.0') }).min(1).default('127.0.0.1'),
+    /**
+     * `token`: the dashboard, its API and /metrics answer only a request with the job's
+     * token (the URL printed at start, a cookie it sets, or `Authorization: Bearer`).
+     * `none`: whoever reaches host:port may watch and steer the job.
+     */
+    auth: oneOf(['none', 'token']).default('none'),
+    /** The token, as the first line of this file (the same for every driver of the job); null: a new one each run, written to <run dir>/dashboard-token. */
+    token_file: text().nullable().default(null),
   }).prefault({}),
   server: section({
     use_gpu: bool().default(false),
@@ -813,6 +821,7 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   { path: 'load_balancing.capacity', when: (c) => !balancerActs(c), instead: BALANCER_IDLE },
   // The warm-up runs only for hotness sharding.
   { path: 'sharding.warmup_batches', when: (c) => !c.sharding.hotness, instead: 'sharding.hotness is false: no warm-up is read, and the partitions are dealt round-robin (by count in proportion to nodes.<server>.capacity where servers differ)' },
+  { path: 'monitoring.token_file', when: (c) => c.monitoring.auth !== 'token', instead: 'monitoring.auth is none: the dashboard asks for no token' },
   { path: 'server.use_gpu', when: (c) => c.server.use_gpu, instead: 'server-side optimizers run on the CPU' },
   { path: 'server.gpu_id', when: () => true, instead: 'server-side optimizers run on the CPU' },
 ];

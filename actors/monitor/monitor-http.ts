@@ -16,8 +16,13 @@
  *   (no CDN).
  *
  * It listens on 127.0.0.1 unless told otherwise (`--monitor-host`): the
- * buttons steer the job, and the page has no login of its own.
+ * buttons steer the job. With a token (`monitoring.auth: token`) every path
+ * answers 401 unless the request carries it: `?token=` (the URL printed at
+ * start; the page then sets an HttpOnly, SameSite=Strict cookie and drops
+ * it from the address), the cookie, or `Authorization: Bearer <token>`
+ * (scripts, Prometheus' scrape).
  */
+import { randomBytes, timingSafeEqual } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { appendFile } from 'node:fs/promises';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
@@ -43,6 +48,8 @@ const BODY_LIMIT = 64 * 1024;
 export interface MonitorServerOptions {
   port: number;
   host?: string;
+  /** Every request must carry it (monitoring.auth: token); null or absent: none asked for. */
+  token?: string | null;
   job: string;
   transport: Transport;
   watch: JobWatch;
@@ -202,7 +209,10 @@ export class MonitorServer {
   private readonly server: Server;
   private readonly clients = new Set<ServerResponse>();
   private readonly unsubscribe: () => void;
+  /** Where it serves (no token in it). */
   url = '';
+  /** The URL to open: `url`, with `?token=` when a token is asked for. */
+  loginUrl = '';
 
   private constructor(private readonly o: MonitorServerOptions) {
     this.unsubscribe = o.watch.onSnapshot((snap, ended) => {
@@ -227,6 +237,7 @@ export class MonitorServer {
     const addr = s.server.address();
     const port = typeof addr === 'object' && addr !== null ? addr.port : o.port;
     s.url = `http://${o.host === undefined || o.host === '0.0.0.0' ? '127.0.0.1' : o.host}:${port}/`;
+    s.loginUrl = o.token ? `${s.url}?token=${encodeURIComponent(o.token)}` : s.url;
     return s;
   }
 
@@ -242,6 +253,22 @@ export class MonitorServer {
     const url = new URL(req.url ?? '/', 'http://localhost');
     const path = url.pathname;
     const watch = this.o.watch;
+    const token = this.o.token ?? null;
+    if (token !== null) {
+      const given = url.searchParams.get('token');
+      if (given !== null && sameToken(given, token)) {
+        // The token in the address: kept in a cookie from now on, and out of the address bar and history.
+        url.searchParams.delete('token');
+        res.writeHead(303, { 'Set-Cookie': `${TOKEN_COOKIE}=${encodeURIComponent(token)}; HttpOnly; SameSite=Strict; Path=/`, Location: `${path}${url.search}` });
+        res.end();
+        return;
+      }
+      if (!authorised(req, token)) {
+        this.o.log.warn({ path, remote: req.socket.remoteAddress }, 'dashboard: a request without the job\'s token refused');
+        this.json(res, 401, { error: 'this dashboard asks for the job\'s token: open the URL `hetps up` printed (…/?token=…), or send Authorization: Bearer <token> (the token is in <run dir>/dashboard-token, or monitoring.token_file)' });
+        return;
+      }
+    }
     try {
       if (req.method === 'GET' && path === '/metrics') {
         const text = await watch.metrics.text();
@@ -304,4 +331,31 @@ export class MonitorServer {
     res.writeHead(code, { 'Content-Type': 'application/json' });
     res.end(JSON.stringify(v));
   }
+}
+
+const TOKEN_COOKIE = 'hetps_token';
+
+/** A new dashboard token: 32 random bytes, hex. */
+export function newDashboardToken(): string {
+  return randomBytes(32).toString('hex');
+}
+
+function sameToken(given: string, token: string): boolean {
+  const a = Buffer.from(given);
+  const b = Buffer.from(token);
+  return a.length === b.length && timingSafeEqual(a, b);
+}
+
+/** The request carries the token: as `Authorization: Bearer`, or in the cookie the page set. */
+function authorised(req: IncomingMessage, token: string): boolean {
+  const bearer = /^Bearer\s+(\S+)$/i.exec(req.headers.authorization ?? '');
+  if (bearer !== null && sameToken(bearer[1]!, token)) return true;
+  for (const part of (req.headers.cookie ?? '').split(';')) {
+    const eq = part.indexOf('=');
+    if (eq < 0 || part.slice(0, eq).trim() !== TOKEN_COOKIE) continue;
+    let v: string;
+    try { v = decodeURIComponent(part.slice(eq + 1).trim()); } catch { continue; }
+    if (sameToken(v, token)) return true;
+  }
+  return false;
 }

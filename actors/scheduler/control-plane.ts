@@ -42,9 +42,9 @@ export async function startControlPlane(system: ActorSystem, o: {
   /** A monitor made (and listening) before now, not spawned yet; absent: a new one. */
   monitor?: MonitorActorDefinition | null;
   /** Where the monitor serves the dashboard and `/metrics`; null or absent: nowhere. */
-  http?: { port: number; host: string } | null;
-  /** Told the dashboard's URL once it listens. */
-  onServing?: (url: string) => void;
+  http?: { port: number; host: string; token: string | null } | null;
+  /** Told the dashboard's URL once it listens, and (with a token) the URL to open. */
+  onServing?: (url: string, loginUrl: string) => void;
   /** Append every snapshot to this file (`<run dir>/telemetry.jsonl`, for `hetps report`); null or absent: kept in memory only. */
   telemetryLog?: string | null;
   /** nats.secure: the servers enforce who may send commands, so the scheduler logs each one's sender role. */
@@ -65,8 +65,8 @@ export async function startControlPlane(system: ActorSystem, o: {
   let server: MonitorServer | null = null;
   if (o.http) {
     try {
-      server = await MonitorServer.start({ port: o.http.port, host: o.http.host, job: system.job, transport: system.transport, watch, log: o.log });
-      o.onServing?.(server.url);
+      server = await MonitorServer.start({ port: o.http.port, host: o.http.host, token: o.http.token, job: system.job, transport: system.transport, watch, log: o.log });
+      o.onServing?.(server.url, server.loginUrl);
     } catch (e) {
       o.log.warn({ port: o.http.port, err: (e as Error).message },
         `no dashboard: cannot listen on ${o.http.host}:${o.http.port} (${(e as Error).message}); give another port with --monitor-port N (0: off), or monitoring.port`);

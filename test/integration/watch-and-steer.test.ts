@@ -12,11 +12,16 @@
  *   the events; the checkpoint and regroup buttons get their replies and
  *   events. With HETPS_DASHBOARD_SCREENSHOT=<file> it also saves a
  *   screenshot of the running page there (docs/dashboard.png is one).
+ *
+ * The job runs with `monitoring.auth: token`: `/metrics` and the API answer
+ * 401 without the token and take it as a bearer header; the browser opens
+ * the URL `hetps up` printed, whose token becomes a cookie that the page's
+ * stream and buttons then carry.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer } from 'node:net';
-import { readFile, writeFile } from 'node:fs/promises';
+import { readFile, readdir, stat, writeFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
 import { parse, stringify } from 'yaml';
@@ -47,6 +52,7 @@ test('the quick start, watched and steered: /metrics, hetps ctl / tail / top, an
   const job = `watch${process.pid}`;
   quick.job = { name: job, run_dir: join(tempDir(), 'runs') };
   quick.data = { ...quick.data, epochs: 10 };
+  quick.monitoring = { ...(quick.monitoring ?? {}), auth: 'token' };
   const cfg = join(tempDir(), 'quickstart.yaml');
   await writeFile(cfg, stringify(quick));
   const port = await freePort();
@@ -54,12 +60,20 @@ test('the quick start, watched and steered: /metrics, hetps ctl / tail / top, an
   try {
     await until(() => /dashboard: http:\/\/127\.0\.0\.1:\d+\//.test(up.stderr()) && /NATS cluster up: /.test(up.stderr()), 'the dashboard URL and the NATS URLs', 60_000, () => up.stderr().slice(-3000));
     const base = `http://127.0.0.1:${port}/`;
-    assert.ok(up.stderr().includes(`dashboard: ${base}`), 'the URL printed is the port asked for');
+    const printed = new RegExp(`dashboard: (${base.replace(/[.]/g, '\\.')}\\?token=([0-9a-f]{64}))  \\(metrics: ${base.replace(/[.]/g, '\\.')}metrics with Authorization: Bearer <the token in (\\S+)>\\)`).exec(up.stderr());
+    assert.ok(printed !== null, `the URL printed is the port asked for, with the token and where it is kept: ${up.stderr().split('\n').find((l) => l.includes('dashboard:'))}`);
+    const [, loginUrl, token, tokenFile] = printed;
+    assert.equal((await readFile(tokenFile!, 'utf8')).trim(), token, `${tokenFile} holds the token`);
+    assert.equal((await stat(tokenFile!)).mode & 0o777, 0o600, 'readable by its owner only');
+    assert.ok(tokenFile!.startsWith(join(tempDir(), 'runs')) && (await readdir(join(tokenFile!, '..'))).includes('dashboard-token'), tokenFile);
+    const auth = { headers: { Authorization: `Bearer ${token}` } };
+    assert.equal((await fetch(`${base}metrics`)).status, 401, '/metrics without the token');
+    assert.equal((await fetch(`${base}api/ctl/pause`, { method: 'POST', body: '{}' })).status, 401, 'a command without the token');
     const nats = /NATS cluster up: (\S+)/.exec(up.stderr())![1]!;
 
     // ---- /metrics: parses, ≥ 12 hetps_ families, and they move while training runs.
     const scrape = async () => {
-      const r = await fetch(`${base}metrics`);
+      const r = await fetch(`${base}metrics`, auth);
       assert.equal(r.status, 200);
       assert.match(r.headers.get('content-type') ?? '', /text\/plain/);
       return parsePrometheus(await r.text()).filter((f) => f.name.startsWith('hetps_'));
@@ -79,7 +93,9 @@ test('the quick start, watched and steered: /metrics, hetps ctl / tail / top, an
     const browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--headless', '--no-sandbox'] });
     try {
       const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
-      await page.goto(base);
+      // The printed URL: its token becomes a cookie, and the address the dashboard's own.
+      await page.goto(loginUrl!);
+      assert.equal(page.url(), base, 'the token left the address bar');
       const text = (id: string) => page.locator(`#${id}`).innerText();
       await until(async () => (await text('state')) === 'training', 'the page to show the job training', 20_000);
       const s0 = Number((await text('samples')).replace(/,/g, ''));
@@ -89,7 +105,7 @@ test('the quick start, watched and steered: /metrics, hetps ctl / tail / top, an
       await until(async () => (await Promise.all(WORKERS.map((w) => page.locator(`#nodes tr[data-node="${w}"] td.held`).innerText()))).every((x) => /^\d+$/.test(x)),
         'every worker\'s held count on the page', 20_000);
       for (const g of ['fast', 'slow']) assert.equal(await page.locator(`#groups tr[data-group="${g}"]`).count(), 1, `the groups panel lists ${g}`);
-      const shards = ((await (await fetch(`${base}api/snapshot`)).json()) as { status: { shards: { shard: string }[] } }).status.shards.map((x) => x.shard);
+      const shards = ((await (await fetch(`${base}api/snapshot`, auth)).json()) as { status: { shards: { shard: string }[] } }).status.shards.map((x) => x.shard);
       assert.deepEqual(shards.sort(), ['server-1', 'server-2']);
       for (const sh of shards) assert.equal(await page.locator(`#shards tr[data-shard="${sh}"]`).count(), 1, `the shards panel lists ${sh}`);
       // Load balancing runs (two servers, sync replication): the panel shows each server's measured load.

@@ -134,6 +134,15 @@ ${rest}`, FILE));
     }
   });
 
+  test('monitoring.token_file is read only with monitoring.auth: token: listed otherwise, saying so', () => {
+    const at = (monitoring: string) => inactiveSettings(parseConfig(`${CLUSTER}monitoring: ${monitoring}\n`, FILE));
+    assert.deepEqual(at('{ auth: token, token_file: tok.txt }'), []);
+    assert.deepEqual(at('{ auth: token }'), []);
+    const listed = at('{ token_file: tok.txt }');
+    assert.deepEqual(listed.map(pathOf), ['monitoring.token_file']);
+    assert.match(listed[0]!, /monitoring\.auth is none: the dashboard asks for no token/);
+  });
+
   test('sharding.warmup_batches is read only with sharding.hotness: listed with hotness false, saying so', () => {
     const at = (sharding: string) => inactiveSettings(parseConfig(`${CLUSTER}sharding: ${sharding}\n`, FILE));
     assert.deepEqual(at('{ warmup_batches: 16 }'), []);

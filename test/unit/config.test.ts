@@ -329,6 +329,8 @@ describe('schema rules', () => {
     expectIssue(lb, { path: 'load_balancing.capacity', words: ['must be one of declared, measured', 'got "measure"', 'did you mean `measured`'], line: 8 });
     assert.equal(parse(BASE + 'load_balancing: { capacity: measured }\n').load_balancing.capacity, 'measured');
     assert.equal(parse(BASE).load_balancing.capacity, 'declared', 'declared by default');
+    expectIssue(BASE + 'monitoring: { auth: tokens }\n', { path: 'monitoring.auth', words: ['must be one of none, token', 'got "tokens"', 'did you mean `token`'], line: 8 });
+    assert.deepEqual([parse(BASE).monitoring.auth, parse(BASE).monitoring.token_file], ['none', null]);
   });
 
   test('required keys: model.type and data.source', () => {
