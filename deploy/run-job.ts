@@ -669,7 +669,10 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
       moment: (capMs) => moment.wait(capMs),
       root: checkpointRoot(config), keep: ck.keep, fullEvery: ck.full_every, job, model: checkpointModelOf(config, md.model), controller, plan: () => shardClient.plans.current,
       clock: systemClock, log,
-      frozen: { freeze: (shard, token) => shardClient.freeze(shard, token), take: (shard, token) => shardClient.takeFrozen(shard, token) },
+      frozen: {
+        freeze: (shard, token) => shardClient.freeze(shard, token), take: (shard, token) => shardClient.takeFrozen(shard, token),
+        ...(ck.written_by === 'shards' ? { write: (shard: string, token: string, dir: string) => shardClient.writeFrozen(shard, token, dir) } : {}),
+      },
       acked: () => [...(prepared.done ?? []), ...monitor.ackedBatches()], totalBatches: prepared.descriptors.length + (prepared.done?.size ?? 0),
     });
     if (failover !== null && config.load_balancing.enabled) {

@@ -26,7 +26,8 @@ import type { Clock, Logger } from '../../runtime/mod.ts';
 import type { ShardPlan } from '../../topology/mod.ts';
 import type { ShardSnapshot } from '../shard/shard.messages.ts';
 import type { JobInfo } from '../store/job-info.ts';
-import { pruneCheckpoints, refuseExisting, shardFiles, writeCheckpoint, writeCheckpointAt, type CheckpointContent, type CheckpointFileContent, type CheckpointManifest, type CheckpointModel } from '../store/checkpoint.ts';
+import { pruneCheckpoints, refuseExisting, shardFiles, writeCheckpoint, writeCheckpointAt, type CheckpointContent, type CheckpointFileContent, type CheckpointManifest, type CheckpointModel, type WrittenFile } from '../store/checkpoint.ts';
+import type { WrittenShard } from '../shard/shard.actor.ts';
 import { deltaOf, rowSteps, type RowSteps } from '../store/checkpoint-delta.ts';
 import type { CutMomentWait } from './cut-moment.ts';
 
@@ -41,6 +42,8 @@ export interface CheckpointTaken {
   files: number;
   /** `full`, or `delta` (only the sparse rows updated since the previous checkpoint of its chain). */
   kind: CheckpointManifest['kind'];
+  /** Who wrote the shards' files: the driver (fetched over NATS), or each shard itself (checkpoint.written_by). */
+  written_by: 'driver' | 'shards';
   /** Sparse rows written, of the rows the shards hold. */
   rows: number;
   rows_held: number;
@@ -81,7 +84,17 @@ export interface CheckpointerOptions {
    * are fetched (`take`) after training resumed, so the pause does not wait
    * for the snapshots to cross the network.
    */
-  frozen: { freeze: (shard: string, token: string) => Promise<unknown>; take: (shard: string, token: string) => Promise<ShardSnapshot> };
+  frozen: {
+    freeze: (shard: string, token: string) => Promise<unknown>;
+    take: (shard: string, token: string) => Promise<ShardSnapshot>;
+    /**
+     * `checkpoint.written_by: shards`: each shard writes its own files into the
+     * checkpoint's temporary directory (`write_frozen`), all at once, and
+     * nothing of the state crosses the network; every checkpoint is full then.
+     * Absent: the driver fetches (`take`) and writes them.
+     */
+    write?: (shard: string, token: string, dir: string) => Promise<WrittenShard>;
+  };
   /** Batch ids acknowledged so far (a resumed job: with those done before it). */
   acked: () => Iterable<string>;
   /** Every batch of the job (a resumed job: with those done before it). */
@@ -191,7 +204,8 @@ export class Checkpointer {
     // A delta on the chain, unless a full one is due (or the chain is unknown: the first, or after a failed write).
     // One at a path of its own is full and leaves the chain as it was.
     const chain = this.chain;
-    const full = at !== undefined || chain === null || chain.names.length >= (this.o.fullEvery ?? 1) || !plan.shards.every((shard) => chain.steps.has(shard));
+    const byShards = frozen.write;
+    const full = byShards !== undefined || at !== undefined || chain === null || chain.names.length >= (this.o.fullEvery ?? 1) || !plan.shards.every((shard) => chain.steps.has(shard));
     if (at === undefined) this.chain = null;
     let rows = 0;
     let held = 0;
@@ -224,8 +238,18 @@ export class Checkpointer {
         yield* shardFiles(shard, out, partBytes);
       }
     }
+    // The shards write their files themselves, all at once, into the directory the checkpoint is made in.
+    async function* writtenByShards(dir: string): AsyncGenerator<WrittenFile> {
+      const written = await Promise.all(plan.shards.map((shard) => byShards!(shard, token, dir)));
+      for (const w of written) {
+        optimizer ??= { dense: w.dense_optimizer, sparse: w.sparse_optimizer };
+        rows += w.rows;
+        held += w.rows;
+        for (const f of w.files) yield { written: f };
+      }
+    }
     const content: CheckpointContent = {
-      files: files(),
+      files: byShards !== undefined ? writtenByShards : files(),
       manifest: () => ({
         kind: full ? 'full' : 'delta', chain: full ? [] : [...chain!.names],
         job: this.o.job, run_id: info.run_id, trigger,
@@ -237,12 +261,13 @@ export class Checkpointer {
       }),
     };
     const { path, manifest } = at !== undefined ? await writeCheckpointAt(at, content) : await writeCheckpoint(this.o.root, content);
-    if (at === undefined) this.chain = full
+    // Written by the shards: no row steps kept here, so no delta builds on it.
+    if (at === undefined) this.chain = byShards !== undefined ? null : full
       ? { names: [manifest.name], steps }
       : { names: [...chain!.names, manifest.name], steps: chain!.steps };
     const pruned = at !== undefined ? [] : await pruneCheckpoints(this.o.root, this.o.keep);
     const taken: CheckpointTaken = {
-      path, name: manifest.name, trigger, bytes: manifest.bytes, files: manifest.files.length, kind: manifest.kind, rows, rows_held: held, batches_done: acked.length,
+      path, name: manifest.name, trigger, bytes: manifest.bytes, files: manifest.files.length, kind: manifest.kind, written_by: byShards !== undefined ? 'shards' : 'driver', rows, rows_held: held, batches_done: acked.length,
       pause_ms: Math.round(pauseMs), pausing_ms: paused.already ? 0 : Math.round(tPaused - t0), snapshot_ms: Math.round(snapshotMs), write_ms: Math.round(clock.monotonic() - t1), pruned: pruned.length,
       moment_wait_ms: moment?.waited_ms ?? 0, aligned: moment?.aligned ?? false,
     };
@@ -250,7 +275,7 @@ export class Checkpointer {
     log.info(taken, `checkpoint ${manifest.name} (${trigger}, ${manifest.kind}${full ? '' : ` on ${chain!.names.at(-1)}`}): ${manifest.files.length} files, `
       + `${rows}/${held} sparse rows, ${(manifest.bytes / 2 ** 20).toFixed(2)} MiB, `
       + `${acked.length}/${this.o.totalBatches} batches done; training paused ${Math.round(pauseMs)} ms for the cut (${taken.pausing_ms} ms until every worker paused, ${taken.snapshot_ms} ms of snapshots)`
-      + `${describeMoment(moment)}, written in ${taken.write_ms} ms`);
+      + `${describeMoment(moment)}, written${byShards !== undefined ? ' by the shards' : ''} in ${taken.write_ms} ms`);
     return taken;
   }
 }

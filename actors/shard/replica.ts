@@ -31,7 +31,7 @@ import {
   DeferredReply, HetpsError, PayloadTooLargeError, ValidationError, isRetryable, type ActorDefinition, type ActorSystem, type Logger, type Timer,
 } from '../../runtime/mod.ts';
 import { replicaNodes, type ReplicaRole, type ShardPlan } from '../../topology/mod.ts';
-import type { ShardState } from './shard.actor.ts';
+import type { ShardState, WrittenShard } from './shard.actor.ts';
 import {
   replicaMessages, type DedupWindowWire, type IntegrityReply, type PushReply, type PushRequest, type ReplicaMessages,
   type ReplicateReply, type ReplicationEntry, type RestoreRequest, type ShardSnapshot, wireTensorBytes,
@@ -840,6 +840,14 @@ export class Replica {
     return { ...state, dedup: logs.dedup, applied: logs.applied, refused: logs.refused };
   }
 
+  /** `take_frozen`, written by this process into `dir` as the shard's checkpoint files (`checkpoint.written_by: shards`). */
+  writeFrozen(token: string, dir: string, partBytes?: number): Promise<WrittenShard> {
+    this.requirePrimary('write_frozen');
+    const logs = this.frozenLogs?.token === token ? this.frozenLogs : { dedup: [], applied: [], refused: [] };
+    this.frozenLogs = null;
+    return this.o.state.writeFrozen(token, dir, partBytes, { dedup: logs.dedup, applied: logs.applied, refused: logs.refused });
+  }
+
   /**
    * What a new replica on `to` starts from: a copy of the state as of update
    * `rseq` (sent in segments) and the seed's last message (see `seed`).
@@ -1040,6 +1048,7 @@ export function createReplicaActor(replica: Replica): ReplicaActorDefinition {
       snapshot: () => replica.snapshot(),
       freeze: (m) => replica.freeze(m.token),
       take_frozen: (m) => replica.takeFrozen(m.token, m.segment_bytes),
+      write_frozen: (m) => replica.writeFrozen(m.token, m.dir, m.part_bytes),
       take_frozen_part: (m) => replica.primaryOnly('take_frozen_part', () => state.takeFrozenPart(m.token, m.index)),
       restore_begin: (m) => replica.primaryOnly('restore_begin', () => state.restoreBegin(m.transfer, m.head, m.segments)),
       restore_part: (m) => replica.primaryOnly('restore_part', () => state.restorePart(m.transfer, m.index, m.segment)),

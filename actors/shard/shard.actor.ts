@@ -15,6 +15,7 @@
  * or per-row objects are created per message (tsx wraps named closures).
  */
 import { createHash } from 'node:crypto';
+import { stat } from 'node:fs/promises';
 import { z } from 'zod';
 import {
   ActorStoppedError, ConfigError, DeferredReply, InvalidTensorError, ValidationError, zf32, zu32,
@@ -31,6 +32,10 @@ import {
 import { IncomingSnapshot, OutgoingSnapshot, snapshotFields, type SnapshotHead, type SnapshotSegment } from './snapshot-segments.ts';
 import { StalePlanError, StaleUpdateError, SyncRoundError } from './shard.errors.ts';
 import { primaryReplicaId } from './replica.ts';
+import { shardFiles, writeCheckpointFile, type CheckpointFile } from '../store/checkpoint.ts';
+
+/** What a shard wrote of a checkpoint (`write_frozen`). */
+export interface WrittenShard { files: CheckpointFile[]; rows: number; dense_optimizer: string; sparse_optimizer: string }
 
 export interface ShardStateOptions {
   /** This shard's name in the plan (also the actor id). */
@@ -77,6 +82,7 @@ export function createShardActor(opts: ShardStateOptions | ShardState): ShardAct
       freeze: (m) => state.freeze(m.token),
       take_frozen: (m) => (m.segment_bytes === undefined ? state.takeFrozen(m.token) : state.takeFrozenSegments(m.token, m.segment_bytes)),
       take_frozen_part: (m) => state.takeFrozenPart(m.token, m.index),
+      write_frozen: (m) => state.writeFrozen(m.token, m.dir, m.part_bytes),
       restore_begin: (m) => state.restoreBegin(m.transfer, m.head, m.segments),
       restore_part: (m) => state.restorePart(m.transfer, m.index, m.segment),
       restore: (m) => state.restore(state.restoreInput(m)),
@@ -717,6 +723,27 @@ export class ShardState {
 
   takeFrozenPart(token: string, index: number): { segment: SnapshotSegment } {
     return { segment: this.frozenOut.take(token, index) };
+  }
+
+  /**
+   * The copy `freeze(token)` made (with `logs`, a replica's of the same
+   * moment), written by this process as the shard's checkpoint files into
+   * `dir` — a checkpoint's temporary directory the driver made, on storage
+   * both see at the same path — and handed over once: what the manifest
+   * lists of each file, and the rows and optimizers the driver reports.
+   */
+  async writeFrozen(token: string, dir: string, partBytes: number | undefined, logs: Pick<ShardSnapshot, 'dedup' | 'applied' | 'refused'> = {}): Promise<WrittenShard> {
+    const st = await stat(dir).catch(() => null);
+    if (st === null || !st.isDirectory()) {
+      throw new ValidationError(`shard ${this.shard}: cannot write its checkpoint files into ${dir}: no such directory here; `
+        + 'checkpoint.written_by: shards needs checkpoint.dir on storage every server node reaches at the same path (or checkpoint.written_by: driver)');
+    }
+    const snap = { ...this.takeFrozen(token), ...logs };
+    const files: CheckpointFile[] = [];
+    for (const f of shardFiles(this.shard, snap, partBytes)) files.push(await writeCheckpointFile(dir, f));
+    return {
+      files, rows: snap.sparse.reduce((n, t) => n + t.ids.length, 0), dense_optimizer: snap.dense_optimizer, sparse_optimizer: snap.sparse_optimizer,
+    };
   }
 
   /** A restore in segments begins: the state's layout; `segments` parts follow (`restorePart`), then `restore` with the transfer. */

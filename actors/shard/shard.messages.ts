@@ -149,6 +149,18 @@ export const shardMessages = {
   take_frozen: z.object({ token: z.string().min(1), segment_bytes: z.number().int().min(256).optional() }),
   /** Segment `index` (0, 1, … in order, each once) of the copy `take_frozen` split: `{ segment }`. */
   take_frozen_part: z.object({ token: z.string().min(1), index: z.number().int().nonnegative() }),
+  /**
+   * `checkpoint.written_by: shards`: the copy of the cut `token` written by
+   * the shard itself as its checkpoint files into `dir` (a checkpoint's
+   * temporary directory, an absolute path on storage the driver sees at the
+   * same path), handed over once: `{ files: [{ name, bytes, sha256, shard,
+   * version, round }], rows, dense_optimizer, sparse_optimizer }`.
+   */
+  write_frozen: z.object({
+    token: z.string().min(1),
+    dir: z.string().min(1).refine((d) => d.startsWith('/'), { error: 'must be an absolute path' }),
+    part_bytes: z.number().int().min(1024).optional(),
+  }),
   /** A restore in segments begins: the state's layout (`head`), `segments` parts to follow; replaces one in progress. */
   restore_begin: z.object({ transfer: z.string().min(1), head: snapshotHeadSchema, segments: z.number().int().nonnegative() }),
   /** Segment `index` (in order) of the restore `transfer`. */

@@ -220,13 +220,29 @@ export interface CheckpointFileContent { name: string; bytes: Uint8Array; shard?
 export type ManifestFields = Omit<CheckpointManifest, 'format' | 'name' | 'sequence' | 'files' | 'bytes' | 'created_at' | 'kind' | 'chain' | 'model'>
   & { created_at?: string; kind?: CheckpointManifest['kind']; chain?: string[]; model?: CheckpointModel | null };
 
+/** A file some other process (a shard, `checkpoint.written_by: shards`) wrote into the checkpoint's directory, as it says. */
+export interface WrittenFile { written: CheckpointFile }
+
+/**
+ * Writes one file of a checkpoint into `dir` (its temporary directory):
+ * created new, synced, and described for the manifest (size, SHA-256).
+ */
+export async function writeCheckpointFile(dir: string, f: CheckpointFileContent): Promise<CheckpointFile> {
+  checkName(f.name);
+  await writeSynced(join(dir, f.name), f.bytes);
+  return { name: f.name, bytes: f.bytes.byteLength, sha256: sha256(f.bytes), shard: f.shard ?? null, version: f.version ?? null, round: f.round ?? null };
+}
+
 export interface CheckpointContent {
   /**
    * The files; or, streamed, an iterable producing them one at a time:
    * each is written as it comes and then let go, so a checkpoint never has
-   * to be in memory whole.
+   * to be in memory whole; or a function given the temporary directory,
+   * whose iterable may also name files others wrote there (`WrittenFile`:
+   * each must be there, of the size it says).
    */
-  files: CheckpointFileContent[] | Iterable<CheckpointFileContent> | AsyncIterable<CheckpointFileContent>;
+  files: CheckpointFileContent[] | Iterable<CheckpointFileContent> | AsyncIterable<CheckpointFileContent>
+    | ((dir: string) => AsyncIterable<CheckpointFileContent | WrittenFile>);
   /** The manifest's fields; or a function asked once every file is written (fields known only then). */
   manifest: ManifestFields | (() => ManifestFields);
 }
@@ -283,11 +299,20 @@ async function writeInto(parent: string, name: string, sequence: number, created
   await mkdir(tmp);
   try {
     const files: CheckpointFile[] = [];
-    for await (const f of content.files) {
-      checkName(f.name);
-      if (files.some((x) => x.name === f.name)) throw new HetpsError(`checkpoint: file name ${f.name} repeats`);
-      await writeSynced(join(tmp, f.name), f.bytes);
-      files.push({ name: f.name, bytes: f.bytes.byteLength, sha256: sha256(f.bytes), shard: f.shard ?? null, version: f.version ?? null, round: f.round ?? null });
+    const source = typeof content.files === 'function' ? content.files(tmp) : content.files;
+    for await (const f of source) {
+      const name = 'written' in f ? f.written.name : f.name;
+      checkName(name);
+      if (files.some((x) => x.name === name)) throw new HetpsError(`checkpoint: file name ${name} repeats`);
+      if ('written' in f) {
+        const st = await stat(join(tmp, name)).catch(() => null);
+        if (st === null || st.size !== f.written.bytes) {
+          throw new HetpsError(`checkpoint: ${name} was to be written into ${tmp} (${f.written.bytes} bytes) but ${st === null ? 'is not there' : `has ${st.size} bytes`}; the writer and this process must see the same directory`);
+        }
+        files.push(f.written);
+      } else {
+        files.push(await writeCheckpointFile(tmp, f));
+      }
     }
     const fields = typeof content.manifest === 'function' ? content.manifest() : content.manifest;
     const manifest = checkpointManifestSchema.parse({

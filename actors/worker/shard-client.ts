@@ -20,7 +20,7 @@ import {
 import type { ShardPlan } from '../../topology/mod.ts';
 import { pullReplyWire, pullReplyWireBytes, type PullReply, type PullReplyWire, type PullRequest, type PushReply, type PushRequest, type PushWire, type RestoreReply, type ShardSnapshot, type ShardStats, type DedupWindowWire } from '../shard/shard.messages.ts';
 import { primaryReplicaId } from '../shard/replica.ts';
-import { parseShardSnapshot } from '../shard/shard.actor.ts';
+import { parseShardSnapshot, type WrittenShard } from '../shard/shard.actor.ts';
 import { SnapshotAssembler, segmentBudget, segmentBytes, splitSnapshot, type SnapshotHead, type SnapshotSegment } from '../shard/snapshot-segments.ts';
 import { PlanView } from '../store/plan-view.ts';
 
@@ -206,6 +206,16 @@ export class ShardClient {
       asm.add(segment);
     }
     return { ...asm.finish(), ...(first.dedup ? { dedup: first.dedup, applied: first.applied ?? [], refused: first.refused ?? [] } : {}) };
+  }
+
+  /**
+   * The cut `token` written by the shard itself into `dir` as its checkpoint
+   * files (checkpoint.written_by: shards); arrays past `partBytes` (default
+   * 256 MiB) in part files, as the driver would write them.
+   */
+  writeFrozen(shard: string, token: string, dir: string, o: { partBytes?: number; timeoutMs?: number } = {}): Promise<WrittenShard> {
+    return this.ref(shard).request<WrittenShard & Record<string, unknown>>('write_frozen', { token, dir, ...(o.partBytes === undefined ? {} : { part_bytes: o.partBytes }) },
+      { timeoutMs: o.timeoutMs ?? 30 * 60_000, retries: 0 });
   }
 
   /**

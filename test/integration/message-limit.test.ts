@@ -4,6 +4,8 @@
  * every process, and checkpoints and resumes do not have to fit it — the
  * driver fetches each frozen copy in segments that do, writes it, and a
  * resume (`--resume`) sends it back in segments; every batch is learned once.
+ * With `checkpoint.written_by: shards` the shard writes its own files and
+ * the state does not cross the network at all.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -17,7 +19,7 @@ const env = clusterAndDirForFile('hetps-msglimit-');
 const LIMIT = 2 * 1024 * 1024;
 
 /** One server (its shard holds every embedding row: ~4.8 MB after the run), two asp workers, a small tower. */
-async function jobWithLimit(job: string, limit: number): Promise<{ cfg: string; ckpt: string; summary: string }> {
+async function jobWithLimit(job: string, limit: number, checkpointExtra = ''): Promise<{ cfg: string; ckpt: string; summary: string }> {
   const dir = env.dir();
   const ckpt = join(dir, `${job}-ckpt`);
   const cfg = join(dir, `${job}.yaml`);
@@ -38,14 +40,14 @@ optimizer:
   sparse: { type: adagrad, learning_rate: 0.05 }
 training: { mode: asp, random_seed: 42 }
 communication: { max_message_bytes: ${limit} }
-checkpoint: { dir: ${JSON.stringify(ckpt)}, every_s: 1 }
+checkpoint: { dir: ${JSON.stringify(ckpt)}, every_s: 1${checkpointExtra} }
 logging: { level: info }
 `);
   return { cfg, ckpt, summary: join(dir, `${job}-summary.json`) };
 }
 
 interface Summary {
-  batches: number; batches_acked: number; duplicate_acks: number; checkpoints: { trigger: string; bytes: number }[];
+  batches: number; batches_acked: number; duplicate_acks: number; checkpoints: { trigger: string; bytes: number; kind: string; written_by: string }[];
   resumed_from?: { checkpoint: string; batches_done: number };
 }
 
@@ -75,4 +77,27 @@ test('a shard state over communication.max_message_bytes is checkpointed and res
   const s2 = JSON.parse(await readFile(resumedSummary, 'utf8')) as Summary;
   assert.equal(s2.resumed_from?.batches_done, s.batches);
   assert.equal(s2.resumed_from.batches_done + s2.batches_acked, s2.batches, 'nothing trained twice');
+});
+
+test('checkpoint.written_by shards: the shard writes its own checkpoint files (a state over the message limit, which never crosses the network); they verify, and a resume restores them', { timeout: 240_000 }, async () => {
+  const job = await jobWithLimit('msgshards', LIMIT, ', written_by: shards, full_every: 3');
+  const r = await hetps(['up', '--config', job.cfg, '--summary', job.summary], { timeoutMs: 110_000 }).exited;
+  assert.equal(r.code, 0, explainExit(r));
+  assert.doesNotMatch(r.stderr, /checkpoint failed|exceeds the \d+-byte limit/);
+  assert.match(r.stderr, /checkpoint\.full_every=3 \(not active yet: checkpoint\.written_by: shards writes every checkpoint full\)/);
+  assert.match(r.stderr, /checkpoint ckpt-\S+ \(\w+, full\): \d+ files, .* written by the shards in \d+ ms/);
+  const s = JSON.parse(await readFile(job.summary, 'utf8')) as Summary;
+  assert.equal(s.batches_acked, s.batches, 'every batch learned');
+  assert.ok(s.checkpoints.length >= 2 && s.checkpoints.every((c) => c.written_by === 'shards' && c.kind === 'full'), JSON.stringify(s.checkpoints));
+  const newest = (await listCheckpoints(job.ckpt)).at(-1)!;
+  const state = (await readCheckpointState(newest.path)).snapshots.get('s1')!;
+  assert.ok(encode(state).byteLength > LIMIT, 'the state is over the limit as one message');
+  assert.ok(state.sparse[0]!.ids.length > 0 && (state.applied ?? []).length === s.batches, 'with the replica\'s applied-batch log');
+
+  const resumedSummary = join(env.dir(), 'resumed-shards-summary.json');
+  const r2 = await hetps(['up', '--config', job.cfg, '--resume', newest.path, '--summary', resumedSummary], { timeoutMs: 110_000 }).exited;
+  assert.equal(r2.code, 0, explainExit(r2));
+  assert.match(r2.stderr, new RegExp(`resume: shard s1 restored from ${newest.name} \\(version ${state.version}\\)`));
+  const s2 = JSON.parse(await readFile(resumedSummary, 'utf8')) as Summary;
+  assert.equal(s2.resumed_from?.batches_done, s.batches);
 });

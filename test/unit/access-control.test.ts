@@ -53,7 +53,7 @@ test('a worker pulls and pushes to shards and talks to its group, but cannot res
   assert.ok(pub('worker', `hps.${J}.group.fast@fast-1.slice`));
   assert.ok(pub('worker', `hps.${J}.tel.batch.fast-1`));
   assert.ok(pub('worker', `hps.${J}.hb.fast-1`));
-  for (const op of ['restore', 'restore_begin', 'restore_part', 'snapshot', 'freeze', 'take_frozen', 'take_frozen_part', 'replicate', 'seed_begin', 'seed_part', 'seed_logs', 'seed']) assert.ok(!pub('worker', `hps.${J}.shard.s0@server-1.${op}`), `worker may not ${op}`);
+  for (const op of ['restore', 'restore_begin', 'restore_part', 'snapshot', 'freeze', 'take_frozen', 'take_frozen_part', 'write_frozen', 'integrity_part', 'replicate', 'seed_begin', 'seed_part', 'seed_logs', 'seed']) assert.ok(!pub('worker', `hps.${J}.shard.s0@server-1.${op}`), `worker may not ${op}`);
   // Batches from the work queue: its consumer and acks, not the stream's administration.
   assert.ok(pub('worker', `$JS.API.CONSUMER.MSG.NEXT.HPS_${J}_batches.workers`));
   assert.ok(pub('worker', `$JS.ACK.HPS_${J}_batches.workers.1.2.3.4.5`));

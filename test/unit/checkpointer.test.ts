@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { silentLogger, systemClock } from '../../runtime/mod.ts';
 import type { ShardPlan } from '../../topology/mod.ts';
 import { Checkpointer } from '../../actors/scheduler/checkpointer.ts';
-import { readCheckpointState } from '../../actors/store/checkpoint.ts';
+import { readCheckpointState, shardFiles, writeCheckpointFile, type CheckpointFile } from '../../actors/store/checkpoint.ts';
 import type { ShardSnapshot } from '../../actors/shard/shard.messages.ts';
 import type { JobInfo } from '../../actors/store/job-info.ts';
 
@@ -72,6 +72,56 @@ test('the checkpointer fetches and writes one shard at a time, large ones in par
     assert.equal(delta.rows, 4 * 1_000, 'only the rows updated since the full one (the even ones)');
     const second = await readCheckpointState(delta.path);
     for (const [i, s] of SHARDS.entries()) assert.deepEqual(second.snapshots.get(s), state(i, 2));
+  } finally {
+    await rm(root, { recursive: true, force: true });
+  }
+});
+
+test('checkpoint.written_by shards: every shard writes its own files at once into the checkpoint\'s directory, nothing is fetched, each checkpoint is full; a file missing or of another size fails it by name and leaves nothing', async () => {
+  const root = await mkdtemp(join(tmpdir(), 'hetps-ck-shards-'));
+  let n = 0;
+  let inFlight = 0;
+  let most = 0;
+  let spoil: ((dir: string, files: CheckpointFile[]) => Promise<void>) | null = null;
+  const k = new Checkpointer({
+    root, keep: 10, fullEvery: 2, job: 'ck', model: null,
+    controller: { pauseUntilPaused: async () => ({ already: false }), resume: async () => undefined, jobInfo: info },
+    plan: () => ({ version: 1, shards: SHARDS }) as unknown as ShardPlan,
+    frozen: {
+      freeze: async () => undefined,
+      take: async (shard) => { throw new Error(`${shard} fetched: nothing should be`); },
+      // What a shard's write_frozen does (ShardState.writeFrozen): its files written into `dir` by itself.
+      write: async (shard, _token, dir) => {
+        inFlight++;
+        most = Math.max(most, inFlight);
+        await new Promise((r) => setTimeout(r, 20));
+        const snap = state(SHARDS.indexOf(shard), n);
+        const files: CheckpointFile[] = [];
+        for (const f of shardFiles(shard, snap, 8 * 1024)) files.push(await writeCheckpointFile(dir, f));
+        await spoil?.(dir, files);
+        inFlight--;
+        return { files, rows: snap.sparse[0]!.ids.length, dense_optimizer: snap.dense_optimizer, sparse_optimizer: snap.sparse_optimizer };
+      },
+    },
+    acked: () => [], totalBatches: 10, clock: systemClock, log: silentLogger(),
+  });
+  try {
+    for (n = 1; n <= 2; n++) {
+      const taken = await k.take('command');
+      assert.deepEqual([taken.kind, taken.written_by, taken.rows], ['full', 'shards', 4 * 2_000], 'full every time (no row steps kept for a delta)');
+      assert.ok(taken.files >= 4 * 10, `${taken.files} files`);
+      const back = await readCheckpointState(taken.path);
+      assert.deepEqual(back.manifest.optimizer, { dense: 'adam', sparse: 'adagrad' });
+      for (const [i, s] of SHARDS.entries()) assert.deepEqual(back.snapshots.get(s), state(i, n));
+    }
+    assert.equal(most, SHARDS.length, 'the shards wrote at once');
+
+    const before = (await readdir(root)).sort();
+    spoil = async (dir, files) => { if (files[0]!.shard === 's2') await rm(join(dir, files[1]!.name)); };
+    await assert.rejects(k.take('command'), new RegExp(`s2\\.part-\\d+\\.msgpack was to be written into .* but is not there; the writer and this process must see the same directory`));
+    spoil = async (dir, files) => { if (files[0]!.shard === 's1') files[0]!.bytes += 1; };
+    await assert.rejects(k.take('command'), /s1\.msgpack was to be written into .* \(\d+ bytes\) but has \d+ bytes/);
+    assert.deepEqual((await readdir(root)).sort(), before, 'no checkpoint and no temporary directory left');
   } finally {
     await rm(root, { recursive: true, force: true });
   }

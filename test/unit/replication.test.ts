@@ -29,7 +29,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ShardClient } from '../../actors/worker/shard-client.ts';
-import { readCheckpointState, shardFiles, writeCheckpoint } from '../../actors/store/checkpoint.ts';
+import { readCheckpointState, sha256, shardFiles, writeCheckpoint } from '../../actors/store/checkpoint.ts';
 
 // ---------------------------------------------------------------- the rules
 
@@ -365,6 +365,16 @@ describe('replicated shards', () => {
       const { path } = await writeCheckpoint(dir, { files, manifest: { job: 'rep', run_id: null, trigger: 'command', plan: { version: 1, shards: ['s0'], placement: null }, groups: null, optimizer: null, data: null } });
       const read = (await readCheckpointState(path)).snapshots.get('s0')!;
       assert.deepEqual(read, taken);
+      // checkpoint.written_by shards: the same cut written by the primary itself — the same files, nothing over the 4 KiB
+      // limit but their names and checksums; into a directory it cannot see, refused by name.
+      await client.freeze('s0', 'cut1');
+      await assert.rejects(client.writeFrozen('s0', 'cut1', join(dir, 'nowhere')), /cannot write its checkpoint files into .*nowhere: no such directory here; checkpoint\.written_by: shards needs checkpoint\.dir on storage every server node reaches at the same path/);
+      await client.freeze('s0', 'cut1');
+      const own = await mkdtemp(join(dir, 'own-'));
+      const written = await client.writeFrozen('s0', 'cut1', own, { partBytes: 8192 });
+      assert.deepEqual(written.files.map((f) => [f.name, f.bytes, f.sha256]), files.map((f) => [f.name, f.bytes.byteLength, sha256(f.bytes)]), 'the files the driver would have written');
+      assert.deepEqual([written.rows, written.dense_optimizer, written.sparse_optimizer], [12 * 150, 'sgd', 'sgd']);
+      await assert.rejects(client.writeFrozen('s0', 'cut1', own), /no copy frozen under cut1/, 'handed over once');
       // Training goes on; then back to the cut, in segments.
       for (let k = 0; k < 3; k++) await lab.ask('n1', 'push', rows(k, 9, `later${k}`), 600 + k);
       assert.notEqual((await lab.ask<IntegrityReply>('n1', 'integrity')).hash, atCut);
