@@ -413,12 +413,14 @@ async function restoreShards(ctx: JobContext, backend: JobBackend, plan: ShardPl
   await waitForShards(backend.system, plan, { timeoutMs: DEFAULT_NODE_WAIT_MS, log });
   const client = new ShardClient(backend.system, { requestTimeoutMs: 60_000, log, shouldStop: () => false, plans: plan });
   const from = `${resume.manifest.name}${resume.manifest.kind === 'delta' ? ` (a delta on ${resume.manifest.chain.join(' + ')})` : ''}`;
+  // checkpoint.written_by shards: the storage is shared, so each shard reads its own files.
+  const byShards = ctx.config.checkpoint.written_by === 'shards' ? (shard: string) => client.restoreFiles(shard, resume.path) : undefined;
   await restoreOntoPlan(resume, plan, (shard, snap) => client.restore(shard, snap as unknown as Record<string, unknown>), (e) => {
-    if (e.kind === 'restored') out.line(`resume: shard ${e.shard} restored from ${from} (version ${e.version})`);
+    if (e.kind === 'restored') out.line(`resume: shard ${e.shard} restored from ${from} (version ${e.version})${e.by === 'shard' ? ', read by the shard itself' : ''}`);
     // Another number of servers (or blocks cut otherwise): every row and block goes where this plan puts it.
     else out.line(`resume: re-sharded ${resume.manifest.name} from ${e.from.join(', ')} onto ${plan.shards.join(', ')}: `
       + `${e.dense_blocks} dense blocks, ${e.rows.reduce((n, r) => n + r.rows, 0)} rows (${e.rows.map((r) => `${r.shard} ${r.rows}`).join(', ')}): ${e.reason}`);
-  });
+  }, byShards);
 }
 
 /** The shard plan, the queued batches and the job info (each store write a named set-up step in the NATS backend). */

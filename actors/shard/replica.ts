@@ -32,6 +32,7 @@ import {
 } from '../../runtime/mod.ts';
 import { replicaNodes, type ReplicaRole, type ShardPlan } from '../../topology/mod.ts';
 import type { ShardState, WrittenShard } from './shard.actor.ts';
+import { readShardFromCheckpoint } from '../store/checkpoint.ts';
 import {
   replicaMessages, type DedupWindowWire, type IntegrityReply, type PushReply, type PushRequest, type ReplicaMessages,
   type ReplicateReply, type ReplicationEntry, type RestoreRequest, type ShardSnapshot, wireTensorBytes,
@@ -798,7 +799,25 @@ export class Replica {
    */
   restore(m: RestoreRequest): ReturnType<ShardState['restore']> {
     this.requirePrimary('restore');
-    const state = this.o.state.restoreInput(m);
+    return this.restoreState(this.o.state.restoreInput(m));
+  }
+
+  /**
+   * A resume whose checkpoint this process reads itself (`restore_files`,
+   * checkpoint.written_by: shards): this shard's files of the checkpoint at
+   * `path` (its delta chain applied, each file checked), restored as
+   * `restore` would. A state laid out for another plan is refused
+   * (ValidationError) as `restore` refuses it; a checkpoint it cannot read,
+   * with a CheckpointError naming the file.
+   */
+  async restoreFiles(path: string): Promise<ReturnType<ShardState['restore']>> {
+    this.requirePrimary('restore_files');
+    const state = await readShardFromCheckpoint(path, this.o.shard);
+    this.requirePrimary('restore_files');
+    return this.restoreState(state);
+  }
+
+  private restoreState(state: Record<string, unknown> | ShardSnapshot): ReturnType<ShardState['restore']> {
     const out = this.o.state.restore(state);
     // The table and logs as of the snapshot's cut (none in an older checkpoint): pushes applied since are forgotten with their updates.
     const logs = state as { dedup?: DedupWindowWire[]; applied?: [string, number][]; refused?: string[] };
@@ -1053,6 +1072,7 @@ export function createReplicaActor(replica: Replica): ReplicaActorDefinition {
       restore_begin: (m) => replica.primaryOnly('restore_begin', () => state.restoreBegin(m.transfer, m.head, m.segments)),
       restore_part: (m) => replica.primaryOnly('restore_part', () => state.restorePart(m.transfer, m.index, m.segment)),
       restore: (m) => replica.restore(m),
+      restore_files: (m) => replica.restoreFiles(m.path),
       stats: (_m, ctx) => ({
         ...state.stats(ctx.stats.duplicates), node: replica.o.node, role: replica.fenced ? 'fenced' : replica.role, epoch: replica.epoch,
         // A replica without its state (restarted, waiting for its seed) has applied nothing a failover could promote.

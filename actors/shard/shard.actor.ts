@@ -32,7 +32,7 @@ import {
 import { IncomingSnapshot, OutgoingSnapshot, snapshotFields, type SnapshotHead, type SnapshotSegment } from './snapshot-segments.ts';
 import { StalePlanError, StaleUpdateError, SyncRoundError } from './shard.errors.ts';
 import { primaryReplicaId } from './replica.ts';
-import { shardFiles, writeCheckpointFile, type CheckpointFile } from '../store/checkpoint.ts';
+import { readShardFromCheckpoint, shardFiles, writeCheckpointFile, type CheckpointFile } from '../store/checkpoint.ts';
 
 /** What a shard wrote of a checkpoint (`write_frozen`). */
 export interface WrittenShard { files: CheckpointFile[]; rows: number; dense_optimizer: string; sparse_optimizer: string }
@@ -86,6 +86,7 @@ export function createShardActor(opts: ShardStateOptions | ShardState): ShardAct
       restore_begin: (m) => state.restoreBegin(m.transfer, m.head, m.segments),
       restore_part: (m) => state.restorePart(m.transfer, m.index, m.segment),
       restore: (m) => state.restore(state.restoreInput(m)),
+      restore_files: async (m) => state.restore(await readShardFromCheckpoint(m.path, state.shard)),
       stats: (_m, ctx) => state.stats(ctx.stats.duplicates),
       round_expected: (m) => state.lowerRoundExpected(m.plan_version, m.round, m.expected),
     },

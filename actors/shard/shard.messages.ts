@@ -156,6 +156,13 @@ export const shardMessages = {
    * same path), handed over once: `{ files: [{ name, bytes, sha256, shard,
    * version, round }], rows, dense_optimizer, sparse_optimizer }`.
    */
+  /**
+   * A resume read by the shard itself (`checkpoint.written_by: shards`): its
+   * files of the checkpoint at `path` (absolute, on storage it sees at the same
+   * path; its delta chain applied, each file checked), restored as `restore`
+   * restores a state.
+   */
+  restore_files: z.object({ path: z.string().min(1).refine((d) => d.startsWith('/'), { error: 'must be an absolute path' }) }),
   write_frozen: z.object({
     token: z.string().min(1),
     dir: z.string().min(1).refine((d) => d.startsWith('/'), { error: 'must be an absolute path' }),

@@ -12,6 +12,7 @@
 import { denseBlocksByShard, partitionOf, type ShardPlan } from '../../topology/mod.ts';
 import type { DedupWindowWire, DenseBlockSnapshot, ShardSnapshot } from '../shard/shard.messages.ts';
 import type { SparseTableSnapshot } from '../../native-bridge/mod.ts';
+import { ValidationError } from '../../runtime/mod.ts';
 import { CheckpointError, type ResumePoint } from './checkpoint.ts';
 
 /** Whether `snapshots` can be restored onto `plan` as they are: the same shards, each with exactly its blocks and only rows of its partitions. */
@@ -168,7 +169,7 @@ function mergeDedup(windows: readonly DedupWindowWire[]): DedupWindowWire[] {
 
 /** What `restoreOntoPlan` did, for the driver's output. */
 export type RestoreEvent =
-  | { kind: 'restored'; shard: string; version: number }
+  | { kind: 'restored'; shard: string; version: number; by: 'driver' | 'shard' }
   | { kind: 'reshard'; reason: string; from: string[]; rows: { shard: string; rows: number }[]; dense_blocks: number };
 
 const rowsOf = (snap: ShardSnapshot): number => snap.sparse.reduce((k, t) => k + t.ids.length, 0);
@@ -182,14 +183,33 @@ const rowsOf = (snap: ShardSnapshot): number => snap.sparse.reduce((k, t) => k +
  * found only at a later shard, the shards already restored are restored
  * again from the re-sharded state (a restore replaces a shard's whole state).
  * Throws CheckpointError when re-sharding loses a row: nothing is restored then.
+ *
+ * With `restoreFiles` (checkpoint.written_by: shards: storage every server
+ * reaches) the shards read their own files instead, all at once, and the
+ * state does not cross the network; should one refuse its state as laid
+ * out for another plan (a ValidationError), the checkpoint is read whole and
+ * re-sharded here as above; any other failure fails the resume.
  */
 export async function restoreOntoPlan(
   resume: Pick<ResumePoint, 'path' | 'manifest' | 'shards' | 'readShard' | 'readAll'>, plan: ShardPlan,
   restore: (shard: string, snap: ShardSnapshot) => Promise<{ version: number }>, on: (e: RestoreEvent) => void,
+  restoreFiles?: (shard: string) => Promise<{ version: number }>,
 ): Promise<void> {
   const restored: string[] = [];
   let reason = `the checkpoint holds shards ${resume.shards.join(', ')}, plan v${plan.version} has ${plan.shards.join(', ')}`;
-  if (sameShards(resume.shards, plan)) {
+  if (sameShards(resume.shards, plan) && restoreFiles !== undefined) {
+    const results = await Promise.allSettled(plan.shards.map((shard) => restoreFiles(shard)));
+    const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected' && !(r.reason instanceof ValidationError));
+    if (failed !== undefined) throw failed.reason;
+    const refused = results.findIndex((r) => r.status === 'rejected');
+    results.forEach((r, i) => {
+      if (r.status !== 'fulfilled') return;
+      restored.push(plan.shards[i]!);
+      if (refused < 0) on({ kind: 'restored', shard: plan.shards[i]!, version: r.value.version, by: 'shard' });
+    });
+    if (refused < 0) return;
+    reason = `shard ${plan.shards[refused]} refused its files: ${((results[refused] as PromiseRejectedResult).reason as Error).message}`;
+  } else if (sameShards(resume.shards, plan)) {
     let fits = true;
     for (const shard of plan.shards) {
       const snap = await resume.readShard(shard);
@@ -200,7 +220,7 @@ export async function restoreOntoPlan(
       }
       const r = await restore(shard, snap);
       restored.push(shard);
-      on({ kind: 'restored', shard, version: r.version });
+      on({ kind: 'restored', shard, version: r.version, by: 'driver' });
     }
     if (fits) return;
   }
@@ -214,6 +234,6 @@ export async function restoreOntoPlan(
   old.clear();
   for (const shard of plan.shards) {
     const r = await restore(shard, snapshots.get(shard)!);
-    on({ kind: 'restored', shard, version: r.version });
+    on({ kind: 'restored', shard, version: r.version, by: 'driver' });
   }
 }

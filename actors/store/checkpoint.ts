@@ -502,12 +502,14 @@ async function readForResume(path: string, job: string): Promise<Omit<ResumePoin
  * link verified; a shard's state is read from its files in each link only
  * when asked for.
  */
-async function checkpointChain(path: string, manifest: CheckpointManifest): Promise<Pick<ResumePoint, 'shards' | 'readShard' | 'readAll'>> {
+async function checkpointChain(
+  path: string, manifest: CheckpointManifest, check: (p: string) => Promise<CheckpointManifest> = verifyCheckpoint,
+): Promise<Pick<ResumePoint, 'shards' | 'readShard' | 'readAll'>> {
   const links: { path: string; manifest: CheckpointManifest }[] = [];
   for (const name of manifest.chain) {
     const p = join(dirname(path), name);
     try {
-      links.push({ path: p, manifest: await verifyCheckpoint(p) });
+      links.push({ path: p, manifest: await check(p) });
     } catch (e) {
       throw new CheckpointError(`checkpoint ${path} is a delta on ${name}, which cannot be used: ${(e as Error).message}`, path, e instanceof CheckpointError ? e.problems : []);
     }
@@ -528,6 +530,16 @@ async function checkpointChain(path: string, manifest: CheckpointManifest): Prom
     return all;
   };
   return { shards, readShard, readAll };
+}
+
+/**
+ * One shard's state as of the checkpoint at `path` (its chain applied),
+ * read by whoever holds that shard (`restore_files`): only the manifests and
+ * that shard's own files are read, each file checked against its SHA-256
+ * (CheckpointError naming it otherwise).
+ */
+export async function readShardFromCheckpoint(path: string, shard: string): Promise<ShardSnapshot> {
+  return (await checkpointChain(path, await readManifest(path), readManifest)).readShard(shard);
 }
 
 /**

@@ -208,6 +208,11 @@ export class ShardClient {
     return { ...asm.finish(), ...(first.dedup ? { dedup: first.dedup, applied: first.applied ?? [], refused: first.refused ?? [] } : {}) };
   }
 
+  /** A resume read by the shard itself: its files of the checkpoint at `path` (checkpoint.written_by: shards). */
+  restoreFiles(shard: string, path: string, timeoutMs = 30 * 60_000): Promise<RestoreReply> {
+    return this.ref(shard).request<RestoreReply & Record<string, unknown>>('restore_files', { path }, { timeoutMs, retries: 0 });
+  }
+
   /**
    * The cut `token` written by the shard itself into `dir` as its checkpoint
    * files (checkpoint.written_by: shards); arrays past `partBytes` (default

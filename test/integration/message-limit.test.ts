@@ -79,7 +79,7 @@ test('a shard state over communication.max_message_bytes is checkpointed and res
   assert.equal(s2.resumed_from.batches_done + s2.batches_acked, s2.batches, 'nothing trained twice');
 });
 
-test('checkpoint.written_by shards: the shard writes its own checkpoint files (a state over the message limit, which never crosses the network); they verify, and a resume restores them', { timeout: 240_000 }, async () => {
+test('checkpoint.written_by shards: the shard writes its own checkpoint files and reads them back at a resume (a state over the message limit, which never crosses the network); they verify', { timeout: 240_000 }, async () => {
   const job = await jobWithLimit('msgshards', LIMIT, ', written_by: shards, full_every: 3');
   const r = await hetps(['up', '--config', job.cfg, '--summary', job.summary], { timeoutMs: 110_000 }).exited;
   assert.equal(r.code, 0, explainExit(r));
@@ -97,7 +97,7 @@ test('checkpoint.written_by shards: the shard writes its own checkpoint files (a
   const resumedSummary = join(env.dir(), 'resumed-shards-summary.json');
   const r2 = await hetps(['up', '--config', job.cfg, '--resume', newest.path, '--summary', resumedSummary], { timeoutMs: 110_000 }).exited;
   assert.equal(r2.code, 0, explainExit(r2));
-  assert.match(r2.stderr, new RegExp(`resume: shard s1 restored from ${newest.name} \\(version ${state.version}\\)`));
+  assert.match(r2.stderr, new RegExp(`resume: shard s1 restored from ${newest.name} \\(version ${state.version}\\), read by the shard itself`));
   const s2 = JSON.parse(await readFile(resumedSummary, 'utf8')) as Summary;
   assert.equal(s2.resumed_from?.batches_done, s.batches);
 });

@@ -10,6 +10,7 @@ import assert from 'node:assert/strict';
 import { buildShardPlan, denseBlocksByShard, partitionOf, type ShardPlan } from '../../topology/mod.ts';
 import type { ShardSnapshot } from '../../actors/shard/shard.messages.ts';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { ValidationError } from '../../runtime/mod.ts';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { encode } from '../../runtime/mod.ts';
@@ -174,7 +175,7 @@ test('a resume onto the same layout reads and restores one shard at a time; onto
 
   await restoreOntoPlan(resumeOver(snaps, log), from, restore, (e) => events.push(e));
   assert.deepEqual(log, ['read s1', 'restore s1', 'read s2', 'restore s2', 'read s3', 'restore s3'], 'never two shards read before the first is restored');
-  assert.deepEqual(events, [40, 41, 42].map((version, i) => ({ kind: 'restored', shard: `s${i + 1}`, version })));
+  assert.deepEqual(events, [40, 41, 42].map((version, i) => ({ kind: 'restored', shard: `s${i + 1}`, version, by: 'driver' })));
   for (const s of from.shards) assert.equal(restored.get(s), snaps.get(s), 'the checkpoint\'s state as it is');
 
   // Another number of servers: read whole, re-sharded, then restored; nothing restored before the re-shard.
@@ -236,4 +237,43 @@ test('a resume from files reads a shard\'s files only when that shard is asked f
   } finally {
     await rm(root, { recursive: true, force: true });
   }
+});
+
+test('checkpoint.written_by shards: each shard reads its own files, all at once, nothing read here; one refusing its layout sends the resume through the re-shard here; any other failure fails it', async () => {
+  const ids = Array.from({ length: 120 }, (_, i) => i * 7919 + 3);
+  const from = plan(['s1', 's2', 's3'], 4);
+  const snaps = snapshotsOf(from, ids);
+  const log: string[] = [];
+  const events: RestoreEvent[] = [];
+  let inFlight = 0;
+  let most = 0;
+  const byShard = (refuse: Record<string, Error> = {}) => async (shard: string) => {
+    inFlight++; most = Math.max(most, inFlight);
+    await new Promise((r) => setTimeout(r, 10));
+    inFlight--;
+    log.push(`files ${shard}`);
+    if (refuse[shard]) throw refuse[shard];
+    return { version: snaps.get(shard)!.version };
+  };
+  const restore = async (shard: string, snap: ShardSnapshot) => { log.push(`restore ${shard}`); return { version: snap.version }; };
+
+  await restoreOntoPlan(resumeOver(snaps, log), from, restore, (e) => events.push(e), byShard());
+  assert.deepEqual(log.sort(), ['files s1', 'files s2', 'files s3'], 'nothing read or sent from here');
+  assert.equal(most, 3, 'the shards read at once');
+  assert.deepEqual(events, [40, 41, 42].map((version, i) => ({ kind: 'restored', shard: `s${i + 1}`, version, by: 'shard' })));
+
+  // s2 refuses its state as laid out for another plan: read whole here, re-sharded, every shard restored from here.
+  log.length = 0; events.length = 0;
+  await restoreOntoPlan(resumeOver(snaps, log), from, restore, (e) => events.push(e),
+    byShard({ s2: new ValidationError('shard s2: restore: dense block 7 is not owned by this shard in plan v4; nothing was restored') }));
+  assert.deepEqual(log.filter((l) => !l.startsWith('files')), ['read all', 'restore s1', 'restore s2', 'restore s3']);
+  assert.equal(events[0]!.kind, 'reshard');
+  assert.match((events[0] as { reason: string }).reason, /shard s2 refused its files: shard s2: restore: dense block 7 is not owned/);
+  assert.deepEqual(events.slice(1).map((e) => (e as { by: string }).by), ['driver', 'driver', 'driver']);
+
+  // A shard that cannot read the checkpoint (another storage, a spoiled file): the resume fails with its reason.
+  log.length = 0;
+  await assert.rejects(restoreOntoPlan(resumeOver(snaps, log), from, restore, () => undefined, byShard({ s3: new CheckpointError('checkpoint /ck: s3.msgpack has SHA-256 x, the manifest says y', '/ck', []) })),
+    /s3\.msgpack has SHA-256 x/);
+  assert.deepEqual(log.filter((l) => !l.startsWith('files')), [], 'nothing read or restored from here');
 });

@@ -375,6 +375,12 @@ describe('replicated shards', () => {
       assert.deepEqual(written.files.map((f) => [f.name, f.bytes, f.sha256]), files.map((f) => [f.name, f.bytes.byteLength, sha256(f.bytes)]), 'the files the driver would have written');
       assert.deepEqual([written.rows, written.dense_optimizer, written.sparse_optimizer], [12 * 150, 'sgd', 'sgd']);
       await assert.rejects(client.writeFrozen('s0', 'cut1', own), /no copy frozen under cut1/, 'handed over once');
+      // A resume read by the primary itself (restore_files): the state of the cut again, from the checkpoint's files.
+      for (let k = 0; k < 2; k++) await lab.ask('n1', 'push', rows(k, 5, `mid${k}`), 650 + k);
+      assert.notEqual((await lab.ask<IntegrityReply>('n1', 'integrity')).hash, atCut);
+      assert.equal((await client.restoreFiles('s0', path)).version, 12);
+      assert.equal((await lab.ask<IntegrityReply>('n1', 'integrity')).hash, atCut, 'restored from the files by the shard');
+      await assert.rejects(client.restoreFiles('s0', join(dir, 'none')), /no manifest\.json \(an incomplete checkpoint\)/);
       // Training goes on; then back to the cut, in segments.
       for (let k = 0; k < 3; k++) await lab.ask('n1', 'push', rows(k, 9, `later${k}`), 600 + k);
       assert.notEqual((await lab.ask<IntegrityReply>('n1', 'integrity')).hash, atCut);
