@@ -8,9 +8,11 @@
  *   async: its group mate w2 goes on training and pushes its windows on its
  *   own during the cut (its acknowledgements keep coming);
  * - once healed, the alive verdict makes the driver take w1 back (a regroup
- *   with the groups unchanged and w1 in `rejoining`): w1 gives up the window
- *   it was stuck in (its batches go back to the queue), both re-form, pull
- *   fresh parameters and train in synchronous rounds again;
+ *   with the groups unchanged and w1 in `rejoining`): w1 ends the window it
+ *   was stuck in — it gives it up for the regroup (its batches go back to
+ *   the queue), or, should its mate's notice that it pushes that window
+ *   alone reach w1 first, pushes its own gradient alone too — both re-form,
+ *   pull fresh parameters and train in synchronous rounds again;
  * - the job ends with every batch acknowledged exactly once and the shards'
  *   integrity check finding nothing lost or applied twice.
  *
@@ -101,7 +103,9 @@ test('hps: a group member cut off for 5 s degrades its group to async on its dea
     assert.equal(s.integrity.applied + (s.integrity.dropped_stale ?? 0), s.batches, 'every batch applied once, or acknowledged and dropped as too stale');
     assert.match(w2.stderr(), /w1 is dead by the health actor's verdict; the group goes on without it/);
     assert.match(w2.stderr(), /group g1: degraded to async while w1 is dead: w2 pushes its windows on its own until the group is re-formed/);
-    assert.match(w1Out(), /given up: the driver takes w1 back into group g1/);
+    // w1's stuck window ends either way: given up for the driver's regroup, or pushed alone on w2's notice (alive again by
+    // w2's verdicts, w2 tells it; which comes first is a race).
+    assert.match(w1Out(), /given up: the driver takes w1 back into group g1|group g1 window \d+: a member pushes this window alone \(the group is degraded by a dead member\); w1 pushes its own gradient too/);
     assert.match(w1Out(), /regrouped \(groups v\d+\): now sync inside group g1 \(w1, w2\)/);
     t.diagnostic(`rejoin paused training ${rejoin.pause_s} s; per worker ${JSON.stringify(Object.fromEntries(byNode))}; ${s.redelivered} redelivered`);
   } finally {
