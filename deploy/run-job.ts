@@ -673,7 +673,7 @@ async function conductJob(ctx: RunContext, backend: JobBackend, plane: ControlPl
       clock: systemClock, log,
       frozen: {
         freeze: (shard, token) => shardClient.freeze(shard, token), take: (shard, token) => shardClient.takeFrozen(shard, token),
-        ...(ck.written_by === 'shards' ? { write: (shard: string, token: string, dir: string) => shardClient.writeFrozen(shard, token, dir) } : {}),
+        ...(ck.written_by === 'shards' ? { write: (shard: string, token: string, dir: string, chain: { name?: string; base: string | null }) => shardClient.writeFrozen(shard, token, dir, chain) } : {}),
       },
       acked: () => [...(prepared.done ?? []), ...monitor.ackedBatches()], totalBatches: prepared.descriptors.length + (prepared.done?.size ?? 0),
     });

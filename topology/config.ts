@@ -669,7 +669,7 @@ const configSchema = section({
      * Who writes the shards' files. `driver`: it fetches each shard's state over NATS, one
      * shard at a time, and writes it. `shards`: each shard's primary writes its own files,
      * all at once, into the checkpoint's directory — which must then be on storage every
-     * server node reaches at the same path (a shared file system); every checkpoint is full.
+     * server node reaches at the same path (a shared file system); deltas as with the driver.
      */
     written_by: oneOf(['driver', 'shards']).default('driver'),
   }).prefault({}),
@@ -828,7 +828,6 @@ const NOT_ACTIVE_YET: readonly InactiveSetting[] = [
   { path: 'load_balancing.capacity', when: (c) => !balancerActs(c), instead: BALANCER_IDLE },
   // The warm-up runs only for hotness sharding.
   { path: 'sharding.warmup_batches', when: (c) => !c.sharding.hotness, instead: 'sharding.hotness is false: no warm-up is read, and the partitions are dealt round-robin (by count in proportion to nodes.<server>.capacity where servers differ)' },
-  { path: 'checkpoint.full_every', when: (c) => c.checkpoint.written_by === 'shards' && c.checkpoint.full_every > 1, instead: 'checkpoint.written_by: shards writes every checkpoint full' },
   { path: 'monitoring.token_file', when: (c) => c.monitoring.auth !== 'token', instead: 'monitoring.auth is none: the dashboard asks for no token' },
   { path: 'server.use_gpu', when: (c) => c.server.use_gpu, instead: 'server-side optimizers run on the CPU' },
   { path: 'server.gpu_id', when: () => true, instead: 'server-side optimizers run on the CPU' },

@@ -90,10 +90,12 @@ export interface CheckpointerOptions {
     /**
      * `checkpoint.written_by: shards`: each shard writes its own files into the
      * checkpoint's temporary directory (`write_frozen`), all at once, and
-     * nothing of the state crosses the network; every checkpoint is full then.
-     * Absent: the driver fetches (`take`) and writes them.
+     * nothing of the state crosses the network; `name` is the checkpoint's,
+     * `base` the chain's checkpoint a delta builds on (null: a full one; a
+     * shard that did not write `base` writes full). Absent: the driver
+     * fetches (`take`) and writes them.
      */
-    write?: (shard: string, token: string, dir: string) => Promise<WrittenShard>;
+    write?: (shard: string, token: string, dir: string, chain: { name?: string; base: string | null }) => Promise<WrittenShard>;
   };
   /** Batch ids acknowledged so far (a resumed job: with those done before it). */
   acked: () => Iterable<string>;
@@ -205,7 +207,9 @@ export class Checkpointer {
     // One at a path of its own is full and leaves the chain as it was.
     const chain = this.chain;
     const byShards = frozen.write;
-    const full = byShards !== undefined || at !== undefined || chain === null || chain.names.length >= (this.o.fullEvery ?? 1) || !plan.shards.every((shard) => chain.steps.has(shard));
+    // Written by the shards, each keeps its own row steps for the deltas.
+    const full = at !== undefined || chain === null || chain.names.length >= (this.o.fullEvery ?? 1)
+      || (byShards === undefined && !plan.shards.every((shard) => chain.steps.has(shard)));
     if (at === undefined) this.chain = null;
     let rows = 0;
     let held = 0;
@@ -239,12 +243,15 @@ export class Checkpointer {
       }
     }
     // The shards write their files themselves, all at once, into the directory the checkpoint is made in.
-    async function* writtenByShards(dir: string): AsyncGenerator<WrittenFile> {
-      const written = await Promise.all(plan.shards.map((shard) => byShards!(shard, token, dir)));
-      for (const w of written) {
+    const fellBackToFull: string[] = [];
+    async function* writtenByShards(dir: string, name: string): AsyncGenerator<WrittenFile> {
+      const ask = { ...(at === undefined ? { name } : {}), base: full ? null : chain!.names.at(-1)! };
+      const written = await Promise.all(plan.shards.map((shard) => byShards!(shard, token, dir, ask)));
+      for (const [i, w] of written.entries()) {
         optimizer ??= { dense: w.dense_optimizer, sparse: w.sparse_optimizer };
         rows += w.rows;
-        held += w.rows;
+        held += w.rows_held;
+        if (!full && w.kind === 'full') fellBackToFull.push(plan.shards[i]!);
         for (const f of w.files) yield { written: f };
       }
     }
@@ -261,8 +268,9 @@ export class Checkpointer {
       }),
     };
     const { path, manifest } = at !== undefined ? await writeCheckpointAt(at, content) : await writeCheckpoint(this.o.root, content);
-    // Written by the shards: no row steps kept here, so no delta builds on it.
-    if (at === undefined) this.chain = byShards !== undefined ? null : full
+    // A shard that did not write the chain's last checkpoint (a primary moved) wrote its files full: still a valid link.
+    if (fellBackToFull.length > 0) log.info({ shards: fellBackToFull }, `checkpoint ${manifest.name}: shard(s) ${fellBackToFull.join(', ')} wrote full files in this delta (their primary did not write the checkpoint before it)`);
+    if (at === undefined) this.chain = full
       ? { names: [manifest.name], steps }
       : { names: [...chain!.names, manifest.name], steps: chain!.steps };
     const pruned = at !== undefined ? [] : await pruneCheckpoints(this.o.root, this.o.keep);

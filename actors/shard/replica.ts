@@ -859,12 +859,12 @@ export class Replica {
     return { ...state, dedup: logs.dedup, applied: logs.applied, refused: logs.refused };
   }
 
-  /** `take_frozen`, written by this process into `dir` as the shard's checkpoint files (`checkpoint.written_by: shards`). */
-  writeFrozen(token: string, dir: string, partBytes?: number): Promise<WrittenShard> {
+  /** `take_frozen`, written by this process into `dir` as the shard's checkpoint files (`checkpoint.written_by: shards`), a delta on `chain.base` where it wrote that one. */
+  writeFrozen(token: string, dir: string, partBytes?: number, chain: { name?: string; base?: string | null } = {}): Promise<WrittenShard> {
     this.requirePrimary('write_frozen');
     const logs = this.frozenLogs?.token === token ? this.frozenLogs : { dedup: [], applied: [], refused: [] };
     this.frozenLogs = null;
-    return this.o.state.writeFrozen(token, dir, partBytes, { dedup: logs.dedup, applied: logs.applied, refused: logs.refused });
+    return this.o.state.writeFrozen(token, dir, partBytes, { dedup: logs.dedup, applied: logs.applied, refused: logs.refused }, chain);
   }
 
   /**
@@ -1067,7 +1067,7 @@ export function createReplicaActor(replica: Replica): ReplicaActorDefinition {
       snapshot: () => replica.snapshot(),
       freeze: (m) => replica.freeze(m.token),
       take_frozen: (m) => replica.takeFrozen(m.token, m.segment_bytes),
-      write_frozen: (m) => replica.writeFrozen(m.token, m.dir, m.part_bytes),
+      write_frozen: (m) => replica.writeFrozen(m.token, m.dir, m.part_bytes, { ...(m.name === undefined ? {} : { name: m.name }), ...(m.base === undefined ? {} : { base: m.base }) }),
       take_frozen_part: (m) => replica.primaryOnly('take_frozen_part', () => state.takeFrozenPart(m.token, m.index)),
       restore_begin: (m) => replica.primaryOnly('restore_begin', () => state.restoreBegin(m.transfer, m.head, m.segments)),
       restore_part: (m) => replica.primaryOnly('restore_part', () => state.restorePart(m.transfer, m.index, m.segment)),

@@ -33,9 +33,15 @@ import { IncomingSnapshot, OutgoingSnapshot, snapshotFields, type SnapshotHead, 
 import { StalePlanError, StaleUpdateError, SyncRoundError } from './shard.errors.ts';
 import { primaryReplicaId } from './replica.ts';
 import { readShardFromCheckpoint, shardFiles, writeCheckpointFile, type CheckpointFile } from '../store/checkpoint.ts';
+import { deltaOf, rowSteps, type RowSteps } from '../store/checkpoint-delta.ts';
 
-/** What a shard wrote of a checkpoint (`write_frozen`). */
-export interface WrittenShard { files: CheckpointFile[]; rows: number; dense_optimizer: string; sparse_optimizer: string }
+/** What a shard wrote of a checkpoint (`write_frozen`): its files, the sparse rows written of those it holds, and whether a delta. */
+export interface WrittenShard {
+  files: CheckpointFile[]; kind: 'full' | 'delta'; rows: number; rows_held: number; dense_optimizer: string; sparse_optimizer: string;
+}
+
+/** Where a shard's checkpoint chain stands: the last checkpoint it wrote in it, and each row's update count as of then. */
+interface CheckpointBase { name: string; steps: RowSteps }
 
 export interface ShardStateOptions {
   /** This shard's name in the plan (also the actor id). */
@@ -82,7 +88,7 @@ export function createShardActor(opts: ShardStateOptions | ShardState): ShardAct
       freeze: (m) => state.freeze(m.token),
       take_frozen: (m) => (m.segment_bytes === undefined ? state.takeFrozen(m.token) : state.takeFrozenSegments(m.token, m.segment_bytes)),
       take_frozen_part: (m) => state.takeFrozenPart(m.token, m.index),
-      write_frozen: (m) => state.writeFrozen(m.token, m.dir, m.part_bytes),
+      write_frozen: (m) => state.writeFrozen(m.token, m.dir, m.part_bytes, {}, { ...(m.name === undefined ? {} : { name: m.name }), ...(m.base === undefined ? {} : { base: m.base }) }),
       restore_begin: (m) => state.restoreBegin(m.transfer, m.head, m.segments),
       restore_part: (m) => state.restorePart(m.transfer, m.index, m.segment),
       restore: (m) => state.restore(state.restoreInput(m)),
@@ -184,6 +190,8 @@ export class ShardState {
   private roundValue = 0;
   /** The copy of a checkpoint's cut (`freeze`), until it is taken. */
   private frozen: { token: string; snap: () => ShardSnapshot } | null = null;
+  /** checkpoint.written_by shards: the last checkpoint of the chain this shard wrote, for the next delta. */
+  private checkpointBase: CheckpointBase | null = null;
   /** The copy taken in segments (`take_frozen` with `segment_bytes`), until its last is taken. */
   private readonly frozenOut: OutgoingSnapshot;
   /** A state arriving in segments for a restore (`restore_begin` … `restore`). */
@@ -733,17 +741,29 @@ export class ShardState {
    * both see at the same path — and handed over once: what the manifest
    * lists of each file, and the rows and optimizers the driver reports.
    */
-  async writeFrozen(token: string, dir: string, partBytes: number | undefined, logs: Pick<ShardSnapshot, 'dedup' | 'applied' | 'refused'> = {}): Promise<WrittenShard> {
+  async writeFrozen(
+    token: string, dir: string, partBytes: number | undefined, logs: Pick<ShardSnapshot, 'dedup' | 'applied' | 'refused'> = {},
+    chain: { name?: string; base?: string | null } = {},
+  ): Promise<WrittenShard> {
     const st = await stat(dir).catch(() => null);
     if (st === null || !st.isDirectory()) {
       throw new ValidationError(`shard ${this.shard}: cannot write its checkpoint files into ${dir}: no such directory here; `
         + 'checkpoint.written_by: shards needs checkpoint.dir on storage every server node reaches at the same path (or checkpoint.written_by: driver)');
     }
     const snap = { ...this.takeFrozen(token), ...logs };
+    const held = snap.sparse.reduce((n, t) => n + t.ids.length, 0);
+    // A delta on the chain's last checkpoint, when this shard wrote it (another replica may have, before a failover): full otherwise.
+    const base = this.checkpointBase;
+    const asDelta = chain.base != null && base !== null && base.name === chain.base;
+    // Until this write is done the chain stands nowhere: a failed one leaves the next checkpoint to be full.
+    this.checkpointBase = null;
+    const d = asDelta ? deltaOf(snap, base.steps) : null;
     const files: CheckpointFile[] = [];
-    for (const f of shardFiles(this.shard, snap, partBytes)) files.push(await writeCheckpointFile(dir, f));
+    for (const f of shardFiles(this.shard, d?.delta ?? snap, partBytes)) files.push(await writeCheckpointFile(dir, f));
+    if (chain.name !== undefined) this.checkpointBase = { name: chain.name, steps: d !== null ? base!.steps : rowSteps(snap) };
+    else this.checkpointBase = base;
     return {
-      files, rows: snap.sparse.reduce((n, t) => n + t.ids.length, 0), dense_optimizer: snap.dense_optimizer, sparse_optimizer: snap.sparse_optimizer,
+      files, kind: d !== null ? 'delta' : 'full', rows: d?.rows ?? held, rows_held: held, dense_optimizer: snap.dense_optimizer, sparse_optimizer: snap.sparse_optimizer,
     };
   }
 

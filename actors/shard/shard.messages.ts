@@ -167,6 +167,10 @@ export const shardMessages = {
     token: z.string().min(1),
     dir: z.string().min(1).refine((d) => d.startsWith('/'), { error: 'must be an absolute path' }),
     part_bytes: z.number().int().min(1024).optional(),
+    /** The checkpoint's name, for the shard to build later deltas on (absent: a checkpoint outside the chain). */
+    name: z.string().min(1).optional(),
+    /** A delta on this checkpoint of the chain (the one before it); the shard writes a full file when it did not write that one. */
+    base: z.string().min(1).nullable().optional(),
   }),
   /** A restore in segments begins: the state's layout (`head`), `segments` parts to follow; replaces one in progress. */
   restore_begin: z.object({ transfer: z.string().min(1), head: snapshotHeadSchema, segments: z.number().int().nonnegative() }),

@@ -237,12 +237,12 @@ export interface CheckpointContent {
   /**
    * The files; or, streamed, an iterable producing them one at a time:
    * each is written as it comes and then let go, so a checkpoint never has
-   * to be in memory whole; or a function given the temporary directory,
+   * to be in memory whole; or a function given the temporary directory and the checkpoint's name,
    * whose iterable may also name files others wrote there (`WrittenFile`:
    * each must be there, of the size it says).
    */
   files: CheckpointFileContent[] | Iterable<CheckpointFileContent> | AsyncIterable<CheckpointFileContent>
-    | ((dir: string) => AsyncIterable<CheckpointFileContent | WrittenFile>);
+    | ((dir: string, name: string) => AsyncIterable<CheckpointFileContent | WrittenFile>);
   /** The manifest's fields; or a function asked once every file is written (fields known only then). */
   manifest: ManifestFields | (() => ManifestFields);
 }
@@ -299,7 +299,7 @@ async function writeInto(parent: string, name: string, sequence: number, created
   await mkdir(tmp);
   try {
     const files: CheckpointFile[] = [];
-    const source = typeof content.files === 'function' ? content.files(tmp) : content.files;
+    const source = typeof content.files === 'function' ? content.files(tmp, name) : content.files;
     for await (const f of source) {
       const name = 'written' in f ? f.written.name : f.name;
       checkName(name);

@@ -218,9 +218,10 @@ export class ShardClient {
    * files (checkpoint.written_by: shards); arrays past `partBytes` (default
    * 256 MiB) in part files, as the driver would write them.
    */
-  writeFrozen(shard: string, token: string, dir: string, o: { partBytes?: number; timeoutMs?: number } = {}): Promise<WrittenShard> {
-    return this.ref(shard).request<WrittenShard & Record<string, unknown>>('write_frozen', { token, dir, ...(o.partBytes === undefined ? {} : { part_bytes: o.partBytes }) },
-      { timeoutMs: o.timeoutMs ?? 30 * 60_000, retries: 0 });
+  writeFrozen(shard: string, token: string, dir: string, o: { partBytes?: number; timeoutMs?: number; name?: string; base?: string | null } = {}): Promise<WrittenShard> {
+    return this.ref(shard).request<WrittenShard & Record<string, unknown>>('write_frozen', {
+      token, dir, ...(o.partBytes === undefined ? {} : { part_bytes: o.partBytes }), ...(o.name === undefined ? {} : { name: o.name }), ...(o.base === undefined ? {} : { base: o.base }),
+    }, { timeoutMs: o.timeoutMs ?? 30 * 60_000, retries: 0 });
   }
 
   /**

@@ -13,6 +13,7 @@ import { silentLogger, systemClock } from '../../runtime/mod.ts';
 import type { ShardPlan } from '../../topology/mod.ts';
 import { Checkpointer } from '../../actors/scheduler/checkpointer.ts';
 import { readCheckpointState, shardFiles, writeCheckpointFile, type CheckpointFile } from '../../actors/store/checkpoint.ts';
+import { deltaOf, rowSteps, type RowSteps } from '../../actors/store/checkpoint-delta.ts';
 import type { ShardSnapshot } from '../../actors/shard/shard.messages.ts';
 import type { JobInfo } from '../../actors/store/job-info.ts';
 
@@ -77,43 +78,59 @@ test('the checkpointer fetches and writes one shard at a time, large ones in par
   }
 });
 
-test('checkpoint.written_by shards: every shard writes its own files at once into the checkpoint\'s directory, nothing is fetched, each checkpoint is full; a file missing or of another size fails it by name and leaves nothing', async () => {
+test('checkpoint.written_by shards: every shard writes its own files at once into the checkpoint\'s directory, nothing is fetched; deltas on the chain, full where a shard did not write the one before; a file missing or of another size fails it by name and leaves nothing', async () => {
   const root = await mkdtemp(join(tmpdir(), 'hetps-ck-shards-'));
   let n = 0;
   let inFlight = 0;
   let most = 0;
   let spoil: ((dir: string, files: CheckpointFile[]) => Promise<void>) | null = null;
+  // Each shard's own chain, as ShardState.writeFrozen keeps it: the last checkpoint it wrote and its rows' steps then.
+  const bases = new Map<string, { name: string; steps: RowSteps }>();
+  const asked: { shard: string; name?: string; base: string | null }[] = [];
   const k = new Checkpointer({
-    root, keep: 10, fullEvery: 2, job: 'ck', model: null,
+    root, keep: 10, fullEvery: 3, job: 'ck', model: null,
     controller: { pauseUntilPaused: async () => ({ already: false }), resume: async () => undefined, jobInfo: info },
     plan: () => ({ version: 1, shards: SHARDS }) as unknown as ShardPlan,
     frozen: {
       freeze: async () => undefined,
       take: async (shard) => { throw new Error(`${shard} fetched: nothing should be`); },
-      // What a shard's write_frozen does (ShardState.writeFrozen): its files written into `dir` by itself.
-      write: async (shard, _token, dir) => {
+      write: async (shard, _token, dir, chain) => {
+        asked.push({ shard, ...chain });
         inFlight++;
         most = Math.max(most, inFlight);
         await new Promise((r) => setTimeout(r, 20));
         const snap = state(SHARDS.indexOf(shard), n);
+        const base = bases.get(shard);
+        const d = chain.base !== null && base?.name === chain.base ? deltaOf(snap, base.steps) : null;
         const files: CheckpointFile[] = [];
-        for (const f of shardFiles(shard, snap, 8 * 1024)) files.push(await writeCheckpointFile(dir, f));
+        for (const f of shardFiles(shard, d?.delta ?? snap, 8 * 1024)) files.push(await writeCheckpointFile(dir, f));
         await spoil?.(dir, files);
+        if (chain.name !== undefined) bases.set(shard, { name: chain.name, steps: d !== null ? base!.steps : rowSteps(snap) });
         inFlight--;
-        return { files, rows: snap.sparse[0]!.ids.length, dense_optimizer: snap.dense_optimizer, sparse_optimizer: snap.sparse_optimizer };
+        const held = snap.sparse[0]!.ids.length;
+        return { files, kind: d !== null ? 'delta' : 'full', rows: d?.rows ?? held, rows_held: held, dense_optimizer: snap.dense_optimizer, sparse_optimizer: snap.sparse_optimizer };
       },
     },
     acked: () => [], totalBatches: 10, clock: systemClock, log: silentLogger(),
   });
   try {
-    for (n = 1; n <= 2; n++) {
+    const kinds: string[] = [];
+    const rows: number[] = [];
+    const names: string[] = [];
+    for (n = 1; n <= 4; n++) {
+      // Before the third, s2's primary moved: the new one never wrote the chain's last checkpoint.
+      if (n === 3) bases.delete('s2');
       const taken = await k.take('command');
-      assert.deepEqual([taken.kind, taken.written_by, taken.rows], ['full', 'shards', 4 * 2_000], 'full every time (no row steps kept for a delta)');
-      assert.ok(taken.files >= 4 * 10, `${taken.files} files`);
+      assert.equal(taken.written_by, 'shards');
+      kinds.push(taken.kind); rows.push(taken.rows); names.push(taken.name);
       const back = await readCheckpointState(taken.path);
       assert.deepEqual(back.manifest.optimizer, { dense: 'adam', sparse: 'adagrad' });
-      for (const [i, s] of SHARDS.entries()) assert.deepEqual(back.snapshots.get(s), state(i, n));
+      for (const [i, s] of SHARDS.entries()) assert.deepEqual(back.snapshots.get(s), state(i, n), `checkpoint ${n}, ${s}: its chain read back`);
     }
+    assert.deepEqual(kinds, ['full', 'delta', 'delta', 'full'], 'full_every 3');
+    // The second: each shard the 1 000 even rows updated since; the third: s2 whole (2 000), the others 1 000.
+    assert.deepEqual(rows, [4 * 2_000, 4 * 1_000, 2_000 + 3 * 1_000, 4 * 2_000]);
+    assert.deepEqual(asked.filter((a) => a.shard === 's0').map((a) => a.base), [null, names[0], names[1], null], 'each delta asked on the chain\'s last checkpoint');
     assert.equal(most, SHARDS.length, 'the shards wrote at once');
 
     const before = (await readdir(root)).sort();
@@ -122,6 +139,8 @@ test('checkpoint.written_by shards: every shard writes its own files at once int
     spoil = async (dir, files) => { if (files[0]!.shard === 's1') files[0]!.bytes += 1; };
     await assert.rejects(k.take('command'), /s1\.msgpack was to be written into .* \(\d+ bytes\) but has \d+ bytes/);
     assert.deepEqual((await readdir(root)).sort(), before, 'no checkpoint and no temporary directory left');
+    spoil = null;
+    assert.equal((await k.take('command')).kind, 'full', 'after a failed one the chain starts again');
   } finally {
     await rm(root, { recursive: true, force: true });
   }

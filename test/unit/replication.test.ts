@@ -371,10 +371,18 @@ describe('replicated shards', () => {
       await assert.rejects(client.writeFrozen('s0', 'cut1', join(dir, 'nowhere')), /cannot write its checkpoint files into .*nowhere: no such directory here; checkpoint\.written_by: shards needs checkpoint\.dir on storage every server node reaches at the same path/);
       await client.freeze('s0', 'cut1');
       const own = await mkdtemp(join(dir, 'own-'));
-      const written = await client.writeFrozen('s0', 'cut1', own, { partBytes: 8192 });
+      const written = await client.writeFrozen('s0', 'cut1', own, { partBytes: 8192, name: 'c1', base: null });
       assert.deepEqual(written.files.map((f) => [f.name, f.bytes, f.sha256]), files.map((f) => [f.name, f.bytes.byteLength, sha256(f.bytes)]), 'the files the driver would have written');
-      assert.deepEqual([written.rows, written.dense_optimizer, written.sparse_optimizer], [12 * 150, 'sgd', 'sgd']);
+      assert.deepEqual([written.kind, written.rows, written.rows_held, written.dense_optimizer, written.sparse_optimizer], ['full', 12 * 150, 12 * 150, 'sgd', 'sgd']);
       await assert.rejects(client.writeFrozen('s0', 'cut1', own), /no copy frozen under cut1/, 'handed over once');
+      // The next checkpoints of its chain: a delta on c1 holds only the 150 rows pushed since; on one it did not write, full.
+      await lab.ask('n1', 'push', rows(4, 2, 'd1'), 640);
+      await client.freeze('s0', 'cut2');
+      const delta = await client.writeFrozen('s0', 'cut2', await mkdtemp(join(dir, 'own-')), { name: 'c2', base: 'c1' });
+      assert.deepEqual([delta.kind, delta.rows, delta.rows_held], ['delta', 150, 12 * 150]);
+      await client.freeze('s0', 'cut3');
+      const other = await client.writeFrozen('s0', 'cut3', await mkdtemp(join(dir, 'own-')), { name: 'c3', base: 'elsewhere' });
+      assert.deepEqual([other.kind, other.rows], ['full', 12 * 150], 'a base it did not write: full');
       // A resume read by the primary itself (restore_files): the state of the cut again, from the checkpoint's files.
       for (let k = 0; k < 2; k++) await lab.ask('n1', 'push', rows(k, 5, `mid${k}`), 650 + k);
       assert.notEqual((await lab.ask<IntegrityReply>('n1', 'integrity')).hash, atCut);
