@@ -157,7 +157,7 @@ export class LoadBalancer {
     const plan = await this.o.planStore.get();
     if (plan === null) return;
     const at = this.o.clock.monotonic();
-    const sample = await this.traffic(plan);
+    const sample = await this.sample(plan);
     // A replica that did not answer would count as idle and draw a move onto a busy server: no sample then.
     if (sample === null) { this.recent = []; return; }
     const { traffic, busy: loopBusy } = sample;
@@ -201,7 +201,7 @@ export class LoadBalancer {
   }
 
   /** Every replica's traffic counters and how long each server's event loop has been busy; null when a replica does not answer in time (or was deposed). */
-  private async traffic(plan: ShardPlan): Promise<{ traffic: ReplicaTraffic[]; busy: ServerBusy[] } | null> {
+  private async sample(plan: ShardPlan): Promise<{ traffic: ReplicaTraffic[]; busy: ServerBusy[] } | null> {
     const out: ReplicaTraffic[] = [];
     const busy = new Map<string, number>();
     const replicas = allReplicas(plan);

@@ -100,24 +100,6 @@ export function splitSeedLogs(logs: SeedLogs, budget: number): SeedLogs[] {
   return chunks;
 }
 
-/**
- * The applied-batch log in parts of at most `budget` bytes each (about: each
- * entry's size bounded from above), the first at most `first` bytes (it
- * shares its message with the rest of a reply). Always at least one part.
- */
-export function cutAppliedLog(applied: ReadonlyMap<string, number>, first: number, budget: number): [string, number][][] {
-  const parts: [string, number][][] = [[]];
-  let bytes = 0;
-  let limit = first;
-  for (const e of applied) {
-    const n = 16 + utf8Bytes(e[0]);
-    if (bytes > 0 && bytes + n > limit) { parts.push([]); bytes = 0; limit = budget; }
-    parts[parts.length - 1]!.push(e);
-    bytes += n;
-  }
-  return parts;
-}
-
 /** The chunks of `splitSeedLogs` as one: a sender's window cut across chunks is one window again. */
 export function mergeSeedLogs(chunks: readonly SeedLogs[]): SeedLogs {
   const windows = new Map<string, DedupWindowWire>();
@@ -813,6 +795,7 @@ export class Replica {
   async restoreFiles(path: string): Promise<ReturnType<ShardState['restore']>> {
     this.requirePrimary('restore_files');
     const state = await readShardFromCheckpoint(path, this.o.shard);
+    // Still the primary once the files are read (a new plan may have come meanwhile).
     this.requirePrimary('restore_files');
     return this.restoreState(state);
   }
@@ -854,17 +837,20 @@ export class Replica {
   takeFrozen(token: string, maxSegmentBytes?: number): Record<string, unknown> {
     this.requirePrimary('take_frozen');
     const state = maxSegmentBytes === undefined ? this.o.state.takeFrozen(token) : this.o.state.takeFrozenSegments(token, maxSegmentBytes);
+    return { ...state, ...this.takeFrozenLogs(token) };
+  }
+
+  /** The logs `freeze(token)` kept with the copy, handed over once (none for another token). */
+  private takeFrozenLogs(token: string): Required<Pick<ShardSnapshot, 'dedup' | 'applied' | 'refused'>> {
     const logs = this.frozenLogs?.token === token ? this.frozenLogs : { dedup: [], applied: [], refused: [] };
     this.frozenLogs = null;
-    return { ...state, dedup: logs.dedup, applied: logs.applied, refused: logs.refused };
+    return { dedup: logs.dedup, applied: logs.applied, refused: logs.refused };
   }
 
   /** `take_frozen`, written by this process into `dir` as the shard's checkpoint files (`checkpoint.written_by: shards`), a delta on `chain.base` where it wrote that one. */
   writeFrozen(token: string, dir: string, partBytes?: number, chain: { name?: string; base?: string | null } = {}): Promise<WrittenShard> {
     this.requirePrimary('write_frozen');
-    const logs = this.frozenLogs?.token === token ? this.frozenLogs : { dedup: [], applied: [], refused: [] };
-    this.frozenLogs = null;
-    return this.o.state.writeFrozen(token, dir, partBytes, { dedup: logs.dedup, applied: logs.applied, refused: logs.refused }, chain);
+    return this.o.state.writeFrozen(token, dir, partBytes, this.takeFrozenLogs(token), chain);
   }
 
   /**
@@ -1010,8 +996,9 @@ export class Replica {
     };
     if (m.paged === true) {
       const budget = segmentBudget(this.o.system.transport.maxMessageBytes);
-      const refusedBytes = head.refused.reduce((n, b) => n + 8 + Buffer.byteLength(b, 'utf8'), 0);
-      const parts = cutAppliedLog(this.applied, Math.max(1, budget - refusedBytes), budget);
+      // The log's parts as a seed's logs are cut, each leaving room for the refused batches beside it.
+      const refusedBytes = head.refused.reduce((n, b) => n + 8 + utf8Bytes(b), 0);
+      const parts = splitSeedLogs({ dedup: [], applied: [...this.applied], refused: [], open_rounds: [] }, Math.max(1, budget - refusedBytes)).map((c) => c.applied);
       if (parts.length > 1) {
         const token = `${this.o.node}:${(this.nextTransfer++).toString(36)}`;
         this.integrityParts = { token, parts };

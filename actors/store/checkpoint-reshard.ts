@@ -196,44 +196,46 @@ export async function restoreOntoPlan(
   restoreFiles?: (shard: string) => Promise<{ version: number }>,
 ): Promise<void> {
   const restored: string[] = [];
-  let reason = `the checkpoint holds shards ${resume.shards.join(', ')}, plan v${plan.version} has ${plan.shards.join(', ')}`;
-  if (sameShards(resume.shards, plan) && restoreFiles !== undefined) {
-    const results = await Promise.allSettled(plan.shards.map((shard) => restoreFiles(shard)));
-    const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected' && !(r.reason instanceof ValidationError));
-    if (failed !== undefined) throw failed.reason;
-    const refused = results.findIndex((r) => r.status === 'rejected');
-    results.forEach((r, i) => {
-      if (r.status !== 'fulfilled') return;
-      restored.push(plan.shards[i]!);
-      if (refused < 0) on({ kind: 'restored', shard: plan.shards[i]!, version: r.value.version, by: 'shard' });
-    });
-    if (refused < 0) return;
-    reason = `shard ${plan.shards[refused]} refused its files: ${((results[refused] as PromiseRejectedResult).reason as Error).message}`;
-  } else if (sameShards(resume.shards, plan)) {
-    let fits = true;
-    for (const shard of plan.shards) {
-      const snap = await resume.readShard(shard);
-      if (!shardLayoutMatches(shard, snap, plan)) {
-        fits = false;
-        reason = `shard ${shard}'s blocks or rows are laid out otherwise than in plan v${plan.version}`;
-        break;
-      }
-      const r = await restore(shard, snap);
-      restored.push(shard);
-      on({ kind: 'restored', shard, version: r.version, by: 'driver' });
-    }
-    if (fits) return;
-  }
+  // `said` false: restored, but to be restored again from here, so not reported.
+  const done = (shard: string, version: number, by: 'driver' | 'shard', said = true) => { restored.push(shard); if (said) on({ kind: 'restored', shard, version, by }); };
+  // Why the checkpoint must be re-sharded here, or null when every shard is restored as it is.
+  const misfit = !sameShards(resume.shards, plan)
+    ? `the checkpoint holds shards ${resume.shards.join(', ')}, plan v${plan.version} has ${plan.shards.join(', ')}`
+    : restoreFiles !== undefined ? await restoredByShards(plan, restoreFiles, done) : await restoredOneByOne(resume, plan, restore, done);
+  if (misfit === null) return;
   const old = await resume.readAll();
   const snapshots = reshard(old, plan, resume.path);
   const before = [...old.values()].reduce((n, s) => n + rowsOf(s), 0);
   const after = [...snapshots.values()].reduce((n, s) => n + rowsOf(s), 0);
   if (after !== before) throw new CheckpointError(`--resume: re-sharding ${resume.path} lost rows (${before} → ${after}); `
     + (restored.length === 0 ? 'nothing was restored' : `the resume stops with ${restored.join(', ')} restored from the checkpoint as they were`), resume.path, []);
-  on({ kind: 'reshard', reason, from: [...old.keys()], rows: [...snapshots].map(([shard, s]) => ({ shard, rows: rowsOf(s) })), dense_blocks: plan.dense.length });
+  on({ kind: 'reshard', reason: misfit, from: [...old.keys()], rows: [...snapshots].map(([shard, s]) => ({ shard, rows: rowsOf(s) })), dense_blocks: plan.dense.length });
   old.clear();
+  for (const shard of plan.shards) done(shard, (await restore(shard, snapshots.get(shard)!)).version, 'driver');
+}
+
+/** Each shard reads its own files, all at once; null when all are restored, else why one refused (another failure is thrown). */
+async function restoredByShards(
+  plan: ShardPlan, restoreFiles: (shard: string) => Promise<{ version: number }>, done: (shard: string, version: number, by: 'shard', said: boolean) => void,
+): Promise<string | null> {
+  const results = await Promise.allSettled(plan.shards.map((shard) => restoreFiles(shard)));
+  const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected' && !(r.reason instanceof ValidationError));
+  if (failed !== undefined) throw failed.reason;
+  const refused = results.findIndex((r) => r.status === 'rejected');
+  // Reported only when every shard took its files: otherwise all are restored again from here.
+  results.forEach((r, i) => { if (r.status === 'fulfilled') done(plan.shards[i]!, r.value.version, 'shard', refused < 0); });
+  return refused < 0 ? null : `shard ${plan.shards[refused]} refused its files: ${((results[refused] as PromiseRejectedResult).reason as Error).message}`;
+}
+
+/** Each shard read here and restored before the next is read; null when all fit the plan, else which did not (those before it are restored). */
+async function restoredOneByOne(
+  resume: Pick<ResumePoint, 'readShard'>, plan: ShardPlan, restore: (shard: string, snap: ShardSnapshot) => Promise<{ version: number }>,
+  done: (shard: string, version: number, by: 'driver') => void,
+): Promise<string | null> {
   for (const shard of plan.shards) {
-    const r = await restore(shard, snapshots.get(shard)!);
-    on({ kind: 'restored', shard, version: r.version, by: 'driver' });
+    const snap = await resume.readShard(shard);
+    if (!shardLayoutMatches(shard, snap, plan)) return `shard ${shard}'s blocks or rows are laid out otherwise than in plan v${plan.version}`;
+    done(shard, (await restore(shard, snap)).version, 'driver');
   }
+  return null;
 }
